@@ -1,0 +1,30 @@
+# optlab: `make book` builds the book, `make test` runs every test. Both create .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install test book bench lab clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -r requirements.txt -e .
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+book: $(STAMP)
+	rm -rf _build/.doctrees _build/html _build/jupyter_execute
+	$(VENV)/bin/jupyter-book build . -W -n --keep-going
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench.py
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab notebooks/
+
+clean:
+	rm -rf _build results/runs

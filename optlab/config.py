@@ -1,0 +1,91 @@
+"""The frozen run configuration: one knob per technique, validated on creation."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from .errors import OptlabError, choice_error
+
+AMP_DTYPES = ("none", "fp16", "bf16")
+EVAL_GRAD_MODES = ("grad", "no_grad", "inference_mode")
+MODEL_VARIANTS = ("base", "rec")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Every knob of the measured loops. A variant is ``replace(baseline, knob=value)``.
+
+    The defaults are the seed article's base configuration (4 workers, pinned memory, batch 128).
+    """
+
+    model: str = "resnet18"
+    model_variant: str = "base"  # "rec": every conv/linear layer one channel narrower (seed section 3.1)
+    width: float = 1.0  # channel multiplier, below 1 for tiny CPU runs
+    batch_size: int = 128
+    batch_offset: int = 0  # images added to batch_size (the seed's "rec" runs used 128 + 1)
+    num_workers: int = 4
+    pin_memory: bool = True
+    persistent_workers: bool = False
+    prefetch_factor: int | None = None  # None: DataLoader's default (2) when workers > 0
+    drop_last: bool = True  # timed loops keep one batch shape
+    non_blocking: bool = False
+    amp_dtype: str = "none"
+    set_to_none: bool = True
+    accumulation_steps: int = 1
+    eval_grad_mode: str = "no_grad"
+    cudnn_benchmark: bool = False
+    channels_last: bool = False
+
+    def __post_init__(self) -> None:
+        from .models import MODEL_NAMES  # late import: models imports torchvision
+
+        if self.model not in MODEL_NAMES:
+            raise choice_error("model", self.model, MODEL_NAMES)
+        if self.model_variant not in MODEL_VARIANTS:
+            raise choice_error("model variant", self.model_variant, MODEL_VARIANTS)
+        if self.amp_dtype not in AMP_DTYPES:
+            raise choice_error("AMP dtype", self.amp_dtype, AMP_DTYPES)
+        if self.eval_grad_mode not in EVAL_GRAD_MODES:
+            raise choice_error("eval grad mode", self.eval_grad_mode, EVAL_GRAD_MODES)
+        _require_int("batch_size", self.batch_size, minimum=1)
+        _require_int("batch_offset", self.batch_offset, minimum=0)
+        _require_int("num_workers", self.num_workers, minimum=0)
+        _require_int("accumulation_steps", self.accumulation_steps, minimum=1)
+        if self.prefetch_factor is not None:
+            _require_int("prefetch_factor", self.prefetch_factor, minimum=1)
+            if self.num_workers == 0:
+                raise OptlabError("prefetch_factor needs num_workers > 0; leave it None with num_workers=0")
+        if self.persistent_workers and self.num_workers == 0:
+            raise OptlabError("persistent_workers=True needs num_workers > 0")
+        if not (isinstance(self.width, (int, float)) and 0 < self.width <= 4):
+            raise OptlabError(f"width must be a number in (0, 4], got {self.width!r}")
+
+    @property
+    def images_per_step(self) -> int:
+        """Images in one micro-batch: the batch size plus any offset."""
+        return self.batch_size + self.batch_offset
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+KNOB_NAMES = tuple(f.name for f in fields(RunConfig))
+
+
+def _require_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise OptlabError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def changed_knobs(baseline: RunConfig, other: RunConfig) -> dict[str, tuple[Any, Any]]:
+    """The knobs that differ, as ``{knob: (baseline value, other value)}``."""
+    a, b = baseline.to_dict(), other.to_dict()
+    return {k: (a[k], b[k]) for k in KNOB_NAMES if a[k] != b[k]}
+
+
+def apply_changes(config: RunConfig, changes: dict[str, Any]) -> RunConfig:
+    """``replace`` with a clear error for a knob that does not exist."""
+    unknown = sorted(set(changes) - set(KNOB_NAMES))
+    if unknown:
+        raise OptlabError(f"unknown knob(s) {unknown}; knobs are: {', '.join(KNOB_NAMES)}")
+    return replace(config, **changes)

@@ -1,0 +1,97 @@
+"""Resolve the device once: CPU or CUDA, the AMP dtypes it can run, and what each knob means there."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+import torch
+
+from .config import RunConfig
+from .errors import OptlabError, choice_error
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+TORCH_DTYPES = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """The device a run uses, decided in one place."""
+
+    device: torch.device
+    name: str
+    amp_dtypes: tuple[str, ...]
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def describe(self) -> str:
+        return f"{self.device.type} ({self.name}); AMP dtypes: {', '.join(self.amp_dtypes)}"
+
+
+def resolve_device(requested: str = "auto") -> DeviceInfo:
+    """Turn ``auto``/``cpu``/``cuda``/``cuda:N`` into a DeviceInfo, with an error if it is not here."""
+    base = requested.split(":")[0]
+    if base not in DEVICE_CHOICES or (requested.count(":") and base != "cuda"):
+        raise choice_error("device", requested, DEVICE_CHOICES + ("cuda:N",))
+    if base == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise OptlabError(
+                f"device {requested!r} was asked for, but CUDA is not available on this machine "
+                f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); use --device cpu or auto"
+            )
+        device = torch.device(requested)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index >= torch.cuda.device_count():
+            raise OptlabError(f"device {requested!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        dtypes = ("none", "fp16") + (("bf16",) if torch.cuda.is_bf16_supported() else ())
+        return DeviceInfo(device, torch.cuda.get_device_name(index), dtypes)
+    return DeviceInfo(torch.device("cpu"), cpu_name(), ("none", "fp16", "bf16"))
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "cpu"
+
+
+def effective_config(config: RunConfig, info: DeviceInfo) -> tuple[RunConfig, list[str]]:
+    """The config as it will run on this device, and one note per knob that is skipped or changes meaning.
+
+    Raises OptlabError for an AMP dtype the device cannot run.
+    """
+    if config.amp_dtype not in info.amp_dtypes:
+        raise OptlabError(
+            f"AMP dtype {config.amp_dtype!r} is not supported on {info.name}; this device allows: "
+            f"{', '.join(info.amp_dtypes)}"
+        )
+    notes: list[str] = []
+    cpus = os.cpu_count() or 1
+    if config.num_workers > cpus:
+        notes.append(f"num_workers={config.num_workers}: more loader workers than this machine's {cpus} CPUs")
+    if info.is_cuda:
+        return config, notes
+    changes: dict[str, bool] = {}
+    if config.pin_memory:
+        changes["pin_memory"] = False
+        notes.append("pin_memory: skipped on cpu (pinned pages only speed up copies to an accelerator)")
+    if config.non_blocking:
+        changes["non_blocking"] = False
+        notes.append("non_blocking: skipped on cpu (a copy from cpu to cpu is a no-op)")
+    if config.cudnn_benchmark:
+        changes["cudnn_benchmark"] = False
+        notes.append("cudnn_benchmark: skipped on cpu (cuDNN autotuning exists only on CUDA)")
+    if config.channels_last:
+        notes.append("channels_last: applied with its cpu meaning (NHWC tensors for oneDNN kernels)")
+    if config.amp_dtype != "none":
+        notes.append(f"amp_dtype={config.amp_dtype}: applied with its cpu meaning (CPU autocast)")
+    return replace(config, **changes), notes

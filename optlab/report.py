@@ -1,0 +1,78 @@
+"""Tables and plots built from tidy samples and summaries, so live runs and stored records look the same."""
+from __future__ import annotations
+
+import pandas as pd
+import seaborn as sns
+
+from . import store
+from .seed import SEED_MACHINE, seed_speedups
+
+TABLE_COLUMNS = {
+    "model": "model", "phase": "phase", "variant": "variant", "n": "n", "epoch_s": "epoch s (median)",
+    "epoch_iqr_s": "IQR s", "speedup": "speed-up", "ci": "95% CI", "verdict": "verdict", "peak_mem_mb": "peak MiB",
+    "images_per_s": "img/s", "tflops": "TFLOP/s",
+}
+
+
+def set_theme() -> None:
+    """The book's one seaborn theme."""
+    sns.set_theme(context="notebook", style="whitegrid", palette="colorblind")
+
+
+def comparison_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """The summary as a readable table: median, spread, speed-up with its interval, verdict, memory."""
+    table = summary.copy()
+    table["ci"] = [
+        "" if pd.isna(low) else f"{low:.2f}-{high:.2f}" for low, high in zip(table["ci_low"], table["ci_high"])
+    ]
+    table = table[list(TABLE_COLUMNS)].rename(columns=TABLE_COLUMNS)
+    return table.round({"epoch s (median)": 2, "IQR s": 2, "speed-up": 2, "peak MiB": 0, "img/s": 0, "TFLOP/s": 3})
+
+
+def plot_comparison(samples: pd.DataFrame, title: str = "", y: str = "epoch_equiv_s"):
+    """Per model, bars of every variant's epoch-equivalent time (median, error bar: interquartile range)."""
+    set_theme()
+    ok = samples[samples["status"] == "ok"]
+    grid = sns.catplot(
+        data=ok, kind="bar", x="model", y=y, hue="variant", col="phase", sharey=False,
+        estimator="median", errorbar=("pi", 50), height=3.4, aspect=1.3, legend_out=False,
+    )
+    grid.set_axis_labels("", "seconds per epoch-equivalent" if y == "epoch_equiv_s" else y)
+    grid.set_titles("{col_name}")
+    sns.move_legend(grid.axes.flat[0], "upper left", bbox_to_anchor=(0, -0.15), ncol=1, frameon=False, title=None)
+    if title:
+        grid.figure.suptitle(title, y=1.03)
+    return grid
+
+
+def seed_comparison(technique: str, live: pd.DataFrame | None = None, reference: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The seed's V100 speed-ups beside ours: the live run and any stored reference summaries.
+
+    ``live`` and ``reference`` are summary tables (``reference`` with a ``machine`` column).
+    """
+    seed = seed_speedups(technique)
+    table = seed.rename(columns={"seconds": "V100 s", "speedup": "V100 speed-up"})[
+        ["model", "phase", "variant", "V100 s", "V100 speed-up"]
+    ]
+    sources = [("live", live)] + [
+        (machine, frame) for machine, frame in (reference.groupby("machine") if reference is not None else [])
+    ]
+    keys = ["model", "phase", "variant"]
+    for name, frame in sources:
+        if frame is None or frame.empty:
+            continue
+        ours = frame[keys + ["epoch_s", "speedup", "verdict"]].rename(
+            columns={"epoch_s": f"{name} s", "speedup": f"{name} speed-up", "verdict": f"{name} verdict"}
+        )
+        table = table.merge(ours, on=keys, how="outer")
+    table.attrs["seed_machine"] = SEED_MACHINE
+    return table.round(2)
+
+
+def reference_summary(technique: str) -> pd.DataFrame | None:
+    """Stored reference summaries of ``technique`` from every machine under ``results/reference``, or None."""
+    paths = [p for machine in store.reference_machines() for p in (store.REFERENCE_DIR / machine).glob(f"{technique}.json")]
+    if not paths:
+        return None
+    return pd.concat([store.load_summaries(p) for p in paths], ignore_index=True)
+

@@ -1,0 +1,135 @@
+"""Results on disk: one JSON record per run, written atomically, loaded back into DataFrames."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+
+from .errors import OptlabError
+
+SCHEMA_VERSION = 1
+REPO_ROOT = Path(__file__).resolve().parent.parent
+REFERENCE_DIR = REPO_ROOT / "results" / "reference"
+
+
+def make_record(*, experiment, profile, environment, configs, effective, notes, memory_kind, samples: pd.DataFrame,
+                summary: pd.DataFrame) -> dict[str, Any]:
+    """Everything a run knows: the experiment, every knob, the environment, the raw samples and the summaries."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "technique": experiment.name,
+        "title": experiment.title,
+        "section": experiment.section,
+        "baseline": experiment.baseline_label,
+        "variants": {label: changes for label, changes in experiment.variants},
+        "phases": list(experiment.phases),
+        "profile": vars(profile) | {"models": list(profile.models)},
+        "environment": environment,
+        "configs": configs,
+        "effective_configs": effective,
+        "notes": notes,
+        "memory_kind": memory_kind,
+        "samples": _records(samples),
+        "summary": _records(summary),
+    }
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    return [{k: _clean(v) for k, v in row.items()} for row in frame.to_dict(orient="records")]
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: NaN becomes null, numpy scalars become Python numbers."""
+    if hasattr(value, "item") and not isinstance(value, (list, dict)):
+        value = value.item()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+def writable_dir(path: str | Path) -> Path:
+    """Create ``path`` if needed and check that a file can be written there, before any work is done."""
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+            pass
+    except OSError as error:
+        raise OptlabError(f"output folder {str(folder)!r} cannot be written ({error.strerror or error}); "
+                          "pass --out with a folder you can write to") from error
+    return folder
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write to a temporary file beside ``path``, flush it to disk, then rename it over ``path``."""
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def save_record(record: dict[str, Any], folder: str | Path, filename: str | None = None) -> Path:
+    """Save ``record`` as JSON in ``folder``; the default name is the technique and a UTC timestamp."""
+    folder = writable_dir(folder)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    path = folder / (filename or f"{record['technique']}-{stamp}.json")
+    atomic_write_text(path, json.dumps(record, indent=1, allow_nan=False) + "\n")
+    return path
+
+
+def load_record(path: str | Path) -> dict[str, Any]:
+    """Load one record, checking that it is an optlab record of a schema this version reads."""
+    path = Path(path)
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise OptlabError(f"cannot read results file {str(path)!r}: {error}") from error
+    if not isinstance(record, dict) or record.get("schema_version") != SCHEMA_VERSION:
+        raise OptlabError(f"{str(path)!r} is not an optlab record of schema version {SCHEMA_VERSION}")
+    return record
+
+
+def record_paths(location: str | Path) -> list[Path]:
+    location = Path(location)
+    return sorted(location.rglob("*.json")) if location.is_dir() else [location]
+
+
+def _frame(records: Iterable[dict[str, Any]], table: str) -> pd.DataFrame:
+    frames = []
+    for record in records:
+        frame = pd.DataFrame(record[table])
+        env = record["environment"]
+        if "technique" not in frame:
+            frame.insert(0, "technique", record["technique"])
+        frame["machine"] = env.get("gpu_name") or env.get("device_name")
+        frame["profile"] = record["profile"]["name"]
+        frame["data_source"] = env.get("data_source")
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def load_samples(location: str | Path) -> pd.DataFrame:
+    """The tidy samples of every record in a file or folder, stamped with technique, machine and profile."""
+    return _frame(map(load_record, record_paths(location)), "samples")
+
+
+def load_summaries(location: str | Path) -> pd.DataFrame:
+    """The summary rows of every record in a file or folder."""
+    return _frame(map(load_record, record_paths(location)), "summary")
+
+
+def reference_machines() -> list[str]:
+    """The machines with stored reference results (one folder each under ``results/reference``)."""
+    return sorted(p.name for p in REFERENCE_DIR.iterdir() if p.is_dir()) if REFERENCE_DIR.is_dir() else []
