@@ -114,17 +114,17 @@ def make_loader(
     multiprocessing_context: str | None = None,
 ) -> DataLoader:
     """A DataLoader with the config's knobs. The shuffle order depends only on ``seed``."""
-    workers = config.num_workers
+    workers = config.num_workers > 0
     return DataLoader(
         dataset,
         batch_size=config.images_per_step,
         shuffle=train,
-        num_workers=workers,
+        num_workers=config.num_workers,
         pin_memory=config.pin_memory,
         drop_last=config.drop_last,
         persistent_workers=config.persistent_workers,
-        prefetch_factor=config.prefetch_factor if workers > 0 else None,
-        timeout=WORKER_TIMEOUT_S if workers > 0 else 0,
-        multiprocessing_context=multiprocessing_context if workers > 0 else None,
+        prefetch_factor=config.prefetch_factor if workers else None,
+        timeout=WORKER_TIMEOUT_S if workers else 0,
+        multiprocessing_context=multiprocessing_context if workers else None,
         generator=torch.Generator().manual_seed(seed),
     )

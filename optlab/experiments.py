@@ -135,7 +135,8 @@ def _validate_models(models: Iterable[str]) -> tuple[str, ...]:
 
 def _build_state(config: RunConfig, info: DeviceInfo, train_set, test_set, seed: int) -> _VariantState:
     torch.manual_seed(seed)  # every variant starts from the same weights
-    model = prepare_model(build_model(config.model, config.model_variant, config.width), config, info.device)
+    model = build_model(config.model, config.model_variant, config.width)
+    model = prepare_model(model, config, info.device)
     loaders = {
         "train": data.make_loader(train_set, config, train=True, seed=seed),
         "test": data.make_loader(test_set, config, train=False, seed=seed),
@@ -158,7 +159,7 @@ def _is_out_of_memory(error: BaseException) -> bool:
 def run_experiment(
     experiment: str | Experiment,
     models: Iterable[str] | None = None,
-    profile: str | None = None,
+    profile: str | Profile | None = None,
     device: str = "auto",
     overrides: dict[str, Any] | None = None,
     out: str | Path | None = None,
