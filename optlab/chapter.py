@@ -4,10 +4,10 @@ from __future__ import annotations
 import inspect
 import re
 
-from . import data, experiments, loops
+from . import data, experiments, loops, store
 from .config import RunConfig, changed_knobs
 from .device import resolve_device
-from .experiments import Experiment, get_experiment
+from .experiments import Experiment, ExperimentResult, get_experiment, run_experiment
 from .profiles import Profile, get_profile
 
 CODE_FUNCTIONS = (loops.to_device, loops.train_step, loops.eval_step, loops.prepare_model, loops.make_scaler,
@@ -51,3 +51,9 @@ def code_changes(experiment: "str | Experiment", model: str = "resnet18", profil
         out.append(f"\nthe lines that read config.{knob}:")
         out.extend(f"    {line}" for line in lines)
     return "\n".join(out)
+
+
+def run(experiment: "str | Experiment", **options) -> ExperimentResult:
+    """Run a chapter's comparison and keep its record in ``results/live/`` for the book's summary page."""
+    experiment = get_experiment(experiment)
+    return run_experiment(experiment, out=store.LIVE_DIR, filename=f"{experiment.name}.json", **options)

@@ -16,6 +16,7 @@ from .errors import OptlabError
 SCHEMA_VERSION = 1
 REPO_ROOT = Path(__file__).resolve().parent.parent
 REFERENCE_DIR = REPO_ROOT / "results" / "reference"
+LIVE_DIR = REPO_ROOT / "results" / "live"  # the latest run of each chapter on this machine (not committed)
 
 
 def make_record(*, experiment, profile, environment, configs, effective, notes, memory_kind, samples: pd.DataFrame,
