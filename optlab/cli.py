@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--models", nargs="+", help="models to run (default: the profile's)")
     run.add_argument("--batch-size", type=_whole_number, help="images per batch (default: the profile's)")
     run.add_argument("--num-workers", type=_whole_number, help="DataLoader workers for the common config")
+    run.add_argument("--distributed", action="store_true",
+                     help="one process per device with DistributedDataParallel; start it with "
+                          "torchrun --nproc-per-node N -m optlab run TECHNIQUE --distributed")
 
     reference = commands.add_parser("reference", help="run every technique: the GPU reference run")
     _add_common(reference, default_out=Path("results") / "reference" / "this-machine")
@@ -62,12 +65,15 @@ def _list() -> None:
 
 
 def _run(args: argparse.Namespace) -> None:
+    from .distributed import run_distributed
     from .experiments import run_experiment
 
     overrides = {k: v for k, v in {"batch_size": args.batch_size, "num_workers": args.num_workers}.items() if v is not None}
-    result = run_experiment(args.technique, models=args.models, profile=args.profile, device=args.device,
-                            overrides=overrides, out=args.out, progress=not args.quiet, download=args.download)
-    _print_table(result.summary)
+    run = run_distributed if args.distributed else run_experiment
+    result = run(args.technique, models=args.models, profile=args.profile, device=args.device,
+                 overrides=overrides, out=args.out, progress=not args.quiet, download=args.download)
+    if result is not None:  # a distributed run returns its result on rank 0 only
+        _print_table(result.summary)
 
 
 def _reference(args: argparse.Namespace) -> None:

@@ -1,0 +1,101 @@
+"""The book's summary page: every seed technique's speed-ups (the seed's, our live run's, our stored references')."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import seaborn as sns
+
+from . import store
+from .experiments import get_experiment
+from .profiles import ALL_MODELS
+from .report import set_theme
+from .seed import seed_speedups
+from .techniques import SEED_TECHNIQUES
+
+SEED = "seed V100"
+LIVE = "live"
+NOT_RUN = "not run"
+KEYS = ["technique", "variant", "model", "phase"]
+COLUMNS = KEYS + ["source", "speedup", "ci_low", "ci_high", "verdict"]
+
+
+def seed_rows() -> pd.DataFrame:
+    """The seed's speed-up of each non-baseline variant per model, in training (inference for test-only techniques)."""
+    frames = []
+    for name in SEED_TECHNIQUES:
+        experiment = get_experiment(name)
+        phase = "train" if "train" in experiment.phases else "test"
+        rows = seed_speedups(name)
+        rows = rows[(rows["phase"] == phase) & (rows["variant"] != experiment.baseline_label)]
+        frames.append(rows.assign(technique=name, source=SEED, verdict=""))
+    return pd.concat(frames, ignore_index=True).reindex(columns=COLUMNS)
+
+
+def _records(folder: Path) -> pd.DataFrame:
+    return store.load_summaries(folder) if any(folder.glob("*.json")) else pd.DataFrame(columns=COLUMNS)
+
+
+def sources() -> dict[str, pd.DataFrame]:
+    """Summary rows by source: ``live`` (``results/live``) and each machine under ``results/reference``."""
+    found = {LIVE: _records(store.LIVE_DIR)}
+    found.update({machine: _records(store.REFERENCE_DIR / machine) for machine in store.reference_machines()})
+    return found
+
+
+def describe(found: dict[str, pd.DataFrame]) -> str:
+    """Where each source's numbers come from: techniques recorded, machine and profile."""
+    lines = []
+    for name, rows in found.items():
+        if rows.empty:
+            lines.append(f"{name}: no records yet")
+            continue
+        ran = sorted(set(rows["technique"]) & set(SEED_TECHNIQUES))
+        lines.append(f"{name}: {len(ran)} of {len(SEED_TECHNIQUES)} seed techniques ({', '.join(ran)}); "
+                     f"machine {', '.join(sorted(set(rows['machine'])))}; profile {', '.join(sorted(set(rows['profile'])))}")
+    return "\n".join(lines)
+
+
+def speedups(found: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
+    """Tidy speed-ups: the seed's rows, and ours where a source measured the same technique, variant and model."""
+    seed = seed_rows()
+    frames = [seed]
+    for name, summary in (sources() if found is None else found).items():
+        ours = summary.merge(seed[KEYS], on=KEYS) if not summary.empty else summary
+        frames.append(ours.assign(source=name).reindex(columns=COLUMNS))
+    return pd.concat([f for f in frames if not f.empty], ignore_index=True)
+
+
+def _cell(row: pd.Series) -> str:
+    if pd.isna(row["speedup"]):
+        return row["verdict"] or NOT_RUN
+    text = f"{row['speedup']:.2f}"
+    if row["source"] == SEED:
+        return text
+    return f"{text} ({row['ci_low']:.2f}-{row['ci_high']:.2f}) {row['verdict']}"
+
+
+def summary_table(tidy: pd.DataFrame) -> pd.DataFrame:
+    """One row per technique, variant and model; one column per source: speed-up (95 % interval) verdict."""
+    shown = [SEED, LIVE] + sorted(set(tidy["source"]) - {SEED, LIVE})
+    cells = tidy.assign(cell=tidy.apply(_cell, axis=1))
+    table = cells.pivot_table(index=KEYS, columns="source", values="cell", aggfunc="first")
+    table = table.reindex(index=pd.MultiIndex.from_frame(seed_rows()[KEYS]), columns=shown).fillna(NOT_RUN)
+    return table.droplevel("phase").rename_axis(columns=None)
+
+
+def plot_speedups(tidy: pd.DataFrame):
+    """Per model, each variant's speed-up from every source; the dashed line at 1 is no change."""
+    set_theme()
+    label = lambda d: d["technique"] + ": " + d["variant"]  # noqa: E731
+    data = tidy.dropna(subset=["speedup"]).assign(row=label)
+    grid = sns.catplot(data=data, kind="strip", x="speedup", y="row", hue="source", col="model",
+                       col_order=[m for m in ALL_MODELS if m in set(data["model"])], col_wrap=2,
+                       order=list(dict.fromkeys(label(seed_rows()))), jitter=False, dodge=True, size=6,
+                       height=4.2, aspect=1.25)
+    for ax in grid.axes.flat:
+        ax.axvline(1.0, color="0.4", lw=1, ls="--")
+    grid.set_axis_labels("", "")
+    grid.set_titles("{col_name}")
+    grid.figure.supxlabel("speed-up: baseline time / technique time", y=-0.01)
+    return grid

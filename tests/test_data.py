@@ -1,0 +1,121 @@
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+from torchvision.datasets import CIFAR10
+
+from optlab import data
+from optlab.config import RunConfig
+from optlab.errors import OptlabError
+
+
+@pytest.fixture(scope="module")
+def train_set():
+    return data.StandInCIFAR10(True, data.train_transform())
+
+
+def test_standin_is_stored_like_cifar10(train_set):
+    test_set = data.StandInCIFAR10(False, data.test_transform())
+    assert (len(train_set), len(test_set)) == (50_000, 10_000)
+    assert train_set.data.dtype == np.uint8 and train_set.data.shape == (50_000, 32, 32, 3)
+    assert sorted(set(train_set.targets)) == list(range(10)) and len(train_set.classes) == 10
+    image, label = train_set[0]
+    assert image.shape == (3, 32, 32) and image.dtype == torch.float32 and isinstance(label, int)
+
+
+def test_standin_uses_torchvisions_own_per_image_path():
+    assert data.StandInCIFAR10.__getitem__ is CIFAR10.__getitem__
+
+
+def test_standin_classes_carry_learnable_signal(train_set):
+    # a nearest-class-mean classifier on raw pixels, fit on 5,000 images, must beat chance (10 %) by far
+    pixels = train_set.data[:6000].reshape(6000, -1).astype(np.float32)
+    labels = np.asarray(train_set.targets[:6000])
+    means = np.stack([pixels[:5000][labels[:5000] == c].mean(axis=0) for c in range(10)])
+    predicted = ((pixels[5000:, None, :] - means[None]) ** 2).sum(-1).argmin(1)
+    assert (predicted == labels[5000:]).mean() > 0.9
+
+
+def test_train_and_test_splits_differ(train_set):
+    test_set = data.StandInCIFAR10(False)
+    assert not np.array_equal(train_set.data[:100], test_set.data[:100])
+
+
+def test_source_is_the_standin_without_cifar(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPTLAB_DATA", str(tmp_path))
+    source = data.find_source()
+    assert source.kind == "stand-in" and str(tmp_path) in source.description
+    assert data.data_dir() == tmp_path
+
+
+def _write_fake_cifar(root):
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name, count in [(f"data_batch_{i}", 10) for i in range(1, 6)] + [("test_batch", 10)]:
+        batch = {"data": rng.integers(0, 256, (count, 3072), dtype=np.uint8), "labels": list(range(10))}
+        (folder / name).write_bytes(pickle.dumps(batch))
+    (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": [str(i) for i in range(10)]}))
+
+
+def test_real_cifar_is_used_when_present(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPTLAB_DATA", str(tmp_path))
+    _write_fake_cifar(tmp_path)
+    # our files are not the real ones, so torchvision's MD5 checks are switched off for this test
+    monkeypatch.setattr("torchvision.datasets.cifar.check_integrity", lambda *args: True)
+    source = data.find_source()
+    assert source.kind == "cifar10" and "real" in source.description
+    train, test = data.datasets(source)
+    assert isinstance(train, CIFAR10) and (len(train), len(test)) == (50, 10)
+    assert train[0][0].shape == (3, 32, 32)
+
+
+def test_corrupt_cifar_gets_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPTLAB_DATA", str(tmp_path))
+    (tmp_path / "cifar-10-batches-py").mkdir()
+    with pytest.raises(OptlabError, match="could not be loaded"):
+        data.datasets(data.find_source())
+
+
+def test_loader_follows_the_knobs(train_set):
+    loader = data.make_loader(train_set, RunConfig(batch_size=8, batch_offset=1, num_workers=0, pin_memory=False),
+                              train=True)
+    images, labels = next(iter(loader))
+    assert images.shape == (9, 3, 32, 32) and labels.shape == (9,)
+    assert loader.drop_last and loader.num_workers == 0
+
+
+def test_same_seed_same_order(train_set):
+    config = RunConfig(batch_size=8, num_workers=0, pin_memory=False)
+    first = [next(iter(data.make_loader(train_set, config, train=True, seed=3)))[1] for _ in range(2)]
+    assert torch.equal(first[0], first[1])
+
+
+def test_standin_works_with_two_spawned_workers():
+    small = data.StandInCIFAR10(False, data.test_transform())
+    small.data, small.targets = small.data[:64], small.targets[:64]
+    config = RunConfig(batch_size=16, num_workers=2, pin_memory=False)
+    loader = data.make_loader(small, config, train=False, multiprocessing_context="spawn")
+    batches = list(loader)
+    assert len(batches) == 4 and all(b[0].shape == (16, 3, 32, 32) for b in batches)
+    assert torch.equal(torch.cat([b[1] for b in batches]), torch.tensor(small.targets))
+
+
+class Exploding(Dataset):
+    """Raises a KeyError for one index, as a broken sample would."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        if index == 5:
+            raise KeyError("sample 5 is broken")
+        return torch.zeros(3), index
+
+
+def test_worker_exception_reaches_the_caller_with_its_type():
+    loader = data.make_loader(Exploding(), RunConfig(batch_size=2, num_workers=2, pin_memory=False), train=False)
+    with pytest.raises(KeyError, match="sample 5 is broken"):
+        list(loader)

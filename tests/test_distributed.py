@@ -1,0 +1,128 @@
+"""DistributedDataParallel under torchrun: parity with one process, failures that end, records that load back.
+
+The three torchrun tests start real 2-process gloo jobs on the CPU (a few seconds of imports each).
+"""
+import numpy as np
+import pandas as pd
+import pytest
+
+import optlab
+from optlab import distributed
+from optlab.cli import main
+from optlab.errors import OptlabError
+from optlab.experiments import get_experiment
+from optlab.loops import PhaseResult
+
+LAUNCH_TIMEOUT_S = 300  # the subprocess limit: a hang fails the test instead of stalling the suite
+
+HANG_SCRIPT = """
+import os, sys, time
+from optlab import cli, loops
+if os.environ["RANK"] == "1":
+    loops.train_step = lambda *args, **kwargs: time.sleep(3600)  # a stuck rank: it never reaches the all-reduce
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_two_processes_train_to_the_weights_of_one_process_on_the_concatenated_batches():
+    # Each rank's loss is the mean over its 4 images and DDP averages the gradients over the 2 ranks, which is the
+    # gradient of the mean over all 8: the same SGD steps in exact arithmetic, so only fp32 rounding may differ.
+    # BatchNorm runs in eval mode (fixed statistics) inside the check: per-rank batch statistics would differ.
+    check = distributed.parity(nproc=2, steps=3, accumulation_steps=2, timeout=LAUNCH_TIMEOUT_S)
+    assert check.max_update > 1e-2, "training barely moved the weights: agreement would prove nothing"
+    for mode, difference in check.difference.items():
+        assert difference < distributed.PARITY_TOLERANCE, f"{mode}: DDP differs from one process by {difference}"
+    assert check.rank_difference == 0.0, "DDP replicas must hold identical weights"
+    # no_sync skips the all-reduce on the first of every 2 micro-steps: half the calls and half the bytes
+    calls, sent = check.allreduce_calls, check.allreduce_bytes
+    assert calls["all-reduce every micro-step"] == 2 * calls["no_sync"] > 0
+    assert sent["all-reduce every micro-step"] == 2 * sent["no_sync"] > 0
+
+
+def test_a_stuck_rank_ends_the_job_with_a_timeout_error_not_a_hang(tmp_path):
+    script = tmp_path / "stuck_rank.py"
+    script.write_text(HANG_SCRIPT)
+    command = distributed.torchrun_command([str(script), "run", "set_to_none", "--distributed", "--models", "resnet18",
+                                            "--profile", "smoke", "--batch-size", "4", "--out", str(tmp_path),
+                                            "--quiet"], nproc=2)
+    with pytest.raises(OptlabError) as failure:
+        distributed.launch(command, LAUNCH_TIMEOUT_S, threads=1, env={distributed.TIMEOUT_ENV: "10"})
+    message = str(failure.value)
+    assert "did not finish within" not in message, "the job hung until the subprocess limit"
+    assert "Timed out waiting 10000ms" in message  # rank 0's collective gave up after the process group's timeout
+    assert not list(tmp_path.glob("*.json")), "a failed run must not write a record"
+
+
+def test_a_distributed_run_writes_a_record_that_loads_back_like_any_other(tmp_path):
+    command = distributed.torchrun_command(["-m", "optlab", "run", "set_to_none", "--distributed", "--models",
+                                            "resnet18", "--profile", "smoke", "--batch-size", "4", "--out",
+                                            str(tmp_path), "--quiet"], nproc=2)
+    done = distributed.launch(command, LAUNCH_TIMEOUT_S, threads=1)
+    assert "backend gloo" in done.stdout and "w gradient none" in done.stdout
+    (path,) = tmp_path.glob("set_to_none-*.json")  # only rank 0 writes
+    record = optlab.load_record(path)
+    assert record["distributed"]["world_size"] == 2 and record["distributed"]["backend"] == "gloo"
+    samples = optlab.load_samples(path)
+    assert set(samples["world_size"]) == {2} and set(samples["images_per_step"]) == {8}  # 2 ranks x 4 images
+    for _, row in samples.iterrows():
+        per_rank = np.cumsum(row["rank_step_times_s"], axis=1)
+        assert per_rank.shape == (2, row["steps"])
+        assert np.isclose(sum(row["step_times_s"]), per_rank[:, -1].max())  # the job ends with its slowest rank
+    summaries = optlab.load_summaries(path)
+    assert set(summaries["variant"]) == set(get_experiment("set_to_none").labels)
+
+
+def _phase(step_times, losses, correct=0, images=0):
+    return PhaseResult(startup_s=0.1, step_times_s=step_times, wall_s=sum(step_times), peak_mem_mb=10.0,
+                       losses=losses, correct=correct, images=images)
+
+
+def test_the_job_step_ends_when_the_slowest_rank_ends_it():
+    fast_then_slow = _phase([1.0, 3.0], [2.0, 1.0], correct=3, images=4)
+    slow_then_fast = _phase([2.0, 1.0], [4.0, 3.0], correct=1, images=4)
+    job = distributed.merge_ranks([fast_then_slow, slow_then_fast])
+    assert job.step_times_s == [2.0, 2.0]  # ends at max(1, 2) = 2 and max(4, 3) = 4
+    assert job.losses == [3.0, 2.0] and (job.correct, job.images) == (4, 8)
+
+
+def test_accumulating_variants_are_also_run_without_no_sync():
+    labels = distributed.ddp_variants(get_experiment("gradient_accumulation")).labels
+    assert labels == ["w/o gradient accumulation", "w gradient accumulation",
+                      "w gradient accumulation" + distributed.SYNC_SUFFIX]
+    assert distributed.ddp_variants(get_experiment("set_to_none")).labels == get_experiment("set_to_none").labels
+
+
+def test_efficiency_is_throughput_over_n_times_one_process():
+    rows = [{"machine": "m", "model": "resnet18", "variant": "base", "phase": "train", "status": "ok",
+             "world_size": n, "images_per_s": ips} for n, ips in [(1, 100.0), (1, 120.0), (2, 165.0), (4, 330.0)]]
+    table = distributed.scaling(pd.DataFrame(rows)).set_index("world_size")
+    assert table.loc[1, "images/s"] == 110.0 and table.loc[1, "efficiency"] == 1.0
+    assert table.loc[2, "speed-up"] == 1.5 and table.loc[2, "efficiency"] == 0.75
+    assert table.loc[4, "efficiency"] == 0.75
+
+
+def test_a_distributed_run_without_torchrun_says_how_to_launch_it(capsys, monkeypatch, tmp_path):
+    for name in distributed.TORCHRUN_ENV:
+        monkeypatch.delenv(name, raising=False)
+    assert main(["run", "set_to_none", "--distributed", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("optlab: error: a distributed run must be started by torchrun") and "\n" not in err
+    assert "torchrun --nproc-per-node N -m optlab run TECHNIQUE --distributed" in err
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-5"])
+def test_a_bad_timeout_names_the_variable_and_what_is_allowed(monkeypatch, value):
+    monkeypatch.setenv(distributed.TIMEOUT_ENV, value)
+    with pytest.raises(OptlabError, match=f"OPTLAB_DDP_TIMEOUT_S must be a number of seconds above 0, got '{value}'"):
+        distributed.timeout_s()
+
+
+def test_the_parity_command_prints_the_difference(monkeypatch, capsys):
+    fake = distributed.Parity(2, 3, 2, {"no_sync": 1e-7, "all-reduce every micro-step": 2e-7}, 0.0, 0.5,
+                              {"no_sync": 3, "all-reduce every micro-step": 6}, {"no_sync": 8, "all-reduce every micro-step": 16})
+    monkeypatch.setattr(distributed, "parity", lambda *args: fake)
+    assert distributed.main(["parity"]) == 0
+    assert capsys.readouterr().out.startswith("max parameter difference: 2.000e-07\n")
+    far = distributed.Parity(**{**fake.__dict__, "difference": {"no_sync": 1e-3}})
+    monkeypatch.setattr(distributed, "parity", lambda *args: far)
+    assert distributed.main(["parity"]) == 1

@@ -1,0 +1,119 @@
+import pandas as pd
+import pytest
+import torch
+
+from optlab import experiments
+from optlab.errors import OptlabError
+from optlab.experiments import Experiment, get_experiment, list_experiments, run_experiment
+from optlab.seed import seed_results
+from optlab.techniques import SEED_TECHNIQUES
+from tests.helpers import TINY
+
+AA = Experiment("a_a", "the same config twice", "", variants=(("A", {}), ("A again", {})))
+
+
+def test_registry_has_the_nine_seed_sections_named_as_in_the_seed_csv():
+    assert set(SEED_TECHNIQUES) == set(seed_results()["technique"])
+    listing = list_experiments()
+    assert set(SEED_TECHNIQUES) <= set(listing["technique"])
+    for name in SEED_TECHNIQUES:
+        experiment = get_experiment(name)
+        assert experiment.section and experiment.phases and len(experiment.variants) >= 2
+
+
+def test_seed_variant_labels_match_the_seed_tables():
+    seed = seed_results()
+    for name in SEED_TECHNIQUES:
+        seed_labels = set(seed.loc[seed["technique"] == name, "variant"])
+        assert seed_labels <= set(get_experiment(name).labels), name
+
+
+def test_unknown_technique_lists_them():
+    with pytest.raises(OptlabError, match="unknown technique 'turbo'; choose one of: data_loading"):
+        get_experiment("turbo")
+
+
+def test_configs_differ_only_by_the_variant_knobs():
+    configs = get_experiment("channels_last").configs("resnet18", TINY)
+    a, b = configs.values()
+    assert a.amp_dtype == b.amp_dtype == "fp16"  # the shared base knob
+    assert (a.channels_last, b.channels_last) == (False, True)
+    assert a.batch_size == TINY.batch_size and a.width == TINY.width
+
+
+@pytest.fixture(scope="module")
+def aa_result():
+    return run_experiment(AA, profile=TINY, device="cpu", progress=False)
+
+
+def test_tidy_rows_one_per_model_variant_repeat_phase(aa_result):
+    samples = aa_result.samples
+    assert len(samples) == 1 * 2 * TINY.repeats * 2
+    assert not samples.duplicated(["model", "variant", "repeat", "phase"]).any()
+    assert (samples["status"] == "ok").all()
+    assert samples["step_times_s"].map(len).eq(samples["steps"]).all()
+    assert (samples.loc[samples["phase"] == "train", "steps"] == TINY.steps).all()
+
+
+def test_runs_interleave_a_b_a_b(aa_result):
+    order = aa_result.samples.loc[aa_result.samples["phase"] == "train", "variant"].tolist()
+    assert order == ["A", "A again"] * TINY.repeats
+
+
+def test_a_a_run_is_no_clear_difference(aa_result):
+    verdicts = aa_result.summary.loc[aa_result.summary["variant"] == "A again", "verdict"]
+    assert list(verdicts) == ["no clear difference"] * 2
+
+
+def test_a_a_sides_compute_the_same_losses(aa_result):
+    train = aa_result.samples[aa_result.samples["phase"] == "train"]
+    a, b = (train[train["variant"] == v]["losses"].tolist() for v in ("A", "A again"))
+    assert a == b
+
+
+def test_record_holds_knobs_environment_and_notes(aa_result):
+    record = aa_result.record
+    assert record["configs"]["resnet18"]["A"]["batch_size"] == TINY.batch_size
+    assert record["environment"]["data_source"].startswith("stand-in")
+    assert record["profile"]["name"] == "tiny"
+    assert any("pin_memory" in note for note in record["notes"])
+
+
+def test_summary_reports_memory_and_throughput(aa_result):
+    summary = aa_result.summary
+    assert (summary["peak_mem_mb"] > 0).all() and (summary["images_per_s"] > 0).all()
+    assert (summary["tflops"] > 0).all() and (summary["n"] == TINY.repeats).all()
+
+
+def test_out_of_memory_is_recorded_and_the_run_goes_on(monkeypatch):
+    real = experiments._run_phase
+
+    def fail_for_b(state, phase, profile, info):
+        if state.config.amp_dtype == "bf16":
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(state, phase, profile, info)
+
+    monkeypatch.setattr(experiments, "_run_phase", fail_for_b)
+    experiment = Experiment("oom", "one variant runs out of memory", "", variants=(("A", {}), ("B", {"amp_dtype": "bf16"})),
+                            phases=("test",))
+    result = run_experiment(experiment, profile=TINY, device="cpu", progress=False)
+    status = result.samples.groupby("variant")["status"].agg(set)
+    assert status["A"] == {"ok"} and status["B"] == {"out of memory"}
+    assert result.summary.set_index("variant").loc["B", "verdict"] == "out of memory"
+
+
+def test_unknown_model_in_a_run():
+    with pytest.raises(OptlabError, match="unknown model 'alexnet'"):
+        run_experiment(AA, models=["alexnet"], profile=TINY, device="cpu", progress=False)
+
+
+def test_output_folder_that_cannot_be_written(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(OptlabError, match="cannot be written"):
+        run_experiment(AA, profile=TINY, device="cpu", progress=False, out=blocker / "sub")
+
+
+def test_experiment_needs_a_variant():
+    with pytest.raises(OptlabError, match="needs a baseline and at least one variant"):
+        Experiment("x", "x", "", variants=(("only", {}),))

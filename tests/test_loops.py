@@ -1,0 +1,110 @@
+import copy
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from optlab.config import RunConfig
+from optlab.loops import eval_phase, grad_mode, make_optimizer, make_scaler, train_phase, train_step
+
+CPU = torch.device("cpu")
+
+
+def _bn_free_model():
+    # no BatchNorm: its batch statistics would make micro-batches differ from the full batch
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 8 * 8, 10))
+
+
+def _batch(n=16, seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, 8, 8, generator=generator), torch.randint(0, 10, (n,), generator=generator)
+
+
+def _config(**changes):
+    return RunConfig(num_workers=0, pin_memory=False, **changes)
+
+
+def _train(model, batches, config):
+    optimizer, scaler = make_optimizer(model), make_scaler(config, CPU)
+    for index, batch in enumerate(batches):
+        train_step(model, batch, optimizer, scaler, config, CPU, index)
+    return model
+
+
+def test_four_accumulated_micro_batches_equal_one_full_batch_step():
+    inputs, targets = _batch(16)
+    full = _train(_bn_free_model(), [(inputs, targets)], _config(batch_size=16, accumulation_steps=1))
+    micro = [(inputs[i:i + 4], targets[i:i + 4]) for i in range(0, 16, 4)]
+    accumulated = _train(_bn_free_model(), micro, _config(batch_size=4, accumulation_steps=4))
+    for a, b in zip(full.parameters(), accumulated.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert not all(torch.equal(a, b) for a, b in zip(full.parameters(), _bn_free_model().parameters()))
+
+
+def test_accumulation_does_not_step_before_the_boundary():
+    inputs, targets = _batch(4)
+    model = _train(_bn_free_model(), [(inputs, targets)], _config(accumulation_steps=2))
+    for a, b in zip(model.parameters(), _bn_free_model().parameters()):
+        assert torch.equal(a, b)
+
+
+def test_set_to_none_both_ways_gives_identical_weights():
+    batches = [_batch(8, seed) for seed in range(4)]
+    with_none = _train(_bn_free_model(), batches, _config(set_to_none=True))
+    with_zeros = _train(_bn_free_model(), batches, _config(set_to_none=False))
+    for a, b in zip(with_none.parameters(), with_zeros.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_set_to_none_is_explicit_both_ways():
+    model = _bn_free_model()
+    optimizer, config = make_optimizer(model), _config(set_to_none=False)
+    train_step(model, _batch(4), optimizer, make_scaler(config, CPU), config, CPU, 0)
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
+    config = _config(set_to_none=True)
+    train_step(model, _batch(4), optimizer, make_scaler(config, CPU), config, CPU, 0)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_scaler_is_on_only_for_fp16():
+    assert make_scaler(_config(amp_dtype="fp16"), CPU).is_enabled()
+    assert not make_scaler(_config(amp_dtype="bf16"), CPU).is_enabled()
+    assert not make_scaler(_config(), CPU).is_enabled()
+
+
+def test_grad_modes():
+    x = torch.ones(2, requires_grad=True)
+    with grad_mode("grad"):
+        assert (x * 2).requires_grad
+    with grad_mode("no_grad"):
+        assert not (x * 2).requires_grad
+    with grad_mode("inference_mode"):
+        assert torch.is_inference_mode_enabled()
+
+
+def _loader(n=40, batch=8):
+    inputs, targets = _batch(n)
+    return DataLoader(TensorDataset(inputs, targets), batch_size=batch, drop_last=True)
+
+
+def test_train_phase_keeps_raw_samples_after_warmup():
+    model = _bn_free_model()
+    config = _config(batch_size=8)
+    result = train_phase(model, _loader(), make_optimizer(model), make_scaler(config, CPU), config, CPU, steps=3, warmup=2)
+    assert len(result.step_times_s) == 3 and len(result.losses) == 3
+    assert result.images == 24 and result.startup_s >= 0 and result.wall_s > 0 and result.peak_mem_mb > 0
+
+
+def test_whole_epoch_when_steps_is_none():
+    model = _bn_free_model()
+    config = _config(batch_size=8)
+    result = eval_phase(model, _loader(40, 8), config, CPU, steps=None, warmup=1)
+    assert len(result.step_times_s) == 4 and result.images == 32 and 0 <= result.correct <= 32
+
+
+def test_autocast_bf16_runs_on_cpu():
+    model = copy.deepcopy(_bn_free_model())
+    config = _config(amp_dtype="bf16")
+    loss = train_step(model, _batch(4), make_optimizer(model), make_scaler(config, CPU), config, CPU, 0)
+    assert torch.isfinite(loss)
