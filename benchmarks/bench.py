@@ -48,12 +48,12 @@ def harness_overhead(steps: int = 12, warmup: int = 2) -> float:
     ours_model = prepare_model(build_model("resnet18", width=0.125), config, info.device)
     torch.manual_seed(0)
     plain_model = prepare_model(build_model("resnet18", width=0.125), config, info.device)
-    ours_optimizer, plain_optimizer = make_optimizer(ours_model), make_optimizer(plain_model)
+    ours_optimizer, plain_optimizer = make_optimizer(ours_model, config), make_optimizer(plain_model, config)
     scaler = make_scaler(config, info.device)
     ours, plain = [], []
     for _ in range(ROUNDS):  # interleaved: A B A B
         result = train_phase(ours_model, batches, ours_optimizer, scaler, config, info.device, steps, warmup)
-        ours.append(result.wall_s / steps)
+        ours.append(statistics.fmean(result.step_times_s))
         plain_loop(plain_model, batches[:warmup], plain_optimizer, info.device)
         plain.append(plain_loop(plain_model, batches[warmup:], plain_optimizer, info.device))
     print(f"  optlab loop  {1e3 * statistics.median(ours):8.2f} ms/step   (median of {ROUNDS})")

@@ -9,6 +9,9 @@ from .errors import OptlabError, choice_error
 AMP_DTYPES = ("none", "fp16", "bf16")
 EVAL_GRAD_MODES = ("grad", "no_grad", "inference_mode")
 MODEL_VARIANTS = ("base", "rec")
+OPTIMIZERS = ("sgd", "adam")
+OPTIMIZER_IMPLS = ("default", "for_loop", "foreach", "fused")
+COMPILE_MODES = ("none", "default", "max-autotune", "reduce-overhead")
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,13 @@ class RunConfig:
     eval_grad_mode: str = "no_grad"
     cudnn_benchmark: bool = False
     channels_last: bool = False
+    # beyond the seed
+    optimizer: str = "sgd"
+    optimizer_impl: str = "default"  # torch picks foreach on CUDA by default; "fused" runs one kernel per step
+    compile_mode: str = "none"  # torch.compile mode; "reduce-overhead" adds CUDA graphs
+    matmul_tf32: bool = False  # torch's default: fp32 matmuls in full precision
+    cudnn_tf32: bool = True  # torch's default: fp32 convolutions may use TF32 on Ampere and newer
+    data_on_device: bool = False  # the whole data set resident on the device, augmented there in batches
 
     def __post_init__(self) -> None:
         from .models import MODEL_NAMES  # late import: models imports torchvision
@@ -45,6 +55,12 @@ class RunConfig:
             raise choice_error("model variant", self.model_variant, MODEL_VARIANTS)
         if self.amp_dtype not in AMP_DTYPES:
             raise choice_error("AMP dtype", self.amp_dtype, AMP_DTYPES)
+        if self.optimizer not in OPTIMIZERS:
+            raise choice_error("optimizer", self.optimizer, OPTIMIZERS)
+        if self.optimizer_impl not in OPTIMIZER_IMPLS:
+            raise choice_error("optimizer implementation", self.optimizer_impl, OPTIMIZER_IMPLS)
+        if self.compile_mode not in COMPILE_MODES:
+            raise choice_error("compile mode", self.compile_mode, COMPILE_MODES)
         if self.eval_grad_mode not in EVAL_GRAD_MODES:
             raise choice_error("eval grad mode", self.eval_grad_mode, EVAL_GRAD_MODES)
         _require_int("batch_size", self.batch_size, minimum=1)

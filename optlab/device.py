@@ -90,8 +90,15 @@ def effective_config(config: RunConfig, info: DeviceInfo) -> tuple[RunConfig, li
     if config.cudnn_benchmark:
         changes["cudnn_benchmark"] = False
         notes.append("cudnn_benchmark: skipped on cpu (cuDNN autotuning exists only on CUDA)")
+    if config.matmul_tf32 or not config.cudnn_tf32:
+        changes["matmul_tf32"], changes["cudnn_tf32"] = False, True
+        notes.append("matmul_tf32/cudnn_tf32: skipped on cpu (TF32 is a tensor-core format of NVIDIA GPUs)")
     if config.channels_last:
         notes.append("channels_last: applied with its cpu meaning (NHWC tensors for oneDNN kernels)")
+    if config.compile_mode != "none":
+        notes.append(f"compile_mode={config.compile_mode}: applied with its cpu meaning (Inductor C++ kernels)")
+    if config.data_on_device:
+        notes.append("data_on_device: applied with its cpu meaning (data held as one tensor, augmented in batches)")
     if config.amp_dtype != "none":
         notes.append(f"amp_dtype={config.amp_dtype}: applied with its cpu meaning (CPU autocast)")
     return replace(config, **changes), notes

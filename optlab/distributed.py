@@ -164,26 +164,35 @@ def train_phase(model: DDP, loader: DataLoader, optimizer, scaler, config: RunCo
     model.train()
     optimizer.zero_grad(set_to_none=config.set_to_none)
     step = lambda batch, i: ddp_step(model, batch, optimizer, scaler, config, device, i, no_sync)  # noqa: E731
-    with loops.cudnn_benchmark(config.cudnn_benchmark):
+    with loops.backend_flags(config):
         result, losses = loops._run_timed(step, loader, device, steps, warmup)
     result.losses = torch.stack(losses).float().cpu().tolist()
     result.images = len(losses) * config.images_per_step
     return result
 
 
+def _slowest(per_rank: Sequence[list[float]]) -> list[float]:
+    """Step times of the job: its step ``k`` ends when the slowest rank has ended its step ``k``."""
+    if not per_rank[0]:
+        return []
+    ends = np.max([np.cumsum(times) for times in per_rank], axis=0)
+    return np.diff(ends, prepend=0.0).tolist()
+
+
 def merge_ranks(results: Sequence[loops.PhaseResult]) -> loops.PhaseResult:
-    """The job's phase from every rank's: step ``k`` of the job ends when the slowest rank has ended its step ``k``.
+    """The job's phase from every rank's: warm-up and timed steps end with the slowest rank.
 
     Ranks start each phase together (a barrier). Losses are averaged over ranks (each is its shard's mean, so the mean
     is the whole batch's loss); correct predictions and images are summed.
     """
-    ends = np.max([np.cumsum(r.step_times_s) for r in results], axis=0)
     losses = np.mean([r.losses for r in results], axis=0).tolist() if results[0].losses else []
+    warmup = _slowest([r.warmup_times_s for r in results])
     return loops.PhaseResult(
         startup_s=max(r.startup_s for r in results),
-        step_times_s=np.diff(ends, prepend=0.0).tolist(),
+        step_times_s=_slowest([[*r.warmup_times_s, *r.step_times_s] for r in results])[len(warmup):],
         wall_s=max(r.wall_s for r in results),
         peak_mem_mb=max(r.peak_mem_mb for r in results),
+        warmup_times_s=warmup,
         losses=losses,
         correct=sum(r.correct for r in results),
         images=sum(r.images for r in results),
@@ -211,8 +220,8 @@ def _build_state(config: RunConfig, group: Group, sets: dict[str, Dataset], seed
                                      group.info.device), group.info)
     loaders = {phase: distributed_loader(sets[phase], config, phase == "train", seed, group.rank, group.world_size)
                for phase in experiments.PHASES}
-    return _State(config, model, loops.make_optimizer(model), loops.make_scaler(config, group.info.device), loaders,
-                  no_sync)
+    return _State(config, model, loops.make_optimizer(model, config), loops.make_scaler(config, group.info.device),
+                  loaders, no_sync)
 
 
 def _run_phase(state: _State, phase: str, profile: Profile, device: torch.device, epoch: int) -> loops.PhaseResult:
@@ -281,9 +290,15 @@ def run_distributed(
 def _run(experiment: Experiment, group: Group, models, profile, overrides, out, seed, progress, download,
          filename) -> ExperimentResult | None:
     info, main = group.info, group.is_main
+    if experiment.needs_cuda and not info.is_cuda:
+        raise OptlabError(f"{experiment.name} needs a CUDA device and this run is on {info.name} (cpu)")
     prof = get_profile(profile, info.is_cuda)
     chosen = experiments._validate_models(models or prof.models)
     requested = {m: experiment.configs(m, prof, overrides) for m in chosen}
+    resident = sorted({label for cfgs in requested.values() for label, c in cfgs.items() if c.data_on_device})
+    if resident:
+        raise OptlabError(f"--distributed shards the data with a DistributedSampler, and variant(s) {resident} keep the "
+                          f"whole data set on the device (data_on_device); run {experiment.name} without --distributed")
     effective = {m: {label: effective_config(c, info) for label, c in cfgs.items()} for m, cfgs in requested.items()}
     out_dir = store.writable_dir(out) if out is not None and main else None
     source = data.find_source(download)

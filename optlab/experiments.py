@@ -8,7 +8,7 @@ from __future__ import annotations
 import gc
 import sys
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -19,6 +19,7 @@ from tqdm import tqdm
 from . import data, store
 from .config import RunConfig, apply_changes, changed_knobs
 from .device import DeviceInfo, effective_config, resolve_device
+from .device_data import DeviceResidentLoader
 from .environment import capture
 from .errors import OptlabError, choice_error
 from .flops import step_flops, tflops
@@ -43,6 +44,7 @@ class Experiment:
     phases: tuple[str, ...] = PHASES
     base: dict[str, Any] = field(default_factory=dict)  # knob changes shared by every variant
     description: str = ""
+    needs_cuda: bool = False  # meaningless without a GPU: refused on the CPU instead of pretending
 
     def __post_init__(self) -> None:
         if len(self.variants) < 2:
@@ -68,7 +70,7 @@ class Experiment:
 
     def with_variants(self, *variants: tuple[str, dict[str, Any]], name: str | None = None) -> "Experiment":
         """A copy with other variants (a chapter's own comparison), keeping everything else."""
-        return Experiment(name or self.name, self.title, self.section, tuple(variants), self.phases, self.base, self.description)
+        return replace(self, name=name or self.name, variants=tuple(variants))
 
 
 REGISTRY: dict[str, Experiment] = {}
@@ -96,7 +98,7 @@ def list_experiments() -> pd.DataFrame:
     return pd.DataFrame(
         [
             {"technique": e.name, "section": e.section or "beyond", "title": e.title, "timed": "+".join(e.phases),
-             "variants": " | ".join(e.labels)}
+             "device": "cuda" if e.needs_cuda else "any", "variants": " | ".join(e.labels)}
             for e in REGISTRY.values()
         ]
     )
@@ -137,11 +139,16 @@ def _build_state(config: RunConfig, info: DeviceInfo, train_set, test_set, seed:
     torch.manual_seed(seed)  # every variant starts from the same weights
     model = build_model(config.model, config.model_variant, config.width)
     model = prepare_model(model, config, info.device)
-    loaders = {
-        "train": data.make_loader(train_set, config, train=True, seed=seed),
-        "test": data.make_loader(test_set, config, train=False, seed=seed),
-    }
-    return _VariantState(config, model, make_optimizer(model), make_scaler(config, info.device), loaders)
+    if config.data_on_device:
+        loaders = {phase: DeviceResidentLoader(dataset, config.images_per_step, info.device, phase == "train",
+                                               config.drop_last, seed)
+                   for phase, dataset in (("train", train_set), ("test", test_set))}
+    else:
+        loaders = {
+            "train": data.make_loader(train_set, config, train=True, seed=seed),
+            "test": data.make_loader(test_set, config, train=False, seed=seed),
+        }
+    return _VariantState(config, model, make_optimizer(model, config), make_scaler(config, info.device), loaders)
 
 
 def _run_phase(state: _VariantState, phase: str, profile: Profile, info: DeviceInfo):
@@ -171,6 +178,9 @@ def run_experiment(
     """Run ``experiment`` on every model, interleaving its variants; save the record under ``out`` if given."""
     experiment = get_experiment(experiment)
     info = resolve_device(device)
+    if experiment.needs_cuda and not info.is_cuda:
+        raise OptlabError(f"{experiment.name} needs a CUDA device and this run is on {info.name} (cpu); "
+                          "its chapter shows the stored GPU reference instead")
     prof = get_profile(profile, info.is_cuda)
     chosen = _validate_models(models or prof.models)
     requested = {m: experiment.configs(m, prof, overrides) for m in chosen}
@@ -257,6 +267,7 @@ def _row(experiment, model, label, repeat, phase, state: _VariantState, result, 
         "status": "ok",
         "epoch_images": epoch_images,
         "startup_s": result.startup_s,
+        "first_step_s": result.warmup_times_s[0] if result.warmup_times_s else None,
         "wall_s": result.wall_s,
         "steps": len(steps),
         "step_median_s": float(pd.Series(steps).median()),
@@ -268,5 +279,6 @@ def _row(experiment, model, label, repeat, phase, state: _VariantState, result, 
         "loss_last": result.losses[-1] if result.losses else None,
         "accuracy": result.correct / result.images if phase == "test" and result.images else None,
         "step_times_s": steps,
+        "warmup_times_s": result.warmup_times_s,
         "losses": result.losses,
     }

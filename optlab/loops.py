@@ -20,20 +20,28 @@ from .timing import StepTimer
 
 @dataclass
 class PhaseResult:
-    """Raw samples of one timed pass: loader start-up, per-step times, wall time, peak memory, losses."""
+    """Raw samples of one pass: loader start-up, warm-up and timed step times, wall time, peak memory, losses."""
 
     startup_s: float
     step_times_s: list[float]
-    wall_s: float
+    wall_s: float  # the whole pass after start-up, warm-up included
     peak_mem_mb: float
+    warmup_times_s: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     correct: int = 0
     images: int = 0
 
 
-def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:
-    """The seed's optimizer: SGD, lr 0.1, momentum 0.9, weight decay 5e-4."""
-    return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+_IMPLEMENTATIONS = {"default": {}, "for_loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+
+
+def make_optimizer(model: nn.Module, config: RunConfig | None = None) -> torch.optim.Optimizer:
+    """The seed's SGD (lr 0.1, momentum 0.9, weight decay 5e-4) or Adam (lr 1e-3), in the config's implementation."""
+    config = config or RunConfig()
+    implementation = _IMPLEMENTATIONS[config.optimizer_impl]
+    if config.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=5e-4, **implementation)
+    return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4, **implementation)
 
 
 def make_scaler(config: RunConfig, device: torch.device) -> torch.amp.GradScaler:
@@ -45,6 +53,8 @@ def prepare_model(model: nn.Module, config: RunConfig, device: torch.device) -> 
     model = model.to(device)
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
+    if config.compile_mode != "none":
+        model = torch.compile(model, mode=None if config.compile_mode == "default" else config.compile_mode)
     return model
 
 
@@ -86,14 +96,19 @@ def eval_step(model, batch, config: RunConfig, device: torch.device) -> torch.Te
 
 
 @contextlib.contextmanager
-def cudnn_benchmark(enabled: bool) -> Iterator[None]:
-    """Set ``torch.backends.cudnn.benchmark`` for one phase and restore it after."""
-    previous = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = enabled
+def backend_flags(config: RunConfig) -> Iterator[None]:
+    """Set cudnn.benchmark and the TF32 switches for one phase, and restore them after."""
+    flags = [(torch.backends.cudnn, "benchmark", config.cudnn_benchmark),
+             (torch.backends.cudnn, "allow_tf32", config.cudnn_tf32),
+             (torch.backends.cuda.matmul, "allow_tf32", config.matmul_tf32)]
+    previous = [getattr(owner, name) for owner, name, _ in flags]
+    for owner, name, value in flags:
+        setattr(owner, name, value)
     try:
         yield
     finally:
-        torch.backends.cudnn.benchmark = previous
+        for (owner, name, _), value in zip(flags, previous):
+            setattr(owner, name, value)
 
 
 def _timed_batches(loader: DataLoader, steps: int | None, warmup: int) -> tuple[float, Iterator]:
@@ -109,23 +124,22 @@ def _timed_batches(loader: DataLoader, steps: int | None, warmup: int) -> tuple[
 
 
 def _run_timed(step, loader, device, steps, warmup) -> tuple[PhaseResult, list[torch.Tensor]]:
+    """Every step is timed; the first ``warmup`` (compilation, autotuning, cold caches) are kept apart."""
     reset_peak(device)
     startup, batches = _timed_batches(loader, steps, warmup)
     timer = StepTimer(device)
     outputs = []
-    if warmup == 0:
-        timer.start()
+    timer.start()
     for index, batch in enumerate(batches):
         out = step(batch, index)
-        if index + 1 == warmup:
-            timer.start()
-        elif index >= warmup:
-            timer.mark()
+        timer.mark()
+        if index >= warmup:
             outputs.append(out)
-    step_times, wall = timer.finish()
-    if not step_times:
+    intervals, wall = timer.finish()
+    if len(intervals) <= warmup:
         raise RuntimeError(f"the loader ran out before {warmup} warm-up steps and one timed step")
-    return PhaseResult(startup, step_times, wall, peak_mb(device)), outputs
+    result = PhaseResult(startup, intervals[warmup:], wall, peak_mb(device), warmup_times_s=intervals[:warmup])
+    return result, outputs
 
 
 def train_phase(model, loader, optimizer, scaler, config: RunConfig, device: torch.device,
@@ -133,7 +147,7 @@ def train_phase(model, loader, optimizer, scaler, config: RunConfig, device: tor
     """Time ``steps`` training micro-steps after ``warmup`` untimed ones (``steps=None``: the whole epoch)."""
     model.train()
     optimizer.zero_grad(set_to_none=config.set_to_none)
-    with cudnn_benchmark(config.cudnn_benchmark):
+    with backend_flags(config):
         result, losses = _run_timed(
             lambda batch, i: train_step(model, batch, optimizer, scaler, config, device, i), loader, device, steps, warmup
         )
@@ -145,7 +159,7 @@ def train_phase(model, loader, optimizer, scaler, config: RunConfig, device: tor
 def eval_phase(model, loader, config: RunConfig, device: torch.device, steps: int | None, warmup: int) -> PhaseResult:
     """Time ``steps`` evaluation steps after ``warmup`` untimed ones."""
     model.eval()
-    with cudnn_benchmark(config.cudnn_benchmark):
+    with backend_flags(config):
         result, correct = _run_timed(lambda batch, i: eval_step(model, batch, config, device), loader, device, steps, warmup)
     result.correct = int(torch.stack(correct).sum())
     result.images = len(correct) * config.images_per_step

@@ -11,11 +11,11 @@ from .experiments import REGISTRY, ExperimentResult, get_experiment, run_experim
 
 
 def technique_set(name: str) -> list[str]:
-    """``seed``: the nine seed techniques; ``all``: every registered technique."""
-    from .techniques import SEED_TECHNIQUES
+    """``seed``: the nine seed techniques; ``beyond``: the modern ones; ``all``: every registered technique."""
+    from .techniques import BEYOND_TECHNIQUES, SEED_TECHNIQUES
 
     get_experiment(SEED_TECHNIQUES[0])  # fills the registry
-    sets = {"seed": list(SEED_TECHNIQUES), "all": list(REGISTRY)}
+    sets = {"seed": list(SEED_TECHNIQUES), "beyond": list(BEYOND_TECHNIQUES), "all": list(REGISTRY)}
     if name not in sets:
         raise choice_error("technique set", name, list(sets))
     return sets[name]

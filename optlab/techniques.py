@@ -80,3 +80,86 @@ SEED_TECHNIQUES = tuple(e.name for e in (
     DATA_LOADING, NON_BLOCKING, MULTIPLE_OF_8, MIXED_PRECISION, SET_TO_NONE, GRADIENT_ACCUMULATION, NO_GRAD,
     CUDNN_BENCHMARK, CHANNELS_LAST,
 ))
+
+# Beyond the seed: what matters on a modern GPU, where a 32x32 batch of 128 is little work per kernel launch.
+
+COMPILE = register(Experiment(
+    name="compile", section="", title="torch.compile",
+    description="TorchDynamo captures the model into a graph and Inductor fuses its elementwise work into fewer "
+                "kernels; compilation is paid once, on the first steps (reported apart from the step time).",
+    base={"amp_dtype": "bf16", "channels_last": True},
+    variants=(("eager", {"compile_mode": "none"}), ("compile default", {"compile_mode": "default"}),
+              ("compile max-autotune", {"compile_mode": "max-autotune"})),
+))
+
+CUDA_GRAPHS = register(Experiment(
+    name="cuda_graphs", section="", title="CUDA graphs (torch.compile mode reduce-overhead)", needs_cuda=True,
+    description="A captured graph replays all of a step's kernels with one launch, removing per-kernel CPU overhead.",
+    base={"amp_dtype": "bf16", "channels_last": True},
+    variants=(("compile default", {"compile_mode": "default"}), ("reduce-overhead", {"compile_mode": "reduce-overhead"})),
+))
+
+PRECISION = register(Experiment(
+    name="precision", section="", title="TF32, fp16 and bf16",
+    description="TF32 keeps fp32's range with a 10-bit mantissa on tensor cores; fp16 and bf16 halve the bytes moved.",
+    variants=(
+        ("fp32 strict", {"matmul_tf32": False, "cudnn_tf32": False}),
+        ("fp32 with TF32", {"matmul_tf32": True, "cudnn_tf32": True}),
+        ("fp16 autocast", {"amp_dtype": "fp16"}),
+        ("bf16 autocast", {"amp_dtype": "bf16"}),
+    ),
+))
+
+OPTIMIZERS = register(Experiment(
+    name="optimizers", section="", title="for-loop, foreach and fused optimizers", phases=("train",),
+    description="A for-loop optimizer launches a few kernels per parameter tensor; foreach batches them across "
+                "tensors; fused does the whole update in one kernel.",
+    variants=(
+        ("SGD for-loop", {"optimizer": "sgd", "optimizer_impl": "for_loop"}),
+        ("SGD foreach", {"optimizer": "sgd", "optimizer_impl": "foreach"}),
+        ("SGD fused", {"optimizer": "sgd", "optimizer_impl": "fused"}),
+        ("Adam for-loop", {"optimizer": "adam", "optimizer_impl": "for_loop"}),
+        ("Adam foreach", {"optimizer": "adam", "optimizer_impl": "foreach"}),
+        ("Adam fused", {"optimizer": "adam", "optimizer_impl": "fused"}),
+    ),
+))
+
+DATA_PIPELINE = register(Experiment(
+    name="data_pipeline", section="", title="persistent workers, prefetching and GPU-resident data",
+    description="Persistent workers skip the per-epoch start-up; a deeper prefetch absorbs jitter; keeping the "
+                "whole data set on the device removes the loader, the copies and the per-image PIL work.",
+    variants=(
+        ("4 workers", {"num_workers": 4, "pin_memory": True, "non_blocking": True}),
+        ("4 persistent workers, prefetch 4", {"num_workers": 4, "pin_memory": True, "non_blocking": True,
+                                              "persistent_workers": True, "prefetch_factor": 4}),
+        ("data on device", {"num_workers": 0, "pin_memory": False, "data_on_device": True}),
+    ),
+))
+
+# The seed's baseline, then one technique more per step: the waterfall of the all-together chapter.
+_STACK = [
+    ("seed baseline", {"num_workers": 0, "pin_memory": False, "set_to_none": False}),
+    ("+ 4 workers, pinned, non_blocking", {"num_workers": 4, "pin_memory": True, "non_blocking": True}),
+    ("+ bf16 autocast", {"amp_dtype": "bf16"}),
+    ("+ channels_last", {"channels_last": True}),
+    ("+ set_to_none, fused SGD", {"set_to_none": True, "optimizer_impl": "fused"}),
+    ("+ data on device", {"num_workers": 0, "pin_memory": False, "data_on_device": True}),
+    ("+ torch.compile", {"compile_mode": "default"}),
+]
+
+
+def _cumulative(steps: list[tuple[str, dict]]) -> tuple[tuple[str, dict], ...]:
+    stacked, changes = [], {}
+    for label, step in steps:
+        changes = {**changes, **step}
+        stacked.append((label, dict(changes)))
+    return tuple(stacked)
+
+
+ALL_TOGETHER = register(Experiment(
+    name="all_together", section="", title="All together: from the seed's baseline to the fastest configuration",
+    description="Each variant adds one technique to the one before, so the differences form a waterfall.",
+    variants=_cumulative(_STACK),
+))
+
+BEYOND_TECHNIQUES = tuple(e.name for e in (COMPILE, CUDA_GRAPHS, PRECISION, OPTIMIZERS, DATA_PIPELINE, ALL_TOGETHER))

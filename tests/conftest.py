@@ -30,6 +30,13 @@ def toc_pages() -> list[str]:
     return [toc["root"], *walk(toc)]
 
 
+@pytest.fixture(scope="session")
+def smoke_env() -> dict[str, str]:
+    """The environment notebooks run in under test: the CI size, and one thread per process, because the test
+    workers share the cores and oversubscribed threads spin (ten times slower steps, measured)."""
+    return {**os.environ, "OPTLAB_PROFILE": "smoke", "OMP_NUM_THREADS": "1"}
+
+
 @dataclass(frozen=True)
 class Build:
     html: Path
@@ -37,12 +44,12 @@ class Build:
 
 
 @pytest.fixture(scope="session")
-def book() -> Build:
+def book(smoke_env) -> Build:
     """A fresh build of the book (stale doctrees would let Sphinx skip executing the notebooks)."""
     for stale in (".doctrees", "html", "jupyter_execute"):
         shutil.rmtree(BUILD / stale, ignore_errors=True)
     jupyter_book = Path(sys.executable).parent / "jupyter-book"
     done = subprocess.run([str(jupyter_book), "build", ".", "-W", "-n", "--keep-going"], capture_output=True,
-                          text=True, cwd=ROOT, env={**os.environ, "OPTLAB_PROFILE": "smoke"})
+                          text=True, cwd=ROOT, env=smoke_env)
     assert done.returncode == 0, f"the book build failed:\n{done.stdout[-6000:]}\n{done.stderr[-6000:]}"
     return Build(BUILD / "html", re.sub(r"\x1b\[[0-9;]*m", "", done.stdout))

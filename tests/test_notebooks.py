@@ -1,6 +1,5 @@
 """Every chapter notebook runs under nbval in the smoke profile, and is committed without outputs."""
 import json
-import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -29,12 +28,12 @@ def test_notebooks_are_committed_without_outputs():
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[path.stem for path in NOTEBOOKS])
-def test_notebook_runs_under_nbval(notebook, tmp_path):
+def test_notebook_runs_under_nbval(notebook, tmp_path, smoke_env):
     report = tmp_path / "nbval.xml"
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "-p", "no:cacheprovider",
          "-p", "no:xdist", f"--junit-xml={report}", "-q", str(notebook)],
-        cwd=ROOT, env={**os.environ, "OPTLAB_PROFILE": "smoke"}, capture_output=True, text=True,
+        cwd=ROOT, env=smoke_env, capture_output=True, text=True,
     )
     assert done.returncode == 0, done.stdout[-8000:]
     cases = ET.parse(report).getroot().iter("testcase")
