@@ -1,9 +1,9 @@
 """The first call of a new input shape against later calls, with and without ``torch.backends.cudnn.benchmark``.
 
 With ``benchmark=True`` cuDNN times its convolution algorithms on the first call of every new shape and keeps the
-fastest. PyTorch keeps the chosen plans in one cache per process, and the cache key (shapes, dtype, layout,
-alignment, ``deterministic``, ``allow_tf32``) has no benchmark flag: a shape first met with benchmark off keeps its
-heuristic plan after the flag is switched on. :func:`compare_modes` therefore runs each setting in a fresh process,
+fastest. PyTorch keeps the chosen plans in a cache that lives as long as the process, and its key (shapes, dtype,
+layout, alignment, ``deterministic``, ``allow_tf32``) has no benchmark flag: a shape first met with benchmark off
+keeps its heuristic plan after the flag is switched on. :func:`compare_modes` therefore runs each setting in a fresh process,
 and also re-runs ``benchmark=True`` in the process that ran ``False`` first, to show that trap.
 
 On the CPU the flag does nothing. A new shape still costs more the first time: oneDNN creates its convolution
@@ -23,9 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .config import RunConfig
 from .device import resolve_device
 from .errors import OptlabError, choice_error
-from .loops import cudnn_benchmark
+from .loops import backend_flags
 from .models import MODEL_NAMES, NUM_CLASSES, build_model
 
 WARMUP_SHAPE = (2, 8)  # (batch, image size) run untimed first: start-up costs that do not belong to any one shape
@@ -91,7 +92,7 @@ def shape_sweep(model: str, shapes: Iterable[tuple[int, int]], device: str = "au
     torch.manual_seed(seed)
     net = build_model(model, width=width).to(info.device).train()
     rows = []
-    with cudnn_benchmark(benchmark):
+    with backend_flags(RunConfig(cudnn_benchmark=benchmark)):  # the other flags as the training loops set them
         _timed_pass(net, *_batch(WARMUP_SHAPE, info.device))
         for shape in shapes:
             inputs, targets = _batch(shape, info.device)

@@ -92,7 +92,8 @@ def timeout_s() -> float:
 
 @contextlib.contextmanager
 def process_group(device: str = "auto") -> Iterator[Group]:
-    """Join the job torchrun started (NCCL on CUDA, one GPU per local rank; gloo on the CPU) and leave it on exit."""
+    """Join the job torchrun started and leave it on exit: NCCL on CUDA, where each process takes the GPU of its
+    LOCAL_RANK (whatever index ``device`` names), gloo on the CPU."""
     missing = [name for name in TORCHRUN_ENV if name not in os.environ]
     if missing:
         raise OptlabError(f"a distributed run must be started by torchrun ({', '.join(missing)} not set); launch it as "
@@ -110,6 +111,22 @@ def process_group(device: str = "auto") -> Iterator[Group]:
                     backend, info)
     finally:
         dist.destroy_process_group()
+
+
+TIMEOUT_WORDS = re.compile(r"timed out|timeout", re.IGNORECASE)
+
+
+@contextlib.contextmanager
+def explain_timeouts(group: Group) -> Iterator[None]:
+    """Turn a collective's timeout into an error that names the setting and the likely cause."""
+    try:
+        yield
+    except RuntimeError as error:  # gloo raises a RuntimeError (DistBackendError); NCCL's watchdog ends the process
+        if not TIMEOUT_WORDS.search(str(error)):
+            raise
+        raise OptlabError(f"rank {group.rank} waited {timeout_s():g} s ({TIMEOUT_ENV}) for the other ranks in a "
+                          f"collective and gave up: another rank died or hangs, and its own messages say why "
+                          f"({str(error).splitlines()[0]})") from error
 
 
 def gather(value: Any, group: Group) -> list[Any]:
@@ -283,7 +300,7 @@ def run_distributed(
     (the global batch, the job's step times) and keep every rank's raw step times.
     """
     experiment = ddp_variants(get_experiment(experiment))
-    with process_group(device) as group:
+    with process_group(device) as group, explain_timeouts(group):
         return _run(experiment, group, models, profile, overrides, out, seed, progress, download, filename)
 
 
@@ -349,8 +366,8 @@ def _run(experiment: Experiment, group: Group, models, profile, overrides, out, 
         "backend": group.backend, "hosts": hosts, "torch_threads_per_process": torch.get_num_threads(),
         "sync_every_micro_step": [label for label in experiment.labels if label.endswith(SYNC_SUFFIX)],
         "timeout_s": timeout_s(),
-        "step_times": "per-process configs; samples describe the job: global batch, step k ends when the slowest "
-                      "rank ends it; rank_step_times_s keeps every rank's own",
+        "step_times": "configs are per process; samples describe the job: the global batch, and step k ends when "
+                      "the slowest rank ends it; rank_warmup_times_s and rank_step_times_s keep every rank's own",
     }
     path = store.save_record(record, out_dir, filename) if out_dir is not None else None
     if path is not None:
@@ -363,6 +380,7 @@ def _row(experiment: Experiment, model: str, label: str, repeat: int, phase: str
     job = SimpleNamespace(config=job_config(state.config, group.world_size))  # experiments._row reads only .config
     row = experiments._row(experiment, model, label, repeat, phase, job, merge_ranks(per_rank), epoch_images)
     return {**row, "world_size": group.world_size, "backend": group.backend,
+            "rank_warmup_times_s": [r.warmup_times_s for r in per_rank],
             "rank_step_times_s": [r.step_times_s for r in per_rank]}
 
 
@@ -424,9 +442,10 @@ def scaling(samples: pd.DataFrame, phase: str = "train") -> pd.DataFrame:
 
 def stored_samples(folder: str | Path = store.REFERENCE_DIR) -> pd.DataFrame:
     """The samples of every distributed record stored under ``folder`` (an empty frame if there is none)."""
-    paths = [path for path in store.record_paths(folder) if "distributed" in store.load_record(path)] \
-        if Path(folder).is_dir() else []
-    return pd.concat([store.load_samples(path) for path in paths], ignore_index=True) if paths else pd.DataFrame()
+    if not Path(folder).is_dir():
+        return pd.DataFrame()
+    frames = [store.load_samples(path) for path in store.record_paths(folder) if "distributed" in store.load_record(path)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def ring_allreduce_s(nbytes: float, world_size: int, bytes_per_s: float) -> float:
@@ -483,7 +502,7 @@ def _flat(model: nn.Module) -> torch.Tensor:
 def _single_process(model: nn.Module, dataset: Dataset, config: RunConfig, steps: int, world_size: int) -> nn.Module:
     """The same training in one process: each micro-step's batch is every rank's batch, concatenated."""
     loaders = [distributed_loader(dataset, config, True, 0, rank, world_size) for rank in range(world_size)]
-    optimizer, scaler = loops.make_optimizer(model), loops.make_scaler(config, torch.device("cpu"))
+    optimizer, scaler = loops.make_optimizer(model, config), loops.make_scaler(config, torch.device("cpu"))
     for micro_step, batches in zip(range(steps * config.accumulation_steps), zip(*loaders)):
         batch = tuple(torch.cat(parts) for parts in zip(*batches))
         loops.train_step(model, batch, optimizer, scaler, config, torch.device("cpu"), micro_step)
@@ -506,7 +525,7 @@ def parity_rank(steps: int, accumulation_steps: int, out: Path) -> None:
             counter = {"calls": 0, "bytes": 0}
             model.register_comm_hook(counter, _counting_hook)
             loader = distributed_loader(dataset, config, True, 0, group.rank, group.world_size)
-            optimizer, scaler = loops.make_optimizer(model), loops.make_scaler(config, group.info.device)
+            optimizer, scaler = loops.make_optimizer(model, config), loops.make_scaler(config, group.info.device)
             for micro_step, batch in zip(range(steps * accumulation_steps), loader):
                 ddp_step(model, batch, optimizer, scaler, config, group.info.device, micro_step, no_sync)
             finals[mode], traffic[mode] = _flat(model.module), counter
@@ -526,6 +545,9 @@ def parity_rank(steps: int, accumulation_steps: int, out: Path) -> None:
 
 def parity(nproc: int = 2, steps: int = 3, accumulation_steps: int = 2, timeout: float = 300.0) -> Parity:
     """Launch the parity check on ``nproc`` CPU processes (gloo) and return what rank 0 measured."""
+    for name, value, minimum in (("nproc", nproc, 2), ("steps", steps, 1), ("accumulation_steps", accumulation_steps, 1)):
+        if value < minimum:
+            raise OptlabError(f"parity check: {name} must be at least {minimum}, got {value}")
     with tempfile.TemporaryDirectory(prefix="optlab-parity-") as folder:
         out = Path(folder) / "parity.json"
         args = ["-m", "optlab.distributed", "parity-rank", "--steps", str(steps), "--accumulation-steps",

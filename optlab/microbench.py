@@ -6,8 +6,8 @@ Stored GPU results live beside the training references: ``results/reference/<mac
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import pandas as pd
 import torch
@@ -24,10 +24,6 @@ GPU_MATMUL_SIZES = (4095, 4096, 4097)
 CPU_MATMUL_SIZES = (511, 512, 513)
 
 
-def _device(device: "str | torch.device") -> torch.device:
-    return resolve_device(str(device)).device
-
-
 def _positive_ints(name: str, values: Iterable[int]) -> tuple[int, ...]:
     values = tuple(values)
     if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
@@ -41,7 +37,7 @@ def _measure(stmt: str, globals_: dict, min_run_time: float) -> benchmark.Measur
     return timer.blocked_autorange(min_run_time=min_run_time)
 
 
-def _stats(measurement: benchmark.Measurement) -> dict[str, float]:
+def _stats(measurement: benchmark.Measurement) -> dict[str, float | int]:
     return {"median_s": measurement.median, "iqr_s": measurement.iqr, "runs": len(measurement.times)}
 
 
@@ -56,7 +52,7 @@ def copy_benchmark(device: "str | torch.device" = "cuda", sizes_mib: Iterable[in
         raise OptlabError(f"copy_benchmark times host-to-device copies and needs a CUDA device; got {str(device)!r} "
                           f"on a machine where CUDA is {'' if torch.cuda.is_available() else 'not '}available. "
                           "Run it on a GPU machine, or read the stored GPU result with stored('copy').")
-    target = _device(device)
+    info = resolve_device(str(device))
     rows = []
     for size in _positive_ints("sizes_mib", sizes_mib):
         pageable = torch.empty(size * 2**20, dtype=torch.uint8).random_()
@@ -65,9 +61,9 @@ def copy_benchmark(device: "str | torch.device" = "cuda", sizes_mib: Iterable[in
             pin = ".pin_memory()" if source == "pinned per copy" else ""
             for non_blocking in (False, True):
                 stmt = f"x{pin}.to(device, non_blocking={non_blocking})"
-                measurement = _measure(stmt, {"x": tensors[source], "device": target}, min_run_time)
+                measurement = _measure(stmt, {"x": tensors[source], "device": info.device}, min_run_time)
                 stats = _stats(measurement)
-                rows.append({"device": torch.cuda.get_device_name(target), "size_mib": size, "source": source,
+                rows.append({"device": info.name, "size_mib": size, "source": source,
                              "non_blocking": non_blocking, **stats, "gb_per_s": size * 2**20 / stats["median_s"] / 1e9})
     return pd.DataFrame(rows)
 
@@ -75,15 +71,14 @@ def copy_benchmark(device: "str | torch.device" = "cuda", sizes_mib: Iterable[in
 def matmul_benchmark(device: "str | torch.device" = "cpu", sizes: Iterable[int] = CPU_MATMUL_SIZES,
                      dtype: torch.dtype = torch.float32, min_run_time: float = MIN_RUN_TIME_S) -> pd.DataFrame:
     """Time ``a @ b`` for square ``n x n`` matrices of every size; TFLOP/s is ``2 n^3`` over the median time."""
-    target = _device(device)
+    info = resolve_device(str(device))
     if not dtype.is_floating_point:
         raise OptlabError(f"matmul_benchmark needs a floating-point dtype, got {dtype}")
-    name = torch.cuda.get_device_name(target) if target.type == "cuda" else "cpu"
     rows = []
     for n in _positive_ints("sizes", sizes):
-        a, b = (torch.randn(n, n, device=target).to(dtype) for _ in range(2))
+        a, b = (torch.randn(n, n, device=info.device).to(dtype) for _ in range(2))
         stats = _stats(_measure("a @ b", {"a": a, "b": b}, min_run_time))
-        rows.append({"device": name, "dtype": str(dtype).removeprefix("torch."), "n": n, "multiple_of_8": n % 8 == 0,
+        rows.append({"device": info.name, "dtype": str(dtype).removeprefix("torch."), "n": n, "multiple_of_8": n % 8 == 0,
                      **stats, "tflops": 2 * n**3 / stats["median_s"] / 1e12})
     return pd.DataFrame(rows)
 

@@ -2,9 +2,12 @@
 
 The three torchrun tests start real 2-process gloo jobs on the CPU (a few seconds of imports each).
 """
+import socket
+
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 import optlab
 from optlab import distributed
@@ -49,7 +52,8 @@ def test_a_stuck_rank_ends_the_job_with_a_timeout_error_not_a_hang(tmp_path):
         distributed.launch(command, LAUNCH_TIMEOUT_S, threads=1, env={distributed.TIMEOUT_ENV: "10"})
     message = str(failure.value)
     assert "did not finish within" not in message, "the job hung until the subprocess limit"
-    assert "Timed out waiting 10000ms" in message  # rank 0's collective gave up after the process group's timeout
+    # rank 0's collective gave up after the process group's timeout, and said so in one line
+    assert "optlab: error: rank 0 waited 10 s (OPTLAB_DDP_TIMEOUT_S) for the other ranks" in message
     assert not list(tmp_path.glob("*.json")), "a failed run must not write a record"
 
 
@@ -65,24 +69,42 @@ def test_a_distributed_run_writes_a_record_that_loads_back_like_any_other(tmp_pa
     samples = optlab.load_samples(path)
     assert set(samples["world_size"]) == {2} and set(samples["images_per_step"]) == {8}  # 2 ranks x 4 images
     for _, row in samples.iterrows():
-        per_rank = np.cumsum(row["rank_step_times_s"], axis=1)
-        assert per_rank.shape == (2, row["steps"])
-        assert np.isclose(sum(row["step_times_s"]), per_rank[:, -1].max())  # the job ends with its slowest rank
+        per_rank = np.hstack([row["rank_warmup_times_s"], row["rank_step_times_s"]])
+        assert per_rank.shape == (2, 1 + row["steps"])  # the smoke profile: 1 warm-up step, then the timed ones
+        job = sum(row["warmup_times_s"]) + sum(row["step_times_s"])
+        assert np.isclose(job, per_rank.sum(axis=1).max())  # the job ends with its slowest rank
     summaries = optlab.load_summaries(path)
     assert set(summaries["variant"]) == set(get_experiment("set_to_none").labels)
 
 
-def _phase(step_times, losses, correct=0, images=0):
+def _phase(warmup_times, step_times, losses, correct=0, images=0):
     return PhaseResult(startup_s=0.1, step_times_s=step_times, wall_s=sum(step_times), peak_mem_mb=10.0,
-                       losses=losses, correct=correct, images=images)
+                       warmup_times_s=warmup_times, losses=losses, correct=correct, images=images)
 
 
 def test_the_job_step_ends_when_the_slowest_rank_ends_it():
-    fast_then_slow = _phase([1.0, 3.0], [2.0, 1.0], correct=3, images=4)
-    slow_then_fast = _phase([2.0, 1.0], [4.0, 3.0], correct=1, images=4)
-    job = distributed.merge_ranks([fast_then_slow, slow_then_fast])
-    assert job.step_times_s == [2.0, 2.0]  # ends at max(1, 2) = 2 and max(4, 3) = 4
+    slow_start = _phase([2.0], [1.0, 3.0], [2.0, 1.0], correct=3, images=4)  # steps end at 2, 3, 6
+    fast_start = _phase([1.0], [2.0, 1.0], [4.0, 3.0], correct=1, images=4)  # steps end at 1, 3, 4
+    job = distributed.merge_ranks([slow_start, fast_start])
+    assert job.warmup_times_s == [2.0] and job.step_times_s == [1.0, 3.0]  # the job's steps end at 2, 3, 6
     assert job.losses == [3.0, 2.0] and (job.correct, job.images) == (4, 8)
+
+
+@pytest.fixture
+def one_process_group(monkeypatch):
+    """The environment torchrun gives a job of one process, on a free port."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_data_held_on_the_device_is_refused_because_it_cannot_be_sharded(one_process_group, tmp_path):
+    with pytest.raises(OptlabError, match=r"variant\(s\) \['data on device'\] keep the whole data set on the device"):
+        distributed.run_distributed("data_pipeline", models=["resnet18"], profile="smoke", device="cpu", out=tmp_path)
+    assert not torch.distributed.is_initialized(), "the process group must be left on the way out"
 
 
 def test_accumulating_variants_are_also_run_without_no_sync():
@@ -126,3 +148,8 @@ def test_the_parity_command_prints_the_difference(monkeypatch, capsys):
     far = distributed.Parity(**{**fake.__dict__, "difference": {"no_sync": 1e-3}})
     monkeypatch.setattr(distributed, "parity", lambda *args: far)
     assert distributed.main(["parity"]) == 1
+
+
+def test_a_parity_check_of_one_process_is_refused(capsys):
+    assert distributed.main(["parity", "--nproc", "1"]) == 2
+    assert capsys.readouterr().err.strip() == "optlab: error: parity check: nproc must be at least 2, got 1"
