@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test book bench lab clean
+.PHONY: install test book bench lab ddp-check clean
 
 install: $(STAMP)
 
@@ -22,6 +22,9 @@ book: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench.py
+
+ddp-check: $(STAMP)
+	$(PY) -m optlab.distributed parity
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/

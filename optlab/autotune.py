@@ -3,8 +3,8 @@
 With ``benchmark=True`` cuDNN times its convolution algorithms on the first call of every new shape and keeps the
 fastest. PyTorch keeps the chosen plans in a cache that lives as long as the process, and its key (shapes, dtype,
 layout, alignment, ``deterministic``, ``allow_tf32``) has no benchmark flag: a shape first met with benchmark off
-keeps its heuristic plan after the flag is switched on. :func:`compare_modes` therefore runs each setting in a fresh process,
-and also re-runs ``benchmark=True`` in the process that ran ``False`` first, to show that trap.
+keeps its heuristic plan after the flag is switched on. :func:`compare_modes` therefore runs each setting in a fresh
+process, and also re-runs ``benchmark=True`` in the process that ran ``False`` first, to show that trap.
 
 On the CPU the flag does nothing. A new shape still costs more the first time: oneDNN creates its convolution
 primitives per shape, and the allocator has to find memory for the new sizes.

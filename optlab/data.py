@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 from torchvision import transforms
 from torchvision.datasets import CIFAR10, VisionDataset
 
@@ -112,13 +112,15 @@ def make_loader(
     train: bool,
     seed: int = 0,
     multiprocessing_context: str | None = None,
+    sampler: Sampler | None = None,
 ) -> DataLoader:
-    """A DataLoader with the config's knobs. The shuffle order depends only on ``seed``."""
+    """A DataLoader with the config's knobs. The shuffle order depends only on ``seed`` (or on ``sampler``)."""
     workers = config.num_workers > 0
     return DataLoader(
         dataset,
         batch_size=config.images_per_step,
-        shuffle=train,
+        shuffle=train if sampler is None else None,
+        sampler=sampler,
         num_workers=config.num_workers,
         pin_memory=config.pin_memory,
         drop_last=config.drop_last,

@@ -52,6 +52,8 @@ DEFAULT_TIMEOUT_S = 600.0  # how long a rank waits in a collective for the other
 TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 SYNC_SUFFIX = ", all-reduce every micro-step"  # the label of an accumulating variant run without no_sync
 PARITY_TOLERANCE = 1e-5
+# stored GPU runs, one folder per machine; apart from results/reference, whose pages summarise single-process runs
+STORED_DIR = store.REPO_ROOT / "results" / "distributed"
 
 
 @dataclass(frozen=True)
@@ -137,24 +139,13 @@ def gather(value: Any, group: Group) -> list[Any]:
 
 
 def distributed_loader(dataset: Dataset, config: RunConfig, train: bool, seed: int, rank: int, world_size: int) -> DataLoader:
-    """``data.make_loader``'s knobs with a DistributedSampler: rank ``r`` reads its 1/world_size of every epoch.
+    """``data.make_loader`` with a DistributedSampler: rank ``r`` reads its 1/world_size of every epoch.
 
     The sampler shuffles with ``seed`` plus the epoch (``set_epoch``) the same way on every rank, and pads the data set so
     that every rank gets as many batches as the others.
     """
-    workers = config.num_workers > 0
-    return DataLoader(
-        dataset,
-        batch_size=config.images_per_step,
-        sampler=DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=train, seed=seed),
-        num_workers=config.num_workers,
-        pin_memory=config.pin_memory,
-        drop_last=config.drop_last,
-        persistent_workers=config.persistent_workers,
-        prefetch_factor=config.prefetch_factor if workers else None,
-        timeout=data.WORKER_TIMEOUT_S if workers else 0,
-        generator=torch.Generator().manual_seed(seed),
-    )
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=train, seed=seed)
+    return data.make_loader(dataset, config, train, seed, sampler=sampler)
 
 
 def wrap(model: nn.Module, info: DeviceInfo) -> DDP:
@@ -440,7 +431,7 @@ def scaling(samples: pd.DataFrame, phase: str = "train") -> pd.DataFrame:
     return table.round({"images/s": 1, "speed-up": 2, "efficiency": 2})
 
 
-def stored_samples(folder: str | Path = store.REFERENCE_DIR) -> pd.DataFrame:
+def stored_samples(folder: str | Path = STORED_DIR) -> pd.DataFrame:
     """The samples of every distributed record stored under ``folder`` (an empty frame if there is none)."""
     if not Path(folder).is_dir():
         return pd.DataFrame()

@@ -1,7 +1,8 @@
 """Micro-benchmarks on ``torch.utils.benchmark``: host-to-device copies and square matmuls, as tidy DataFrames.
 
-``Timer`` synchronizes the accelerator around each block of runs, and ``blocked_autorange`` keeps the raw
-per-run times; we report their median and interquartile range, and the rate computed from the median.
+``Timer`` synchronizes the accelerator around each block of runs, and ``adaptive_autorange`` keeps timing blocks
+(at least four) until their spread is under 10 % of the median or the time limit is reached. We report the median
+and interquartile range per run, and the rate computed from the median.
 Stored GPU results live beside the training references: ``results/reference/<machine>/microbench-<kind>.csv``.
 """
 from __future__ import annotations
@@ -19,7 +20,8 @@ from .errors import OptlabError, choice_error
 
 KINDS = ("copy", "matmul")
 COPY_SOURCES = ("pageable", "pinned", "pinned per copy")  # the last calls pin_memory() before every copy
-MIN_RUN_TIME_S = 0.2
+MIN_RUN_TIME_S = 0.2  # timed before the spread is checked
+MAX_RUN_TIME_S = 2.0  # per measurement, whatever the spread
 GPU_MATMUL_SIZES = (4095, 4096, 4097)
 CPU_MATMUL_SIZES = (511, 512, 513)
 
@@ -34,7 +36,8 @@ def _positive_ints(name: str, values: Iterable[int]) -> tuple[int, ...]:
 def _measure(stmt: str, globals_: dict, min_run_time: float) -> benchmark.Measurement:
     """``stmt`` timed in blocks, on as many threads as the training loops use (Timer's own default is one)."""
     timer = benchmark.Timer(stmt=stmt, globals=globals_, num_threads=torch.get_num_threads())
-    return timer.blocked_autorange(min_run_time=min_run_time)
+    return timer.adaptive_autorange(threshold=0.1, min_run_time=min_run_time,
+                                    max_run_time=max(min_run_time, MAX_RUN_TIME_S))
 
 
 def _stats(measurement: benchmark.Measurement) -> dict[str, float | int]:

@@ -5,7 +5,8 @@ import traceback
 from pathlib import Path
 from typing import Iterator
 
-from . import store
+from . import microbench, store
+from .device import resolve_device
 from .errors import OptlabError, choice_error
 from .experiments import REGISTRY, ExperimentResult, get_experiment, run_experiment
 
@@ -38,5 +39,7 @@ def run_reference(out: str | Path, set_name: str = "seed", profile: str | None =
         except Exception:  # keep the other techniques' results; say what failed
             failures.append(name)
             traceback.print_exc()
+    if resolve_device(device).is_cuda:
+        microbench.run_reference(folder, device)
     if failures:
         raise OptlabError(f"these techniques failed and have no new results: {', '.join(failures)}")

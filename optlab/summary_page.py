@@ -51,8 +51,9 @@ def describe(found: dict[str, pd.DataFrame]) -> str:
             lines.append(f"{name}: no records yet")
             continue
         ran = sorted(set(rows["technique"]) & set(SEED_TECHNIQUES))
+        machines, profiles = (", ".join(sorted(set(rows[column]))) for column in ("machine", "profile"))
         lines.append(f"{name}: {len(ran)} of {len(SEED_TECHNIQUES)} seed techniques ({', '.join(ran)}); "
-                     f"machine {', '.join(sorted(set(rows['machine'])))}; profile {', '.join(sorted(set(rows['profile'])))}")
+                     f"machine {machines}; profile {profiles}")
     return "\n".join(lines)
 
 
@@ -80,7 +81,8 @@ def summary_table(tidy: pd.DataFrame) -> pd.DataFrame:
     shown = [SEED, LIVE] + sorted(set(tidy["source"]) - {SEED, LIVE})
     cells = tidy.assign(cell=tidy.apply(_cell, axis=1))
     table = cells.pivot_table(index=KEYS, columns="source", values="cell", aggfunc="first")
-    table = table.reindex(index=pd.MultiIndex.from_frame(seed_rows()[KEYS]), columns=shown).fillna(NOT_RUN)
+    every_row = pd.MultiIndex.from_frame(tidy.loc[tidy["source"] == SEED, KEYS])
+    table = table.reindex(index=every_row, columns=shown).astype(object).fillna(NOT_RUN)
     return table.droplevel("phase").rename_axis(columns=None)
 
 
@@ -91,7 +93,7 @@ def plot_speedups(tidy: pd.DataFrame):
     data = tidy.dropna(subset=["speedup"]).assign(row=label)
     grid = sns.catplot(data=data, kind="strip", x="speedup", y="row", hue="source", col="model",
                        col_order=[m for m in ALL_MODELS if m in set(data["model"])], col_wrap=2,
-                       order=list(dict.fromkeys(label(seed_rows()))), jitter=False, dodge=True, size=6,
+                       order=list(dict.fromkeys(label(tidy[tidy["source"] == SEED]))), jitter=False, dodge=True, size=6,
                        height=4.2, aspect=1.25)
     for ax in grid.axes.flat:
         ax.axvline(1.0, color="0.4", lw=1, ls="--")

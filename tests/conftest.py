@@ -17,6 +17,10 @@ ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "_build"
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "xdist_group(name): tests that pytest-xdist runs on one worker")
+
+
 @pytest.fixture(scope="session")
 def toc_pages() -> list[str]:
     """Every page of ``_toc.yml`` (root first), as paths without suffix relative to the book root."""

@@ -31,8 +31,12 @@ def test_steady_time_is_the_median_of_the_later_calls(monkeypatch):
 
 def test_the_warm_up_and_every_shape_run_with_the_requested_flag_which_is_then_restored(monkeypatch):
     seen = []
-    monkeypatch.setattr(autotune, "_timed_pass",
-                        lambda model, inputs, targets: seen.append((tuple(inputs.shape), torch.backends.cudnn.benchmark)) or 1.0)
+
+    def fake_pass(model, inputs, targets):
+        seen.append((tuple(inputs.shape), torch.backends.cudnn.benchmark))
+        return 1.0
+
+    monkeypatch.setattr(autotune, "_timed_pass", fake_pass)
     before = torch.backends.cudnn.benchmark
     table = autotune.shape_sweep("resnet18", [(3, 16)], "cpu", benchmark=not before, calls=2, width=0.125)
     assert seen == [((2, 3, 8, 8), not before), ((3, 3, 16, 16), not before), ((3, 3, 16, 16), not before)]

@@ -22,7 +22,9 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--
 def browser():
     if CHROMIUM is None:
         message = "no Chromium found (apt-get install -y chromium); .ci/run installs it"
-        pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
     playwright = pytest.importorskip("playwright.sync_api")
     with playwright.sync_playwright() as driver:
         launched = driver.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import optlab
-from optlab import distributed
+from optlab import distributed, store
 from optlab.cli import main
 from optlab.errors import OptlabError
 from optlab.experiments import get_experiment
@@ -75,6 +75,9 @@ def test_a_distributed_run_writes_a_record_that_loads_back_like_any_other(tmp_pa
         assert np.isclose(job, per_rank.sum(axis=1).max())  # the job ends with its slowest rank
     summaries = optlab.load_summaries(path)
     assert set(summaries["variant"]) == set(get_experiment("set_to_none").labels)
+    single = {key: value for key, value in record.items() if key != "distributed"}
+    store.save_record(single, tmp_path / "single", "single.json")
+    assert len(distributed.stored_samples(tmp_path)) == len(samples)  # the chapter shows distributed records only
 
 
 def _phase(warmup_times, step_times, losses, correct=0, images=0):

@@ -16,7 +16,7 @@ def test_matmul_benchmark_times_every_size_on_the_cpu():
     assert list(table["n"]) == [63, 64]
     assert list(table["multiple_of_8"]) == [False, True]
     assert set(table["dtype"]) == {"float32"} and set(table["device"]) == {resolve_device("cpu").name}
-    assert (table["median_s"] > 0).all() and (table["runs"] >= 1).all() and (table["iqr_s"] >= 0).all()
+    assert (table["median_s"] > 0).all() and (table["runs"] >= 4).all() and (table["iqr_s"] >= 0).all()
     assert (table["tflops"] > 0).all()
     assert table["tflops"].tolist() == pytest.approx((2 * table["n"] ** 3 / table["median_s"] / 1e12).tolist())
 
