@@ -187,7 +187,7 @@ def run_experiment(
     effective = {m: {label: effective_config(c, info) for label, c in cfgs.items()} for m, cfgs in requested.items()}
     out_dir = store.writable_dir(out) if out is not None else None
     source = data.find_source(download)
-    print(f"optlab {experiment.name}: {prof.describe()}")
+    print(f"optlab {experiment.name}: {prof.describe(chosen)}")
     print(f"device: {info.describe()}")
     print(f"data source: {source.description}")
     notes = sorted({note for cfgs in effective.values() for _, ns in cfgs.values() for note in ns})

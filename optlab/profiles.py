@@ -24,10 +24,11 @@ class Profile:
     warmup_repeats: int = 0  # whole repeats run first and discarded (the seed's excluded first epoch)
     num_workers: int = 4  # the seed's base DataLoader workers; techniques that study workers set their own
 
-    def describe(self) -> str:
+    def describe(self, models: "tuple[str, ...] | None" = None) -> str:
+        """One line: the profile's name and sizes, with the ``models`` a run actually uses."""
         steps = "whole epochs" if self.steps is None else f"{self.warmup_steps} warm-up + {self.steps} timed steps"
         return (
-            f"profile {self.name}: models {', '.join(self.models)}; batch {self.batch_size}; width {self.width}; "
+            f"profile {self.name}: models {', '.join(models or self.models)}; batch {self.batch_size}; width {self.width}; "
             f"{self.num_workers} workers; "
             f"{steps}; {self.repeats} repeats" + (f" after {self.warmup_repeats} discarded" if self.warmup_repeats else "")
         )
