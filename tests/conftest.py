@@ -1,10 +1,12 @@
-"""The book build shared by test_book.py and test_browser.py.
+"""The table of contents, and one build of the book per session for test_book.py and test_browser.py.
 
-Under pytest-xdist run with ``--dist loadgroup``: both modules are in the group "book", so one worker builds once.
+The build executes every chapter and takes minutes, so it starts in the background as soon as the tests are
+collected, runs while the other tests run, and the tests that read it go last.
 """
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -13,12 +15,46 @@ from pathlib import Path
 import pytest
 import yaml
 
+# One torch thread per process (set before any test imports torch; subprocesses inherit it): the background build
+# and the tests share the cores, and oversubscribed threads spin (training steps ten times slower, measured here).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "_build"
+BUILD_LOG = BUILD / "test-build.log"
+SMOKE_ENV = {**os.environ, "OPTLAB_PROFILE": "smoke"}  # the CI size, whatever the machine
+BUILDING = pytest.StashKey[subprocess.Popen]()
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "xdist_group(name): tests that pytest-xdist runs on one worker")
+def start_build() -> subprocess.Popen:
+    """``jupyter-book build`` from a clean state: stale doctrees would let Sphinx skip executing the notebooks."""
+    for stale in (".doctrees", "html", "jupyter_execute"):
+        shutil.rmtree(BUILD / stale, ignore_errors=True)
+    BUILD.mkdir(exist_ok=True)
+    command = [str(Path(sys.executable).parent / "jupyter-book"), "build", ".", "-W", "-n", "--keep-going"]
+    with BUILD_LOG.open("w") as log:
+        return subprocess.Popen(command, cwd=ROOT, env=SMOKE_ENV, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected
+def pytest_collection_modifyitems(config, items):
+    needs_book = [item for item in items if "book" in item.fixturenames]
+    if needs_book and not config.option.collectonly:
+        items[:] = [item for item in items if item not in needs_book] + needs_book
+        config.stash[BUILDING] = start_build()
+
+
+def pytest_sessionfinish(session):
+    """Stop a build still running when the session ends early (its notebook kernels with it)."""
+    build = session.config.stash.get(BUILDING, None)
+    if build is not None and build.poll() is None:
+        os.killpg(build.pid, signal.SIGTERM)
+
+
+@pytest.fixture(scope="session")
+def smoke_env() -> dict[str, str]:
+    return SMOKE_ENV
 
 
 @pytest.fixture(scope="session")
@@ -34,13 +70,6 @@ def toc_pages() -> list[str]:
     return [toc["root"], *walk(toc)]
 
 
-@pytest.fixture(scope="session")
-def smoke_env() -> dict[str, str]:
-    """The environment notebooks run in under test: the CI size, and one thread per process, because the test
-    workers share the cores and oversubscribed threads spin (ten times slower steps, measured)."""
-    return {**os.environ, "OPTLAB_PROFILE": "smoke", "OMP_NUM_THREADS": "1"}
-
-
 @dataclass(frozen=True)
 class Build:
     html: Path
@@ -48,12 +77,10 @@ class Build:
 
 
 @pytest.fixture(scope="session")
-def book(smoke_env) -> Build:
-    """A fresh build of the book (stale doctrees would let Sphinx skip executing the notebooks)."""
-    for stale in (".doctrees", "html", "jupyter_execute"):
-        shutil.rmtree(BUILD / stale, ignore_errors=True)
-    jupyter_book = Path(sys.executable).parent / "jupyter-book"
-    done = subprocess.run([str(jupyter_book), "build", ".", "-W", "-n", "--keep-going"], capture_output=True,
-                          text=True, cwd=ROOT, env=smoke_env)
-    assert done.returncode == 0, f"the book build failed:\n{done.stdout[-6000:]}\n{done.stderr[-6000:]}"
-    return Build(BUILD / "html", re.sub(r"\x1b\[[0-9;]*m", "", done.stdout))
+def book(request) -> Build:
+    """The finished build: its HTML folder and its log without colour codes."""
+    build = request.config.stash.get(BUILDING, None) or start_build()
+    returncode = build.wait()
+    log = re.sub(r"\x1b\[[0-9;]*m", "", BUILD_LOG.read_text())
+    assert returncode == 0, f"the book build failed (log: {BUILD_LOG}):\n{log[-8000:]}"
+    return Build(BUILD / "html", log)

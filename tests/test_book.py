@@ -1,10 +1,6 @@
 """The built book: every page of the table of contents, with its figures and tables, and no errors in it."""
 import re
 
-import pytest
-
-pytestmark = pytest.mark.xdist_group("book")
-
 ERROR_OUTPUT = re.compile(r"Traceback \(most recent call last\)|\bename\b|class=\"[^\"]*\b(traceback|stderr)\b")
 REMOTE_ASSET = re.compile(r"<(script|img)\b[^>]*\bsrc=\"(https?:)?//|<link\b[^>]*\bhref=\"(https?:)?//[^\"]*\.css")
 READ = re.compile(r"reading sources\.\.\. \[\s*\d+%\] (\S+)")
@@ -27,6 +23,16 @@ def test_chapters_have_a_figure_and_a_table(book, toc_pages):
         html = (book.html / f"{page}.html").read_text()
         problems += [f"{page}: no {tag}" for tag in ("<img", "<table") if tag not in html]
     assert not problems, "\n".join(problems)
+
+
+def test_notebook_chapters_offer_binder_colab_and_download(book, toc_pages):
+    missing = []
+    for page in (name for name in toc_pages if name.startswith("notebooks/")):
+        html = (book.html / f"{page}.html").read_text()
+        wanted = {"Binder (JupyterLab)": f"?urlpath=lab/tree/{page}.ipynb", "Colab": f"/blob/main/{page}.ipynb",
+                  "download": f"_sources/{page}.ipynb"}
+        missing += [f"{page}: {button}" for button, link in wanted.items() if link not in html]
+    assert not missing, f"launch or download buttons missing: {missing}"
 
 
 def test_no_page_shows_an_error(book, toc_pages):

@@ -11,8 +11,6 @@ import threading
 
 import pytest
 
-pytestmark = pytest.mark.xdist_group("book")
-
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
         "--disable-component-update", "--disable-sync"]
@@ -37,7 +35,6 @@ def site(book):
     """The built book over HTTP on a free local port, as a reader would get it."""
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(book.html))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    handler.log_message = lambda *args: None
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()

@@ -32,7 +32,7 @@ def test_notebook_runs_under_nbval(notebook, tmp_path, smoke_env):
     report = tmp_path / "nbval.xml"
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "-p", "no:cacheprovider",
-         "-p", "no:xdist", f"--junit-xml={report}", "-q", str(notebook)],
+         f"--junit-xml={report}", "-q", str(notebook)],
         cwd=ROOT, env=smoke_env, capture_output=True, text=True,
     )
     assert done.returncode == 0, done.stdout[-8000:]
