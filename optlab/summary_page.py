@@ -44,16 +44,17 @@ def sources() -> dict[str, pd.DataFrame]:
 
 
 def describe(found: dict[str, pd.DataFrame]) -> str:
-    """Where each source's numbers come from: techniques recorded, machine and profile."""
+    """Where each source's numbers come from: how many seed techniques it has, machine and profile."""
     lines = []
     for name, rows in found.items():
         if rows.empty:
             lines.append(f"{name}: no records yet")
             continue
-        ran = sorted(set(rows["technique"]) & set(SEED_TECHNIQUES))
+        missing = sorted(set(SEED_TECHNIQUES) - set(rows["technique"]))
         machines, profiles = (", ".join(sorted(set(rows[column]))) for column in ("machine", "profile"))
-        lines.append(f"{name}: {len(ran)} of {len(SEED_TECHNIQUES)} seed techniques ({', '.join(ran)}); "
-                     f"machine {machines}; profile {profiles}")
+        lines.append(f"{name}: {len(SEED_TECHNIQUES) - len(missing)} of {len(SEED_TECHNIQUES)} seed techniques"
+                     + (f" (missing: {', '.join(missing)})" if missing else "")
+                     + f"; machine {machines}; profile {profiles}")
     return "\n".join(lines)
 
 
@@ -67,23 +68,21 @@ def speedups(found: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
     return pd.concat([f for f in frames if not f.empty], ignore_index=True)
 
 
-def _cell(row: pd.Series) -> str:
-    if pd.isna(row["speedup"]):
-        return row["verdict"] or NOT_RUN
-    text = f"{row['speedup']:.2f}"
-    if row["source"] == SEED:
-        return text
-    return f"{text} ({row['ci_low']:.2f}-{row['ci_high']:.2f}) {row['verdict']}"
+def _measured(rows: pd.DataFrame, index: pd.MultiIndex) -> tuple[list[str], pd.Series]:
+    """One source's "speed-up (95 % interval)" texts and verdicts on ``index``; "not run" where it has no row."""
+    rows = rows.drop_duplicates(KEYS, keep="last").set_index(KEYS).reindex(index)
+    texts = [NOT_RUN if pd.isna(ratio) else f"{ratio:.2f} ({low:.2f}-{high:.2f})"
+             for ratio, low, high in zip(rows["speedup"], rows["ci_low"], rows["ci_high"])]
+    return texts, rows["verdict"].fillna("")
 
 
 def summary_table(tidy: pd.DataFrame) -> pd.DataFrame:
-    """One row per technique, variant and model; one column per source: speed-up (95 % interval) verdict."""
-    shown = [SEED, LIVE] + sorted(set(tidy["source"]) - {SEED, LIVE})
-    cells = tidy.assign(cell=tidy.apply(_cell, axis=1))
-    table = cells.pivot_table(index=KEYS, columns="source", values="cell", aggfunc="first")
-    every_row = pd.MultiIndex.from_frame(tidy.loc[tidy["source"] == SEED, KEYS])
-    table = table.reindex(index=every_row, columns=shown).astype(object).fillna(NOT_RUN)
-    return table.droplevel("phase").rename_axis(columns=None)
+    """One row per technique, variant and model: the seed's speed-up, then each source's with its verdict."""
+    seed = tidy[tidy["source"] == SEED].set_index(KEYS)
+    table = seed[["speedup"]].round(2).rename(columns={"speedup": SEED})
+    for name in [LIVE] + sorted(set(tidy["source"]) - {SEED, LIVE}):
+        table[name], table[f"{name} verdict"] = _measured(tidy[tidy["source"] == name], table.index)
+    return table.droplevel("phase")
 
 
 def plot_speedups(tidy: pd.DataFrame):
