@@ -72,6 +72,10 @@ class Experiment:
         """A copy with other variants (a chapter's own comparison), keeping everything else."""
         return replace(self, name=name or self.name, variants=tuple(variants))
 
+    def for_phases(self, *phases: str) -> "Experiment":
+        """A copy that times only ``phases`` (a CPU chapter that cannot afford every phase)."""
+        return replace(self, phases=tuple(phases))
+
 
 REGISTRY: dict[str, Experiment] = {}
 

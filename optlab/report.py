@@ -69,6 +69,27 @@ def seed_comparison(technique: str, live: pd.DataFrame | None = None, reference:
     return table.round(2)
 
 
+def reference_comparison(technique: str, live: pd.DataFrame | None = None) -> pd.DataFrame:
+    """A technique beyond the seed: the live speed-ups beside every stored reference machine's, one row per variant."""
+    keys = ["model", "phase", "variant"]
+    sources = [("live", live)]
+    reference = reference_summary(technique)
+    if reference is not None:
+        sources += list(reference.groupby("machine"))
+    table = None
+    for name, frame in sources:
+        if frame is None or frame.empty:
+            continue
+        ours = frame[keys + ["epoch_s", "speedup", "verdict", "peak_mem_mb"]].rename(columns={
+            "epoch_s": f"{name} s", "speedup": f"{name} speed-up", "verdict": f"{name} verdict",
+            "peak_mem_mb": f"{name} peak MiB"})
+        table = ours if table is None else table.merge(ours, on=keys, how="outer")
+    if table is None:
+        return pd.DataFrame(columns=keys)
+    table.attrs["reference_machines"] = [name for name, _ in sources[1:]]
+    return table.round(2)
+
+
 def reference_summary(technique: str) -> pd.DataFrame | None:
     """Stored reference summaries of ``technique`` from every machine under ``results/reference``, or None."""
     paths = [p for machine in store.reference_machines() for p in (store.REFERENCE_DIR / machine).glob(f"{technique}.json")]
@@ -76,3 +97,13 @@ def reference_summary(technique: str) -> pd.DataFrame | None:
         return None
     return pd.concat([store.load_summaries(p) for p in paths], ignore_index=True)
 
+
+
+def reference_note(technique: str) -> str:
+    """One line: which machines have a stored reference of ``technique``, or how to make one."""
+    reference = reference_summary(technique)
+    if reference is None:
+        return (f"no stored GPU reference of {technique} yet: `python -m optlab reference --set beyond` on a GPU "
+                "machine writes one under results/reference/<machine>/")
+    machines = ", ".join(f"{m} ({', '.join(sorted(set(g['profile'])))} profile)" for m, g in reference.groupby("machine"))
+    return f"stored GPU reference of {technique}: {machines}"

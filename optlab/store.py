@@ -134,3 +134,19 @@ def load_summaries(location: str | Path) -> pd.DataFrame:
 def reference_machines() -> list[str]:
     """The machines with stored reference results (one folder each under ``results/reference``)."""
     return sorted(p.name for p in REFERENCE_DIR.iterdir() if p.is_dir()) if REFERENCE_DIR.is_dir() else []
+
+
+def save_table(frame: pd.DataFrame, folder: str | Path, name: str) -> Path:
+    """Write a chapter's extra table (a sweep, a micro-benchmark) as ``folder/<name>.csv``, atomically."""
+    path = writable_dir(folder) / f"{name}.csv"
+    atomic_write_text(path, frame.to_csv(index=False))
+    return path
+
+
+def reference_tables(name: str, reference_dir: str | Path | None = None) -> pd.DataFrame | None:
+    """Every stored ``<machine>/<name>.csv`` under the reference folder, with a ``machine`` column; None if none."""
+    root = Path(reference_dir) if reference_dir is not None else REFERENCE_DIR
+    paths = sorted(root.glob(f"*/{name}.csv"))
+    if not paths:
+        return None
+    return pd.concat([pd.read_csv(p).assign(machine=p.parent.name) for p in paths], ignore_index=True)
