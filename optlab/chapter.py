@@ -11,7 +11,7 @@ from .experiments import Experiment, ExperimentResult, get_experiment, run_exper
 from .profiles import Profile, get_profile
 
 CODE_FUNCTIONS = (loops.make_optimizer, loops.backend_flags, loops.to_device, loops.train_step, loops.eval_step, loops.prepare_model, loops.make_scaler,
-                  loops.train_phase, loops.eval_phase, data.make_loader, experiments._build_state,
+                  loops.train_phase, loops.eval_phase, data.make_loader, experiments.build_state,
                   RunConfig.images_per_step.fget)
 
 

@@ -16,7 +16,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from . import data, store
+from . import compiler, data, store
 from .config import RunConfig, apply_changes, changed_knobs
 from .device import DeviceInfo, effective_config, resolve_device
 from .device_data import DeviceResidentLoader
@@ -120,7 +120,9 @@ class ExperimentResult:
 
 
 @dataclass
-class _VariantState:
+class VariantState:
+    """A variant's live objects during a run: its model, optimizer, scaler and loaders."""
+
     config: RunConfig
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
@@ -139,7 +141,8 @@ def _validate_models(models: Iterable[str]) -> tuple[str, ...]:
     return models
 
 
-def _build_state(config: RunConfig, info: DeviceInfo, train_set, test_set, seed: int) -> _VariantState:
+def build_state(config: RunConfig, info: DeviceInfo, train_set, test_set, seed: int) -> VariantState:
+    """A fresh model (same weights for every seed), its optimizer, scaler and loaders, as ``config`` asks."""
     torch.manual_seed(seed)  # every variant starts from the same weights
     model = build_model(config.model, config.model_variant, config.width)
     model = prepare_model(model, config, info.device)
@@ -152,10 +155,10 @@ def _build_state(config: RunConfig, info: DeviceInfo, train_set, test_set, seed:
             "train": data.make_loader(train_set, config, train=True, seed=seed),
             "test": data.make_loader(test_set, config, train=False, seed=seed),
         }
-    return _VariantState(config, model, make_optimizer(model, config), make_scaler(config, info.device), loaders)
+    return VariantState(config, model, make_optimizer(model, config), make_scaler(config, info.device), loaders)
 
 
-def _run_phase(state: _VariantState, phase: str, profile: Profile, info: DeviceInfo):
+def _run_phase(state: VariantState, phase: str, profile: Profile, info: DeviceInfo):
     if phase == "train":
         return train_phase(state.model, state.loaders["train"], state.optimizer, state.scaler, state.config,
                            info.device, profile.steps, profile.warmup_steps)
@@ -189,6 +192,7 @@ def run_experiment(
     chosen = _validate_models(models or prof.models)
     requested = {m: experiment.configs(m, prof, overrides) for m in chosen}
     effective = {m: {label: effective_config(c, info) for label, c in cfgs.items()} for m, cfgs in requested.items()}
+    compiler.require_compiler([c for cfgs in effective.values() for c, _ in cfgs.values()], info)
     out_dir = store.writable_dir(out) if out is not None else None
     source = data.find_source(download)
     print(f"optlab {experiment.name}: {prof.describe(chosen)}")
@@ -205,9 +209,9 @@ def run_experiment(
     total = len(chosen) * (prof.warmup_repeats + prof.repeats) * len(experiment.labels) * len(experiment.phases)
     bar = tqdm(total=total, desc=experiment.name, disable=not progress, file=sys.stderr, leave=False)
     for model_name in chosen:
-        states: dict[str, _VariantState] = {}
+        states: dict[str, VariantState] = {}
         for label, (config, _) in effective[model_name].items():
-            states[label] = _build_state(config, info, train_set, test_set, seed)
+            states[label] = build_state(config, info, train_set, test_set, seed)
         for repeat in range(prof.warmup_repeats + prof.repeats):
             for label, state in states.items():  # A B A B: every repeat visits every variant in turn
                 for phase in experiment.phases:
@@ -227,8 +231,11 @@ def run_experiment(
                     if repeat >= prof.warmup_repeats:
                         rows.append(_row(experiment, model_name, label, repeat - prof.warmup_repeats, phase, state,
                                          result, len(train_set if phase == "train" else test_set)))
+        compiled = any(state.config.compile_mode != "none" for state in states.values())
         del states
         gc.collect()
+        if compiled:  # drop this model's compiled code: each model gets Dynamo's whole recompile limit (8 per function)
+            torch._dynamo.reset()
         if info.is_cuda:
             torch.cuda.empty_cache()
     bar.close()
@@ -252,7 +259,7 @@ def run_experiment(
     return ExperimentResult(experiment, samples, summary, record, path)
 
 
-def _base_row(experiment: Experiment, model: str, label: str, repeat: int, phase: str, state: _VariantState) -> dict[str, Any]:
+def _base_row(experiment: Experiment, model: str, label: str, repeat: int, phase: str, state: VariantState) -> dict[str, Any]:
     return {"technique": experiment.name, "model": model, "variant": label, "repeat": repeat, "phase": phase,
             "images_per_step": state.config.images_per_step}
 
@@ -261,7 +268,7 @@ def _failed_row(experiment, model, label, repeat, phase, state) -> dict[str, Any
     return {**_base_row(experiment, model, label, repeat, phase, state), "status": state.failed}
 
 
-def _row(experiment, model, label, repeat, phase, state: _VariantState, result, epoch_images: int) -> dict[str, Any]:
+def _row(experiment, model, label, repeat, phase, state: VariantState, result, epoch_images: int) -> dict[str, Any]:
     config = state.config
     steps = result.step_times_s
     mean_step = sum(steps) / len(steps)
@@ -285,4 +292,6 @@ def _row(experiment, model, label, repeat, phase, state: _VariantState, result, 
         "step_times_s": steps,
         "warmup_times_s": result.warmup_times_s,
         "losses": result.losses,
+        "warmup_losses": result.warmup_losses,
+        "graphs_compiled": result.graphs_compiled,
     }

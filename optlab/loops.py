@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -30,6 +31,8 @@ class PhaseResult:
     losses: list[float] = field(default_factory=list)
     correct: int = 0
     images: int = 0
+    warmup_losses: list[float] = field(default_factory=list)  # the first is every variant's loss on the same weights
+    graphs_compiled: int = 0  # graphs torch.compile built during this pass (warm-up included)
 
 
 _IMPLEMENTATIONS = {"default": {}, "for_loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
@@ -123,9 +126,16 @@ def _timed_batches(loader: DataLoader, steps: int | None, warmup: int) -> tuple[
     return startup, stream
 
 
+def compiled_graphs() -> int:
+    """Graphs torch.compile has built in this process so far (Dynamo's counter; 0 if Dynamo was never used)."""
+    dynamo_utils = sys.modules.get("torch._dynamo.utils")
+    return int(dynamo_utils.counters["stats"]["unique_graphs"]) if dynamo_utils is not None else 0
+
+
 def _run_timed(step, loader, device, steps, warmup) -> tuple[PhaseResult, list[torch.Tensor]]:
     """Every step is timed; the first ``warmup`` (compilation, autotuning, cold caches) are kept apart."""
     reset_peak(device)
+    graphs_before = compiled_graphs()
     startup, batches = _timed_batches(loader, steps, warmup)
     timer = StepTimer(device)
     outputs = []
@@ -138,7 +148,8 @@ def _run_timed(step, loader, device, steps, warmup) -> tuple[PhaseResult, list[t
     intervals, wall = timer.finish()
     if len(intervals) <= warmup:
         raise RuntimeError(f"the loader ran out before {warmup} warm-up steps and one timed step")
-    result = PhaseResult(startup, intervals[warmup:], wall, peak_mb(device), warmup_times_s=intervals[:warmup])
+    result = PhaseResult(startup, intervals[warmup:], wall, peak_mb(device), warmup_times_s=intervals[:warmup],
+                         graphs_compiled=compiled_graphs() - graphs_before)
     return result, outputs
 
 
@@ -147,11 +158,18 @@ def train_phase(model, loader, optimizer, scaler, config: RunConfig, device: tor
     """Time ``steps`` training micro-steps after ``warmup`` untimed ones (``steps=None``: the whole epoch)."""
     model.train()
     optimizer.zero_grad(set_to_none=config.set_to_none)
+    warmup_losses: list[torch.Tensor] = []
+
+    def step(batch, index: int) -> torch.Tensor:
+        loss = train_step(model, batch, optimizer, scaler, config, device, index)
+        if index < warmup:
+            warmup_losses.append(loss)
+        return loss
+
     with backend_flags(config):
-        result, losses = _run_timed(
-            lambda batch, i: train_step(model, batch, optimizer, scaler, config, device, i), loader, device, steps, warmup
-        )
+        result, losses = _run_timed(step, loader, device, steps, warmup)
     result.losses = torch.stack(losses).float().cpu().tolist()
+    result.warmup_losses = torch.stack(warmup_losses).float().cpu().tolist() if warmup_losses else []
     result.images = len(losses) * config.images_per_step
     return result
 

@@ -1,6 +1,7 @@
 """Tables and plots built from tidy samples and summaries, so live runs and stored records look the same."""
 from __future__ import annotations
 
+import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
@@ -43,6 +44,68 @@ def plot_comparison(samples: pd.DataFrame, title: str = "", y: str = "epoch_equi
     if title:
         grid.figure.suptitle(title, y=1.03)
     return grid
+
+
+def plot_waterfall(summary: pd.DataFrame, labels: list[str], phase: str = "train"):
+    """Per model, a waterfall of a cumulative stack: each bar spans the change that one more technique makes to the
+    median epoch-equivalent time (green: faster, red: slower); the first bar is the baseline itself."""
+    set_theme()
+    rows = summary[(summary["phase"] == phase) & summary["variant"].isin(labels)]
+    models = list(dict.fromkeys(rows["model"]))
+    figure, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 4.2), squeeze=False, sharey=False)
+    for ax, model in zip(axes[0], models):
+        times = rows[rows["model"] == model].set_index("variant")["epoch_s"].reindex(labels)
+        previous = 0.0
+        for x, (label, seconds) in enumerate(times.items()):
+            if pd.isna(seconds):  # a variant that failed (out of memory) has no bar
+                continue
+            colour = "0.55" if x == 0 else ("tab:green" if seconds <= previous else "tab:red")
+            ax.bar(x, seconds - previous, bottom=previous, color=colour, width=0.7)
+            ax.text(x, seconds, f"{seconds:.3g}", ha="center", va="bottom", fontsize=8)
+            previous = seconds
+        ax.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=8)
+        ax.set_title(f"{model} ({phase})")
+        ax.set_ylabel("seconds per epoch-equivalent (median)")
+    figure.tight_layout()
+    return figure
+
+
+def plot_learning(curves: pd.DataFrame):
+    """Training loss and test accuracy against optimizer steps, one line per variant."""
+    set_theme()
+    long = curves.melt(id_vars=["variant", "step"], value_vars=["train_loss", "test_accuracy"], var_name="measure")
+    grid = sns.relplot(data=long, kind="line", x="step", y="value", hue="variant", col="measure", marker="o",
+                       height=3.4, aspect=1.3, facet_kws={"sharey": False})
+    grid.set_titles("{col_name}")
+    grid.set_axis_labels("optimizer steps", "")
+    return grid
+
+
+BREAKDOWN_PARTS = {"data_wait_ms": "data wait", "launch_ms": "CUDA launch calls", "sync_ms": "sync wait",
+                   "cpu_other_ms": "other CPU (framework, Python)"}
+
+
+def plot_breakdown(breakdown: pd.DataFrame, title: str = ""):
+    """Per config (rows of ``profiling.breakdown_table``): the step split along the CPU's timeline, stacked, and the
+    GPU's busy share of the step; without a GPU, the share of the step spent waiting for data instead."""
+    set_theme()
+    frame = breakdown.set_index("config")
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 1.4 + 0.55 * len(frame)), sharey=True,
+                                         gridspec_kw={"width_ratios": [2, 1]})
+    frame[list(BREAKDOWN_PARTS)].rename(columns=BREAKDOWN_PARTS).plot.barh(stacked=True, ax=left, width=0.7)
+    left.set_xlabel("ms per step (mean over the profiled steps)")
+    left.set_ylabel("")
+    left.invert_yaxis()
+    left.legend(loc="upper left", bbox_to_anchor=(0, -0.25), ncol=2, frameon=False)
+    gpu = frame["device_busy_share"].notna().any()
+    (100 * frame["device_busy_share" if gpu else "data_wait_share"]).plot.barh(ax=right, color="C4" if gpu else "C0",
+                                                                             width=0.7)
+    right.set_xlim(0, 100)
+    right.set_xlabel("GPU busy, % of the step" if gpu else "waiting for data, % of the step (no GPU)")
+    if title:
+        figure.suptitle(title)
+    figure.tight_layout()
+    return figure
 
 
 def seed_comparison(technique: str, live: pd.DataFrame | None = None, reference: pd.DataFrame | None = None) -> pd.DataFrame:

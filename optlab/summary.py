@@ -45,3 +45,18 @@ def summarize_runs(samples: pd.DataFrame, baseline: str) -> pd.DataFrame:
         rows.append({"model": run["model"], "phase": run["phase"], "variant": run["variant"], "n": 0,
                      "verdict": run["status"]})
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+def step_by_step(samples: pd.DataFrame, labels: list[str]) -> pd.DataFrame:
+    """A cumulative stack (each variant adds one technique to the one before): every step's speed-up over the step
+    before it, with its interval and verdict, next to its speed-up over the first variant."""
+    rows = []
+    overall = summarize_runs(samples, labels[0]).set_index(["model", "phase", "variant"])
+    for before, after in zip(labels, labels[1:]):
+        pair = summarize_runs(samples[samples["variant"].isin([before, after])], before)
+        for row in pair[pair["variant"] == after].itertuples():
+            total = overall.loc[(row.model, row.phase, after)]
+            rows.append({"model": row.model, "phase": row.phase, "step": after, "epoch_s": row.epoch_s,
+                         "vs previous": row.speedup, "ci_low": row.ci_low, "ci_high": row.ci_high,
+                         "verdict": row.verdict, "vs baseline": total["speedup"], "peak_mem_mb": row.peak_mem_mb})
+    return pd.DataFrame(rows)

@@ -1,0 +1,118 @@
+"""What torch.compile costs and when it pays for itself, read from a run's samples.
+
+A compiled model builds its graph on the first call that sees a new graph: once per variant and phase, in the first
+warm-up step of repeat 0 (``model.eval()`` in the test phase changes the graph, so that phase's repeat 0 compiles
+again). Later repeats reuse the compiled code. So, per model, phase and variant:
+
+- compile time: the first warm-up step of repeat 0 minus the variant's median step (for eager, the same difference
+  is its own first-step extra: cold caches, allocator growth);
+- saving per step: the eager median step minus the compiled median step;
+- payoff: compile time / saving, the steps after which compiling has paid for itself; infinite ("never") when the
+  compiled step is not faster.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import seaborn as sns
+
+from .errors import OptlabError
+from .report import set_theme
+
+COST_COLUMNS = ["model", "phase", "variant", "compile_s", "step_ms", "eager_step_ms", "saving_ms", "payoff_steps",
+                "payoff_epochs", "graphs_compiled", "verdict"]
+LOSS_RTOL = {"none": 1e-3, "fp16": 0.05, "bf16": 0.05}  # first-step loss, compiled against eager, by autocast dtype
+
+
+def _samples(record: dict[str, Any]) -> pd.DataFrame:
+    if record["profile"].get("warmup_repeats", 0):
+        raise OptlabError(
+            f"this run discarded its first {record['profile']['warmup_repeats']} repeat(s), and compilation happened "
+            "there; compile costs need a profile without warm-up repeats (smoke or quick)")
+    samples = pd.DataFrame(record["samples"])
+    if samples.empty or "status" not in samples:
+        raise OptlabError("the record has no samples; run the experiment first")
+    return samples[samples["status"] == "ok"]
+
+
+def compile_costs(record: dict[str, Any]) -> pd.DataFrame:
+    """Compile time, step times, saving and payoff per model, phase and variant of a run record (live or stored)."""
+    samples, baseline = _samples(record), record["baseline"]
+    verdicts = {(s["model"], s["phase"], s["variant"]): s["verdict"] for s in record.get("summary", [])}
+    rows = []
+    for (model, phase), group in samples.groupby(["model", "phase"], sort=False):
+        steps = {variant: float(np.median(np.concatenate(runs["step_times_s"].map(np.asarray).to_list())))
+                 for variant, runs in group.groupby("variant", sort=False)}
+        if baseline not in steps:
+            raise OptlabError(f"{model} {phase}: no samples of the baseline {baseline!r}; variants: {list(steps)}")
+        for variant, runs in group.groupby("variant", sort=False):
+            first = runs[runs["repeat"] == runs["repeat"].min()].iloc[0]
+            compile_s = float(first["first_step_s"]) - steps[variant]
+            saving = steps[baseline] - steps[variant]
+            payoff = math.inf if saving <= 0 else compile_s / saving
+            rows.append({
+                "model": model, "phase": phase, "variant": variant, "compile_s": compile_s,
+                "step_ms": 1e3 * steps[variant], "eager_step_ms": 1e3 * steps[baseline], "saving_ms": 1e3 * saving,
+                "payoff_steps": math.nan if variant == baseline else payoff,
+                "payoff_epochs": math.nan if variant == baseline else payoff * first["images_per_step"] / first["epoch_images"],
+                "graphs_compiled": runs["graphs_compiled"].sum() if "graphs_compiled" in runs else math.nan,
+                "verdict": verdicts.get((model, phase, variant), ""),
+            })
+    return pd.DataFrame(rows, columns=COST_COLUMNS)
+
+
+def cost_table(costs: pd.DataFrame) -> pd.DataFrame:
+    """The costs as a readable table; a payoff that never comes reads "never"."""
+    table = costs.copy()
+    for column in ("payoff_steps", "payoff_epochs"):
+        table[column] = [("never" if math.isinf(v) else "" if math.isnan(v) else f"{v:,.0f}" if column == "payoff_steps"
+                          else f"{v:,.2f}") for v in table[column]]
+    names = {"compile_s": "compile s (first step - median)", "step_ms": "step ms (median)", "eager_step_ms": "eager step ms",
+             "saving_ms": "saving ms/step", "payoff_steps": "pays off after steps", "payoff_epochs": "... epochs",
+             "graphs_compiled": "graphs compiled"}
+    return table.rename(columns=names).round(3)
+
+
+def loss_agreement(record: dict[str, Any]) -> pd.DataFrame:
+    """Each variant's first training loss (same weights, same batch) against the baseline's, with the tolerance.
+
+    The first warm-up step of repeat 0 is the only step where every variant starts from identical weights; later
+    losses drift apart as rounding differences grow in training from scratch.
+    """
+    samples, baseline = _samples(record), record["baseline"]
+    train = samples[(samples["phase"] == "train") & (samples["repeat"] == samples["repeat"].min())]
+    if train.empty or "warmup_losses" not in train or not all(map(len, train["warmup_losses"])):
+        raise OptlabError("loss_agreement needs a train phase with at least one recorded warm-up loss")
+    rows = []
+    for model, group in train.groupby("model", sort=False):
+        first = {row["variant"]: row["warmup_losses"][0] for _, row in group.iterrows()}
+        for variant, loss in first.items():
+            amp = record["effective_configs"][model][variant]["amp_dtype"]
+            rows.append({"model": model, "variant": variant, "amp_dtype": amp, "first_loss": loss,
+                         "baseline_first_loss": first[baseline],
+                         "rel_diff": abs(loss - first[baseline]) / abs(first[baseline]), "tolerance": LOSS_RTOL[amp]})
+    return pd.DataFrame(rows)
+
+
+def step_trace(samples: pd.DataFrame) -> pd.DataFrame:
+    """Every step of repeat 0 in order, warm-up included, one row each: where the compile shows."""
+    first = samples[(samples["status"] == "ok") & (samples["repeat"] == samples["repeat"].min())]
+    rows = [{"model": run["model"], "phase": run["phase"], "variant": run["variant"], "step": index, "seconds": seconds,
+             "kind": "warm-up" if index < len(run["warmup_times_s"]) else "timed"}
+            for _, run in first.iterrows()
+            for index, seconds in enumerate([*run["warmup_times_s"], *run["step_times_s"]])]
+    return pd.DataFrame(rows)
+
+
+def plot_step_trace(samples: pd.DataFrame):
+    """Seconds of every step of repeat 0 on a log scale, per model and phase: the first step carries the compile."""
+    set_theme()
+    grid = sns.relplot(data=step_trace(samples), kind="line", x="step", y="seconds", hue="variant", style="variant",
+                       markers=True, dashes=False, row="phase", col="model", height=3.0, aspect=1.3,
+                       facet_kws={"sharey": False})
+    grid.set(yscale="log")
+    grid.set_titles("{col_name}, {row_name}")
+    return grid

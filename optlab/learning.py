@@ -1,0 +1,80 @@
+"""The learning check: train a few configurations from the same weights on the same batches, and record the
+training loss and test accuracy against steps, so that a faster configuration can be seen to learn as well."""
+from __future__ import annotations
+
+import itertools
+import sys
+import time
+from collections.abc import Iterator
+
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from . import data
+from .config import RunConfig
+from .device import DeviceInfo, effective_config
+from .errors import OptlabError
+from .experiments import build_state
+from .loops import backend_flags, eval_step, train_step
+from .profiles import Profile
+
+
+def plan(profile: Profile) -> dict[str, int]:
+    """Steps, evaluation interval and evaluated test images for ``profile``: about one epoch on a GPU."""
+    if profile.name == "smoke":
+        return {"steps": 60, "eval_every": 15, "eval_images": 256}
+    return {"steps": 50_000 // profile.batch_size, "eval_every": 50, "eval_images": 4096}
+
+
+def _endless(loader) -> Iterator:
+    """The loader's batches epoch after epoch (each pass reshuffles, as training would)."""
+    return itertools.chain.from_iterable(iter(loader) for _ in itertools.count())
+
+
+def _accuracy(state, info: DeviceInfo, images: int) -> float:
+    state.model.eval()
+    correct = seen = 0
+    with backend_flags(state.config):
+        for batch in state.loaders["test"]:
+            correct += int(eval_step(state.model, batch, state.config, info.device))
+            seen += len(batch[1])
+            if seen >= images:
+                break
+    state.model.train()
+    return correct / seen
+
+
+def learning_curves(configs: dict[str, RunConfig], info: DeviceInfo, steps: int, eval_every: int,
+                    eval_images: int, seed: int = 0, progress: bool = True) -> pd.DataFrame:
+    """Train each config ``steps`` optimizer steps from the same weights; every ``eval_every`` steps record the mean
+    training loss since the last record, the test accuracy on the first ``eval_images`` test images, and the
+    elapsed training time (evaluation excluded)."""
+    if steps < 1 or eval_every < 1 or eval_images < 1:
+        raise OptlabError(f"steps, eval_every and eval_images must be positive, got {steps}, {eval_every}, {eval_images}")
+    source = data.find_source()
+    print(f"data source: {source.description}")
+    train_set, test_set = data.datasets(source)
+    rows = []
+    for label, requested in configs.items():
+        config, _ = effective_config(requested, info)
+        torch.manual_seed(seed)
+        state = build_state(config, info, train_set, test_set, seed)
+        batches = _endless(state.loaders["train"])
+        state.model.train()
+        losses, elapsed = [], 0.0
+        for step in tqdm(range(1, steps + 1), desc=label, disable=not progress, file=sys.stderr, leave=False):
+            start = time.perf_counter()
+            with backend_flags(config):
+                micro_losses = [train_step(state.model, next(batches), state.optimizer, state.scaler, config,
+                                           info.device, micro) for micro in range(config.accumulation_steps)]
+            losses.append(float(torch.stack(micro_losses).float().mean()))  # a sync: elapsed covers the device's work
+            elapsed += time.perf_counter() - start
+            if step % eval_every == 0 or step == steps:
+                rows.append({"variant": label, "model": config.model, "step": step,
+                             "images": step * config.images_per_step,
+                             "train_loss": sum(losses) / len(losses),
+                             "test_accuracy": _accuracy(state, info, eval_images), "train_s": elapsed})
+                losses = []
+        del state
+    return pd.DataFrame(rows)

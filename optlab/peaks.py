@@ -1,0 +1,97 @@
+"""The device's peak FLOP/s for a precision, named with its source, and model FLOPs utilisation (MFU).
+
+GPU peaks are NVIDIA's datasheet figures for dense tensor-core (or plain fp32) arithmetic, without the 2x of
+structured sparsity. A device missing from the table (every CPU) gets a measured ceiling instead: the median rate of
+a large square matmul in that precision on this device, which is labelled as measured, not as a datasheet peak.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from .config import RunConfig
+from .device import DeviceInfo
+from .microbench import matmul_benchmark
+
+# (name fragments that must all appear in torch.cuda.get_device_name, table name, TFLOP/s by precision)
+DATASHEET_TFLOPS: tuple[tuple[tuple[str, ...], str, dict[str, float]], ...] = (
+    (("H200", "NVL"), "NVIDIA H200 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}),
+    (("H200",), "NVIDIA H200 SXM", {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5}),
+    (("H100", "PCIe"), "NVIDIA H100 PCIe", {"fp32": 51.0, "tf32": 378.0, "bf16": 756.5, "fp16": 756.5}),
+    (("H100",), "NVIDIA H100 SXM", {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5}),
+    (("A100",), "NVIDIA A100", {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}),
+    (("L4",), "NVIDIA L4", {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0}),
+    (("V100", "PCIE"), "NVIDIA V100 PCIe", {"fp32": 14.0, "fp16": 112.0}),
+    (("V100",), "NVIDIA V100 SXM2", {"fp32": 15.7, "fp16": 125.0}),
+)
+MEASURED_SIZE = {"cuda": 8192, "cpu": 512}  # matmul side for a measured ceiling
+
+
+@dataclass(frozen=True)
+class Peak:
+    """A peak rate in TFLOP/s for one precision, and where the number comes from."""
+
+    precision: str
+    tflops: float
+    source: str
+
+    def describe(self) -> str:
+        return f"{self.tflops:.3g} TFLOP/s {self.precision}: {self.source}"
+
+
+def precision_of(config: RunConfig, info: DeviceInfo) -> str:
+    """The arithmetic a config's convolutions run in: the autocast dtype, else TF32 where the GPU uses it, else fp32."""
+    if config.amp_dtype != "none":
+        return config.amp_dtype
+    if info.is_cuda and config.cudnn_tf32 and torch.cuda.get_device_capability(info.device) >= (8, 0):
+        return "tf32"  # convolutions dominate these models, and cuDNN runs fp32 convolutions as TF32 by default
+    return "fp32"
+
+
+def datasheet_peak(device_name: str, precision: str) -> Peak | None:
+    """The datasheet peak of a GPU named ``device_name`` for ``precision``, or None if the table lacks it."""
+    upper = device_name.upper()
+    for fragments, name, rates in DATASHEET_TFLOPS:
+        if all(f.upper() in upper for f in fragments):
+            if precision in rates:
+                return Peak(precision, rates[precision], f"{name} datasheet, dense")
+            return None
+    return None
+
+
+def measured_peak(info: DeviceInfo, precision: str) -> Peak:
+    """The median rate of one large square matmul in ``precision`` on this device (a ceiling, not a datasheet peak)."""
+    dtype = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    n = MEASURED_SIZE[info.device.type]
+    row = matmul_benchmark(info.device, (n,), dtype).iloc[0]
+    return Peak(precision, float(row["tflops"]),
+                f"measured: median {n}x{n} {precision} matmul on {info.name} (no datasheet peak in optlab's table)")
+
+
+def peak_for(config: RunConfig, info: DeviceInfo) -> Peak:
+    """The peak that MFU is measured against for ``config`` on this device: the datasheet's, else a measured one."""
+    precision = precision_of(config, info)
+    return (info.is_cuda and datasheet_peak(info.name, precision)) or measured_peak(info, precision)
+
+
+def mfu_table(summary: pd.DataFrame, configs: dict[str, dict[str, dict]], info: DeviceInfo,
+              phase: str = "train") -> pd.DataFrame:
+    """Achieved TFLOP/s of every model and variant in ``phase`` against the peak of its precision (MFU in %).
+
+    ``configs`` maps model -> variant -> effective config as a record stores it (``record["effective_configs"]``);
+    peaks are looked up once per precision.
+    """
+    peaks: dict[str, Peak] = {}
+    rows = []
+    for row in summary[summary["phase"] == phase].itertuples():
+        config = RunConfig(**configs[row.model][row.variant])
+        precision = precision_of(config, info)
+        if precision not in peaks:
+            peaks[precision] = peak_for(config, info)
+        peak = peaks[precision]
+        rows.append({"model": row.model, "variant": row.variant, "precision": precision,
+                     "achieved TFLOP/s": row.tflops, "peak TFLOP/s": peak.tflops,
+                     "MFU %": 100 * row.tflops / peak.tflops, "peak source": peak.source})
+    return pd.DataFrame(rows)

@@ -1,0 +1,173 @@
+"""The profiled breakdown: interval arithmetic, event classes, the profiled loop, its trace, and the data chapter's sizing."""
+import gzip
+import json
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+from torch.utils.data import DataLoader, TensorDataset
+
+from optlab import pipeline, profiling
+from optlab.config import RunConfig
+from optlab.device_data import DeviceResidentLoader
+from optlab.errors import OptlabError
+from optlab.experiments import get_experiment
+from optlab.profiling import Span
+from tests.helpers import TINY
+
+TINY_CONFIG = RunConfig(model="resnet18", width=TINY.width, batch_size=TINY.batch_size, num_workers=0, pin_memory=False)
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def test_covered_counts_overlaps_once_and_clips_to_the_window():
+    assert profiling.covered_us([(0, 10), (5, 15), (20, 30)], 0, 100) == 25
+    assert profiling.covered_us([(0, 50), (10, 20)], 0, 100) == 50  # nested
+    assert profiling.covered_us([(-10, 10), (90, 120)], 0, 100) == 20  # clipped at both ends
+    assert profiling.covered_us([(100, 120)], 0, 100) == 0
+
+
+@pytest.mark.parametrize("name, on_device, kind", [
+    ("ProfilerStep*", False, "step"), ("ProfilerStep#7", False, "step"),
+    ("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", False, "data"),
+    ("enumerate(DeviceResidentLoader)#__next__", False, "data"),
+    ("cudaLaunchKernel", False, "launch"), ("cuLaunchKernelEx", False, "launch"), ("cudaGraphLaunch", False, "launch"),
+    ("cudaMemcpyAsync", False, "launch"), ("cudaStreamSynchronize", False, "sync"), ("cudaMemcpy", False, "sync"),
+    ("aten::conv2d", False, None), ("void cudnn::conv_kernel<float>", True, "device"),
+    ("Memcpy HtoD (Pinned -> Device)", True, "device"),
+])
+def test_classify(name, on_device, kind):
+    assert profiling.classify(name, on_device) == kind
+
+
+def test_step_breakdown_of_a_gpu_profile():
+    spans = [Span("step", 0, 100), Span("step", 100, 200),
+             Span("data", 0, 30), Span("launch", 20, 40), Span("launch", 50, 60), Span("sync", 80, 100),
+             Span("device", 10, 50), Span("device", 40, 70), Span("device", 95, 110),
+             Span("data", 100, 105), Span("launch", 150, 160), Span("sync", 155, 165), Span("device", 190, 230)]
+    steps = profiling.step_breakdown(spans, device_intervals=True)
+    expected = {"wall_ms": [0.1, 0.1], "data_wait_ms": [0.03, 0.005], "launch_ms": [0.02, 0.01],
+                "sync_ms": [0.02, 0.005], "cpu_other_ms": [0.03, 0.08], "device_busy_ms": [0.065, 0.02]}
+    for column, values in expected.items():
+        assert steps[column].tolist() == pytest.approx(values), column
+    parts = steps[list(profiling.CPU_PARTS)].sum(axis=1)
+    assert parts.tolist() == pytest.approx(steps["wall_ms"].tolist())
+
+
+def test_step_breakdown_without_device_intervals_and_without_steps():
+    steps = profiling.step_breakdown([Span("step", 0, 10), Span("device", 0, 5)], device_intervals=False)
+    assert math.isnan(steps["device_busy_ms"].iloc[0])
+    with pytest.raises(OptlabError, match="no ProfilerStep ranges"):
+        profiling.step_breakdown([Span("data", 0, 5)], device_intervals=False)
+
+
+def test_summary_row_means_add_up_and_shares():
+    steps = profiling.step_breakdown([Span("step", 0, 100), Span("step", 100, 300), Span("data", 0, 50),
+                                      Span("device", 100, 200)], device_intervals=True)
+    row = profiling.summary_row(steps, "a", TINY_CONFIG, "test gpu", profiling.UNION).iloc[0]
+    assert row["wall_ms"] == pytest.approx(0.15) and row["data_wait_ms"] == pytest.approx(0.025)
+    assert row["device_busy_share"] == pytest.approx(0.05 / 0.15)
+    assert row["steps"] == 2 and row["wall_iqr_ms"] == pytest.approx(0.05)
+
+
+def _average(key, device, cpu_us, device_us, count=4):
+    return SimpleNamespace(key=key, count=count, device_type=device, self_cpu_time_total=cpu_us,
+                           self_device_time_total=device_us)
+
+
+def test_top_ops_picks_kernels_on_a_gpu_and_cpu_ops_otherwise():
+    averages = [_average("ProfilerStep*", DeviceType.CPU, 900, 0), _average("aten::mm", DeviceType.CPU, 300, 50),
+                _average("aten::add_", DeviceType.CPU, 500, 0), _average("gemm_kernel", DeviceType.CUDA, 0, 400),
+                _average("elementwise_kernel", DeviceType.CUDA, 0, 800)]
+    gpu = profiling.top_ops(averages, on_device=True, steps=2, wall_ms=1.0)
+    assert gpu["op"].tolist() == ["elementwise_kernel", "gemm_kernel"]
+    assert gpu["self_ms_per_step"].tolist() == pytest.approx([0.4, 0.2]) and gpu["calls_per_step"].iloc[0] == 2
+    assert (gpu["measure"] == "self device time").all() and gpu["share_of_wall"].iloc[0] == pytest.approx(0.4)
+    cpu = profiling.top_ops(averages, on_device=False, steps=2, wall_ms=1.0, limit=1)
+    assert cpu["op"].tolist() == ["aten::add_"] and cpu["measure"].iloc[0] == "self CPU time"
+
+
+def _data_spans(loader, count):
+    stream = profiling.batches(loader)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(count):
+            next(stream)
+    return [s for s in profiling.spans_from_events(prof.events()) if s.kind == "data"]
+
+
+def test_every_loader_shows_one_data_range_per_batch():
+    dataset = SimpleNamespace(data=np.zeros((32, 32, 32, 3), dtype=np.uint8), targets=list(range(32)))
+    assert len(_data_spans(DeviceResidentLoader(dataset, 8, torch.device("cpu"), train=True), 3)) == 3
+    assert len(_data_spans(DataLoader(TensorDataset(torch.zeros(32, 2)), batch_size=8), 3)) == 3
+
+
+def test_profile_training_on_cpu(tmp_path):
+    trace = tmp_path / "traces" / "tiny.json.gz"
+    result = profiling.profile_training(TINY_CONFIG, device="cpu", steps=2, warmup=1, trace=trace, label="tiny")
+    steps = result.steps
+    assert len(steps) == 2 and (steps[list(profiling.CPU_PARTS)] >= 0).all().all()
+    assert steps[list(profiling.CPU_PARTS)].sum(axis=1).tolist() == pytest.approx(steps["wall_ms"].tolist())
+    assert (steps["data_wait_ms"] > 0).all(), "the DataLoader's __next__ ranges were not found"
+    row = result.breakdown.iloc[0]
+    assert row["config"] == "tiny" and row["device_busy_method"] == profiling.NO_GPU and math.isnan(row["device_busy_ms"])
+    top = result.top_ops
+    assert top["self_ms_per_step"].is_monotonic_decreasing and (top["measure"] == "self CPU time").all()
+    assert any("conv" in op for op in top["op"]) and not top["op"].str.startswith("ProfilerStep").any()
+    with gzip.open(trace, "rt") as handle:
+        names = {event.get("name", "") for event in json.load(handle)["traceEvents"]}
+    assert any(name.startswith("ProfilerStep#") for name in names)
+
+
+def test_profile_training_rejects_bad_sizes_and_trace_names():
+    with pytest.raises(OptlabError, match="steps must be an integer >= 1, got 0"):
+        profiling.profile_training(TINY_CONFIG, device="cpu", steps=0)
+    with pytest.raises(OptlabError, match=r"trace 'profile.txt' must end with one of: \.json, \.json\.gz"):
+        profiling.profile_training(TINY_CONFIG, device="cpu", trace="profile.txt")
+
+
+def test_before_and_after_are_the_ends_of_the_all_together_stack():
+    configs = profiling.before_after("resnet18", TINY)
+    stack = list(get_experiment("all_together").configs("resnet18", TINY).values())
+    assert configs == {"before": stack[0], "after": stack[-1]}
+    assert configs["after"].compile_mode == "default" and configs["after"].data_on_device
+
+
+def test_with_workers_resizes_and_relabels_only_the_loader_variants():
+    sized = pipeline.with_workers(get_experiment("data_pipeline"), 2)
+    assert sized.labels == ["2 workers", "2 persistent workers, prefetch 4", "data on device"]
+    configs = sized.configs("resnet18", TINY)
+    assert [c.num_workers for c in configs.values()] == [2, 2, 0]
+    assert configs["2 persistent workers, prefetch 4"].persistent_workers and configs["data on device"].data_on_device
+    with pytest.raises(OptlabError, match="workers must be an integer >= 1, got 0"):
+        pipeline.with_workers(sized, 0)
+
+
+def test_starvation_has_one_row_per_variant():
+    experiment = get_experiment("data_pipeline").with_variants(
+        ("main process", {"num_workers": 0, "pin_memory": False}), ("1 worker", {"num_workers": 1}))
+    frame = pipeline.starvation(experiment, device="cpu", profile=TINY)
+    assert frame["config"].tolist() == ["main process", "1 worker"]
+    assert (frame["data_wait_share"].between(0, 1)).all() and frame["device_busy_share"].isna().all()
+
+
+@cuda_only
+@pytest.mark.parametrize("on_device", [False, True])
+def test_profile_training_on_cuda(on_device):
+    config = RunConfig(model="resnet18", width=0.25, batch_size=32, num_workers=0, pin_memory=False,
+                       data_on_device=on_device)
+    result = profiling.profile_training(config, device="cuda", steps=3, warmup=2)
+    row = result.breakdown.iloc[0]
+    assert row["device_busy_method"] == profiling.UNION
+    assert 0 < row["device_busy_ms"] <= row["wall_ms"] * 1.001 and row["launch_ms"] > 0
+    assert (result.steps["data_wait_ms"] > 0).all()
+    assert (result.top_ops["measure"] == "self device time").all() and len(result.top_ops) > 0
+
+
+@cuda_only
+def test_reference_tables_are_written_on_cuda(tmp_path):
+    paths = pipeline.run_reference(tmp_path) + profiling.run_reference(tmp_path)
+    assert sorted(p.name for p in paths) == ["data-pipeline-breakdown.csv", "profiling-breakdown.csv",
+                                             "profiling-top-ops.csv"]
