@@ -38,7 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     reference = commands.add_parser("reference", help="run every technique: the GPU reference run")
     _add_common(reference, default_out=Path("results") / "reference" / "this-machine")
-    reference.add_argument("--set", default="seed", help="which techniques: seed (default), beyond or all")
+    reference.add_argument("--set", default="seed",
+                           help="which techniques: seed (default), beyond, compile (torch.compile, CUDA graphs, all "
+                                "together) or all")
     return parser
 
 

@@ -6,18 +6,19 @@ import itertools
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pandas as pd
 import torch
 from tqdm import tqdm
 
-from . import data
+from . import data, store
 from .config import RunConfig
-from .device import DeviceInfo, effective_config
+from .device import DeviceInfo, effective_config, resolve_device
 from .errors import OptlabError
 from .experiments import build_state
 from .loops import backend_flags, eval_step, train_step
-from .profiles import Profile
+from .profiles import Profile, get_profile
 
 
 def plan(profile: Profile) -> dict[str, int]:
@@ -78,3 +79,20 @@ def learning_curves(configs: dict[str, RunConfig], info: DeviceInfo, steps: int,
                 losses = []
         del state
     return pd.DataFrame(rows)
+
+
+def fastest_pair(profile: Profile, model: str = "resnet18") -> dict[str, RunConfig]:
+    """The all-together stack's first and last steps: the seed's baseline and the fastest configuration."""
+    from .experiments import get_experiment
+
+    stack = get_experiment("all_together").configs(model, profile)
+    labels = list(stack)
+    return {labels[0]: stack[labels[0]], labels[-1]: stack[labels[-1]]}
+
+
+def run_reference(out: str | Path, device: str = "cuda") -> list[Path]:
+    """The GPU reference of the learning check (about one epoch per configuration), saved as ``learning_curves.csv``."""
+    info = resolve_device(device)
+    profile = get_profile(None, info.is_cuda)
+    curves = learning_curves(fastest_pair(profile), info, **plan(profile))
+    return [store.save_table(curves, out, "learning_curves")]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
+from . import store
 from .config import RunConfig
 from .device import DeviceInfo
 from .microbench import matmul_benchmark
@@ -41,11 +42,16 @@ class Peak:
         return f"{self.tflops:.3g} TFLOP/s {self.precision}: {self.source}"
 
 
-def precision_of(config: RunConfig, info: DeviceInfo) -> str:
+def has_tf32(info: DeviceInfo) -> bool:
+    """TF32 tensor cores: NVIDIA GPUs from Ampere (compute capability 8.0) on."""
+    return info.is_cuda and torch.cuda.get_device_capability(info.device) >= (8, 0)
+
+
+def precision_of(config: RunConfig, tf32: bool) -> str:
     """The arithmetic a config's convolutions run in: the autocast dtype, else TF32 where the GPU uses it, else fp32."""
     if config.amp_dtype != "none":
         return config.amp_dtype
-    if info.is_cuda and config.cudnn_tf32 and torch.cuda.get_device_capability(info.device) >= (8, 0):
+    if tf32 and config.cudnn_tf32:
         return "tf32"  # convolutions dominate these models, and cuDNN runs fp32 convolutions as TF32 by default
     return "fp32"
 
@@ -72,7 +78,7 @@ def measured_peak(info: DeviceInfo, precision: str) -> Peak:
 
 def peak_for(config: RunConfig, info: DeviceInfo) -> Peak:
     """The peak that MFU is measured against for ``config`` on this device: the datasheet's, else a measured one."""
-    precision = precision_of(config, info)
+    precision = precision_of(config, has_tf32(info))
     return (info.is_cuda and datasheet_peak(info.name, precision)) or measured_peak(info, precision)
 
 
@@ -87,7 +93,7 @@ def mfu_table(summary: pd.DataFrame, configs: dict[str, dict[str, dict]], info: 
     rows = []
     for row in summary[summary["phase"] == phase].itertuples():
         config = RunConfig(**configs[row.model][row.variant])
-        precision = precision_of(config, info)
+        precision = precision_of(config, has_tf32(info))
         if precision not in peaks:
             peaks[precision] = peak_for(config, info)
         peak = peaks[precision]
@@ -95,3 +101,25 @@ def mfu_table(summary: pd.DataFrame, configs: dict[str, dict[str, dict]], info: 
                      "achieved TFLOP/s": row.tflops, "peak TFLOP/s": peak.tflops,
                      "MFU %": 100 * row.tflops / peak.tflops, "peak source": peak.source})
     return pd.DataFrame(rows)
+
+
+def reference_mfu(technique: str = "all_together", phase: str = "train") -> pd.DataFrame | None:
+    """MFU of the stored GPU reference runs of ``technique``, against the datasheet peak of the GPU each ran on
+    (NaN where optlab's table has no peak for that GPU); None when no reference is stored."""
+    rows = []
+    for machine in store.reference_machines():
+        path = store.REFERENCE_DIR / machine / f"{technique}.json"
+        if not path.exists():
+            continue
+        record = store.load_record(path)
+        name = record["environment"].get("gpu_name") or ""
+        tf32 = datasheet_peak(name, "tf32") is not None
+        summary = pd.DataFrame(record["summary"])
+        for row in summary[summary["phase"] == phase].itertuples():
+            precision = precision_of(RunConfig(**record["effective_configs"][row.model][row.variant]), tf32)
+            peak = datasheet_peak(name, precision)
+            rows.append({"machine": machine, "model": row.model, "variant": row.variant, "precision": precision,
+                         "achieved TFLOP/s": row.tflops, "peak TFLOP/s": peak.tflops if peak else float("nan"),
+                         "MFU %": 100 * row.tflops / peak.tflops if peak else float("nan"),
+                         "peak source": peak.source if peak else f"no datasheet peak for {name!r} in optlab's table"})
+    return pd.DataFrame(rows) if rows else None

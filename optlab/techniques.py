@@ -163,3 +163,4 @@ ALL_TOGETHER = register(Experiment(
 ))
 
 BEYOND_TECHNIQUES = tuple(e.name for e in (COMPILE, CUDA_GRAPHS, PRECISION, OPTIMIZERS, DATA_PIPELINE, ALL_TOGETHER))
+COMPILING_TECHNIQUES = tuple(e.name for e in (COMPILE, CUDA_GRAPHS, ALL_TOGETHER))  # minutes of compilation on a GPU

@@ -1,0 +1,109 @@
+"""The all-together chapter's pieces: the step-by-step table, the waterfall, device peaks and MFU, the learning check."""
+import math
+
+import matplotlib
+import pandas as pd
+import pytest
+
+from optlab import peaks
+from optlab.config import RunConfig
+from optlab.device import resolve_device
+from optlab.errors import OptlabError
+from optlab.experiments import get_experiment
+from optlab.learning import learning_curves
+from optlab.report import plot_waterfall
+from optlab.summary import step_by_step
+from tests.helpers import TINY
+
+matplotlib.use("Agg")
+
+
+def _samples(times: dict[str, list[float]]) -> pd.DataFrame:
+    """Tidy samples of one model and phase: each variant's repeats with the given per-step times."""
+    rows = []
+    for variant, steps in times.items():
+        for repeat, step in enumerate(steps):
+            rows.append({"model": "m", "phase": "train", "variant": variant, "repeat": repeat, "status": "ok",
+                         "epoch_images": 1000, "images_per_step": 10, "startup_s": 0.0, "step_times_s": [step] * 4,
+                         "step_median_s": step, "epoch_equiv_s": 100 * step, "images_per_s": 10 / step,
+                         "peak_mem_mb": 1.0, "tflops": 1.0 / step})
+    return pd.DataFrame(rows)
+
+
+def test_step_by_step_compares_each_step_with_the_one_before():
+    samples = _samples({"a": [1.0, 1.01, 0.99], "b": [0.5, 0.51, 0.49], "c": [0.5, 0.505, 0.495]})
+    table = step_by_step(samples, ["a", "b", "c"]).set_index("step")
+    assert list(table.index) == ["b", "c"]
+    assert table.loc["b", "vs previous"] == pytest.approx(2.0, rel=0.02) and table.loc["b", "verdict"] == "faster"
+    assert table.loc["c", "vs previous"] == pytest.approx(1.0, rel=0.02)
+    assert table.loc["c", "verdict"] == "no clear difference"
+    assert table.loc["c", "vs baseline"] == pytest.approx(2.0, rel=0.02)
+
+
+def test_waterfall_draws_one_bar_per_step_from_the_step_before():
+    summary = pd.DataFrame({"model": "m", "phase": "train", "variant": ["a", "b", "c"], "epoch_s": [10.0, 6.0, 7.0]})
+    figure = plot_waterfall(summary, ["a", "b", "c"])
+    bars = figure.axes[0].patches
+    assert [(b.get_y(), b.get_y() + b.get_height()) for b in bars] == [(0.0, 10.0), (10.0, 6.0), (6.0, 7.0)]
+    assert bars[1].get_facecolor() != bars[2].get_facecolor()  # faster and slower differ
+
+
+@pytest.mark.parametrize("name, precision, expected", [
+    ("NVIDIA H200", "bf16", 989.5), ("NVIDIA H100 80GB HBM3", "tf32", 494.5), ("NVIDIA H100 PCIe", "fp16", 756.5),
+    ("NVIDIA A100-SXM4-80GB", "fp32", 19.5), ("Tesla V100-SXM2-16GB", "fp16", 125.0),
+])
+def test_datasheet_peaks_are_found_by_device_name(name, precision, expected):
+    peak = peaks.datasheet_peak(name, precision)
+    assert peak.tflops == expected and "datasheet" in peak.source
+
+
+def test_a_precision_the_device_lacks_or_an_unknown_device_has_no_datasheet_peak():
+    assert peaks.datasheet_peak("Tesla V100-SXM2-16GB", "bf16") is None
+    assert peaks.datasheet_peak("Some Future GPU", "bf16") is None
+
+
+def test_cpu_peak_is_a_measured_matmul_ceiling_and_named_so():
+    info = resolve_device("cpu")
+    assert peaks.precision_of(RunConfig(amp_dtype="bf16"), peaks.has_tf32(info)) == "bf16"
+    assert peaks.precision_of(RunConfig(cudnn_tf32=True), peaks.has_tf32(info)) == "fp32"  # no TF32 on a CPU
+    assert peaks.precision_of(RunConfig(cudnn_tf32=True), tf32=True) == "tf32"
+    peak = peaks.peak_for(RunConfig(), info)
+    assert peak.tflops > 0 and peak.source.startswith("measured")
+
+
+def test_mfu_is_achieved_over_peak():
+    info = resolve_device("cpu")
+    summary = pd.DataFrame({"model": ["resnet18"], "phase": ["train"], "variant": ["v"], "tflops": [0.01]})
+    table = peaks.mfu_table(summary, {"resnet18": {"v": RunConfig().to_dict()}}, info)
+    row = table.iloc[0]
+    assert row["MFU %"] == pytest.approx(100 * 0.01 / row["peak TFLOP/s"])
+
+
+def test_learning_curves_record_loss_and_accuracy_from_the_same_start():
+    stack = get_experiment("all_together").configs("resnet18", TINY)
+    first = next(iter(stack))
+    curves = learning_curves({first: stack[first], "again": stack[first]}, resolve_device("cpu"), steps=4,
+                             eval_every=2, eval_images=16, progress=False)
+    assert list(curves["step"]) == [2, 4, 2, 4]
+    assert curves["test_accuracy"].between(0, 1).all() and (curves["train_loss"] > 0).all()
+    by_variant = curves.set_index(["variant", "step"])
+    assert by_variant.loc[(first, 4), "train_loss"] == pytest.approx(by_variant.loc[("again", 4), "train_loss"])
+    assert all(math.isfinite(v) for v in curves["train_s"])
+
+
+def test_learning_curves_refuse_zero_steps():
+    with pytest.raises(OptlabError, match="must be positive"):
+        learning_curves({"a": RunConfig()}, resolve_device("cpu"), steps=0, eval_every=1, eval_images=1)
+
+
+def test_reference_mfu_uses_the_datasheet_peak_of_the_stored_machine(tmp_path, monkeypatch):
+    from optlab import store
+    record = {"schema_version": store.SCHEMA_VERSION, "technique": "all_together",
+              "environment": {"gpu_name": "NVIDIA H200"},
+              "effective_configs": {"resnet18": {"v": RunConfig(amp_dtype="bf16").to_dict()}},
+              "summary": [{"model": "resnet18", "phase": "train", "variant": "v", "tflops": 98.95}]}
+    (tmp_path / "h200").mkdir()
+    store.atomic_write_text(tmp_path / "h200" / "all_together.json", __import__("json").dumps(record))
+    monkeypatch.setattr(store, "REFERENCE_DIR", tmp_path)
+    row = peaks.reference_mfu().iloc[0]
+    assert row["MFU %"] == pytest.approx(10.0) and "H200 SXM datasheet" in row["peak source"]
