@@ -1,4 +1,5 @@
-"""The book's summary page: every seed technique's speed-ups (the seed's, our live run's, our stored references')."""
+"""The book's summary page: every seed technique's speed-ups (the seed's, our live run's, our stored references'),
+then the techniques beyond the seed (ours only: the seed did not measure them)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,7 +12,7 @@ from .experiments import get_experiment
 from .profiles import ALL_MODELS
 from .report import set_theme
 from .seed import seed_speedups
-from .techniques import SEED_TECHNIQUES
+from .techniques import BEYOND_TECHNIQUES, SEED_TECHNIQUES
 
 SEED = "seed V100"
 LIVE = "live"
@@ -50,11 +51,13 @@ def describe(found: dict[str, pd.DataFrame]) -> str:
         if rows.empty:
             lines.append(f"{name}: no records yet")
             continue
-        missing = sorted(set(SEED_TECHNIQUES) - set(rows["technique"]))
         machines, profiles = (", ".join(sorted(set(rows[column]))) for column in ("machine", "profile"))
-        lines.append(f"{name}: {len(SEED_TECHNIQUES) - len(missing)} of {len(SEED_TECHNIQUES)} seed techniques"
-                     + (f" (missing: {', '.join(missing)})" if missing else "")
-                     + f"; machine {machines}; profile {profiles}")
+        counts = []
+        for kind, names in (("seed", SEED_TECHNIQUES), ("beyond-the-seed", BEYOND_TECHNIQUES)):
+            missing = sorted(set(names) - set(rows["technique"]))
+            counts.append(f"{len(names) - len(missing)} of {len(names)} {kind} techniques"
+                          + (f" (missing: {', '.join(missing)})" if missing else ""))
+        lines.append(f"{name}: {'; '.join(counts)}; machine {machines}; profile {profiles}")
     return "\n".join(lines)
 
 
@@ -100,3 +103,32 @@ def plot_speedups(tidy: pd.DataFrame):
     grid.set_titles("{col_name}")
     grid.figure.supxlabel("speed-up: baseline time / technique time", y=-0.01)
     return grid
+
+
+def beyond_table(found: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
+    """The techniques beyond the seed, one row per technique, variant, model and phase: each source's speed-up over
+    the technique's baseline with its 95 % interval and verdict, its peak memory and its achieved TFLOP/s."""
+    found = sources() if found is None else found
+    keys = ["technique", "variant", "model", "phase"]
+    table = None
+    for name, rows in found.items():
+        if rows.empty:
+            continue
+        rows = rows[rows["technique"].isin(BEYOND_TECHNIQUES) & (rows["verdict"] != "baseline")]
+        if rows.empty:
+            continue
+        rows = rows.drop_duplicates(keys, keep="last")
+        ours = pd.DataFrame({
+            **{key: rows[key] for key in keys},
+            name: [NOT_RUN if pd.isna(r) else f"{r:.2f} ({lo:.2f}-{hi:.2f})"
+                   for r, lo, hi in zip(rows["speedup"], rows["ci_low"], rows["ci_high"])],
+            f"{name} verdict": rows["verdict"], f"{name} peak MiB": rows["peak_mem_mb"].round(0),
+            f"{name} TFLOP/s": rows["tflops"].round(3),
+        })
+        table = ours if table is None else table.merge(ours, on=keys, how="outer")
+    if table is None:
+        return pd.DataFrame(columns=keys)
+    measured = [name for name in found if name in table]
+    table[measured] = table[measured].fillna(NOT_RUN)
+    order = {name: i for i, name in enumerate(BEYOND_TECHNIQUES)}
+    return table.sort_values(keys, key=lambda c: c.map(order) if c.name == "technique" else c).set_index(keys)
