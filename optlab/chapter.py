@@ -33,17 +33,17 @@ def knob_lines(knob: str) -> list[str]:
     return found
 
 
-def code_changes(experiment: "str | Experiment", model: str = "resnet18", profile: "str | Profile | None" = "smoke") -> str:
-    """Each variant's knobs against the baseline, and the loop lines those knobs switch, read from the running code."""
+def code_changes(experiment: "str | Experiment", model: str = "resnet18", profile: "str | Profile | None" = "smoke",
+                 stacked: bool = False) -> str:
+    """Each variant's knobs against the baseline (``stacked``: against the variant before it, for a cumulative
+    stack), and the loop lines those knobs switch, read from the running code."""
     experiment = get_experiment(experiment)
     configs = experiment.configs(model, get_profile(profile))
-    baseline = configs[experiment.baseline_label]
     out = [f"baseline: {experiment.baseline_label}"]
     knobs: dict[str, None] = {}
-    for label, config in configs.items():
-        if label == experiment.baseline_label:
-            continue
-        diff = changed_knobs(baseline, config)
+    labels = list(configs)
+    for before, label in zip(labels, labels[1:]):
+        diff = changed_knobs(configs[before if stacked else experiment.baseline_label], configs[label])
         out.append(f"{label}: " + ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items()))
         knobs.update(dict.fromkeys(diff))
     for knob in knobs:
