@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
+from . import store
 from .errors import OptlabError
 from .report import set_theme
 
@@ -35,7 +36,10 @@ def _samples(record: dict[str, Any]) -> pd.DataFrame:
     samples = pd.DataFrame(record["samples"])
     if samples.empty or "status" not in samples:
         raise OptlabError("the record has no samples; run the experiment first")
-    return samples[samples["status"] == "ok"]
+    samples = samples[samples["status"] == "ok"]
+    if samples["first_step_s"].isna().any():
+        raise OptlabError("compile costs need at least one warm-up step per repeat (the profile's warmup_steps >= 1)")
+    return samples
 
 
 def compile_costs(record: dict[str, Any]) -> pd.DataFrame:
@@ -52,28 +56,56 @@ def compile_costs(record: dict[str, Any]) -> pd.DataFrame:
             first = runs[runs["repeat"] == runs["repeat"].min()].iloc[0]
             compile_s = float(first["first_step_s"]) - steps[variant]
             saving = steps[baseline] - steps[variant]
-            payoff = math.inf if saving <= 0 else compile_s / saving
+            payoff = math.nan if variant == baseline else math.inf if saving <= 0 else compile_s / saving
             rows.append({
                 "model": model, "phase": phase, "variant": variant, "compile_s": compile_s,
                 "step_ms": 1e3 * steps[variant], "eager_step_ms": 1e3 * steps[baseline], "saving_ms": 1e3 * saving,
-                "payoff_steps": math.nan if variant == baseline else payoff,
-                "payoff_epochs": math.nan if variant == baseline else payoff * first["images_per_step"] / first["epoch_images"],
+                "payoff_steps": payoff, "payoff_epochs": payoff * first["images_per_step"] / first["epoch_images"],
                 "graphs_compiled": runs["graphs_compiled"].sum() if "graphs_compiled" in runs else math.nan,
                 "verdict": verdicts.get((model, phase, variant), ""),
             })
     return pd.DataFrame(rows, columns=COST_COLUMNS)
 
 
+def _payoff_text(value: float, digits: int) -> str:
+    if math.isnan(value):
+        return ""  # the baseline: nothing to pay off
+    return "never" if math.isinf(value) else f"{value:,.{digits}f}"
+
+
 def cost_table(costs: pd.DataFrame) -> pd.DataFrame:
     """The costs as a readable table; a payoff that never comes reads "never"."""
     table = costs.copy()
-    for column in ("payoff_steps", "payoff_epochs"):
-        table[column] = [("never" if math.isinf(v) else "" if math.isnan(v) else f"{v:,.0f}" if column == "payoff_steps"
-                          else f"{v:,.2f}") for v in table[column]]
-    names = {"compile_s": "compile s (first step - median)", "step_ms": "step ms (median)", "eager_step_ms": "eager step ms",
-             "saving_ms": "saving ms/step", "payoff_steps": "pays off after steps", "payoff_epochs": "... epochs",
-             "graphs_compiled": "graphs compiled"}
+    table["payoff_steps"] = [_payoff_text(v, 0) for v in table["payoff_steps"]]
+    table["payoff_epochs"] = [_payoff_text(v, 2) for v in table["payoff_epochs"]]
+    names = {"compile_s": "compile s (first step - median)", "step_ms": "step ms (median)",
+             "eager_step_ms": "eager step ms", "saving_ms": "saving ms/step", "payoff_steps": "pays off after steps",
+             "payoff_epochs": "... epochs", "graphs_compiled": "graphs compiled"}
     return table.rename(columns=names).round(3)
+
+
+def reference_costs(technique: str = "compile") -> pd.DataFrame | None:
+    """:func:`compile_costs` of every stored reference run of ``technique``, with a ``machine`` column; None if none."""
+    paths = [store.REFERENCE_DIR / machine / f"{technique}.json" for machine in store.reference_machines()]
+    frames = [compile_costs(store.load_record(path)).assign(machine=path.parent.name)
+              for path in paths if path.is_file()]
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
+def inductor_counters() -> dict[str, int]:
+    """This process's compile caches and CUDA-graph skips, from the counters Dynamo and Inductor keep.
+
+    A cache hit reuses code that an earlier run compiled and saved on disk, so a compile time measured with hits is a
+    warm-cache time; misses compiled from scratch. A CUDA-graph skip is a graph that a mode with CUDA graphs
+    (``reduce-overhead``, ``max-autotune``) ran without them: on a CPU always, on a GPU when capture is impossible.
+    """
+    from torch._dynamo.utils import counters
+
+    return {"fx graph cache hits": counters["inductor"]["fxgraph_cache_hit"],
+            "fx graph cache misses": counters["inductor"]["fxgraph_cache_miss"],
+            "autograd cache hits": counters["aot_autograd"]["autograd_cache_hit"],
+            "autograd cache misses": counters["aot_autograd"]["autograd_cache_miss"],
+            "cudagraph skips": counters["inductor"]["cudagraph_skips"]}
 
 
 def loss_agreement(record: dict[str, Any]) -> pd.DataFrame:
@@ -101,7 +133,7 @@ def step_trace(samples: pd.DataFrame) -> pd.DataFrame:
     """Every step of repeat 0 in order, warm-up included, one row each: where the compile shows."""
     first = samples[(samples["status"] == "ok") & (samples["repeat"] == samples["repeat"].min())]
     rows = [{"model": run["model"], "phase": run["phase"], "variant": run["variant"], "step": index, "seconds": seconds,
-             "kind": "warm-up" if index < len(run["warmup_times_s"]) else "timed"}
+             "warm_up": index < len(run["warmup_times_s"])}
             for _, run in first.iterrows()
             for index, seconds in enumerate([*run["warmup_times_s"], *run["step_times_s"]])]
     return pd.DataFrame(rows)

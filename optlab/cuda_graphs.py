@@ -7,8 +7,9 @@ a step's kernels with one launch, from fixed memory addresses: each new batch is
 tensors before the replay. Capture follows "Whole-network capture" in PyTorch's CUDA semantics notes.
 
 :func:`sweep` times eager and graphed steps over batch sizes (``torch.utils.benchmark``: blocks of runs, the device
-synchronized at each block's ends; median and IQR over blocks). On the CPU there is nothing to capture: it times
-eager steps only, which still show the fixed per-step cost that graphs remove on a GPU.
+synchronized at each block's ends; median and IQR over the blocks, at least four unless a time limit ends it). On
+the CPU there is nothing to capture: it times eager steps only, which still show the fixed per-step cost that graphs
+remove on a GPU.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 import seaborn as sns
+from matplotlib import ticker
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -33,7 +35,7 @@ from .report import set_theme
 
 MODES = ("inference", "training")
 EXECUTIONS = ("eager", "CUDA graph")
-BATCH_SIZES = {"cuda": (1, 2, 4, 8, 16, 32, 64, 128, 256), "cpu": (1, 2, 4, 8, 16, 32, 64)}
+BATCH_SIZES = {"cuda": (1, 2, 4, 8, 16, 32, 64, 128, 256), "cpu": (1, 4, 16, 64)}  # the CPU sweep: about 10 s
 WARMUP_ITERS = 3  # eager iterations on a side stream before capture, as in PyTorch's CUDA semantics notes
 BATCH_POOL = 4  # distinct batches cycled through while timing, so every step copies new data in
 ATOL, RTOL = 1e-3, 1e-3  # eager against graphed: the same kernels on the same data, up to atomics' ordering
@@ -49,7 +51,7 @@ def _require_cuda(tensor: torch.Tensor, what: str) -> None:
 
 
 def _side_stream_warmup(run: Callable[[], object]) -> None:
-    """``WARMUP_ITERS`` calls on a side stream: lazy initialisation (cuBLAS handles, cuDNN plans) stays out of the graph."""
+    """``WARMUP_ITERS`` calls on a side stream, so lazy initialisation (cuBLAS handles, cuDNN plans) is not captured."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -64,10 +66,10 @@ def capture_inference(model: nn.Module, example: torch.Tensor) -> Step:
     Each call copies ``inputs`` into the static input, replays the graph and returns the static output, which the
     next call overwrites: clone it to keep it.
     """
-    _require_cuda(example, "capture_inference")
     if model.training:
         raise OptlabError("capture_inference needs model.eval(): in training mode every replay would update the "
                           "BatchNorm statistics")
+    _require_cuda(example, "capture_inference")
     static_input = example.clone()
     with torch.no_grad():
         _side_stream_warmup(lambda: model(static_input))
@@ -94,15 +96,16 @@ def capture_training(model: nn.Module, optimizer: torch.optim.Optimizer, inputs:
     ``step(inputs, targets)`` copies the batch into the static tensors, replays and returns the static loss. The
     warm-up steps before capture are undone (weights and BatchNorm statistics restored in place, the optimizer's
     new state zeroed, which is a fresh state for SGD with momentum and for capturable Adam), so the first replay is
-    the model's first training step, as in eager mode. ``optimizer`` must be fresh: SGD, or any with ``capturable=True``.
+    the model's first training step, as in eager mode. ``optimizer`` must be fresh: SGD, or one with
+    ``capturable=True``.
     """
-    _require_cuda(inputs, "capture_training")
     if optimizer.state:
         raise OptlabError("capture_training needs a fresh optimizer (no state yet): its warm-up steps are undone by "
                           "zeroing the state they create")
     if not isinstance(optimizer, torch.optim.SGD) and not optimizer.defaults.get("capturable", False):
         raise OptlabError(f"{type(optimizer).__name__} must be built with capturable=True to be captured in a graph "
                           "(its step reads a step count on the host otherwise); SGD needs nothing")
+    _require_cuda(inputs, "capture_training")
     model.train()
     static_inputs, static_targets = inputs.clone(), targets.clone()
     saved = {name: value.clone() for name, value in model.state_dict().items()}
@@ -190,7 +193,8 @@ def agreement(model: str = "resnet18", width: float = 1.0, batch_size: int = 8, 
     eager_logits = eager_inference(eager_net)(batches[1][0])
     difference = float((replay(batches[1][0]) - eager_logits).abs().max())
     magnitude = float(eager_logits.abs().max())
-    rows.append({"what": "inference logits", "step": 0, "eager": magnitude, "graphed": magnitude, "abs_diff": difference})
+    rows.append({"what": "inference logits", "step": 0, "eager": magnitude, "graphed": magnitude,
+                 "abs_diff": difference})
     eager_net, graphed_net = copy.deepcopy(net), copy.deepcopy(net)
     eager = eager_training(eager_net, make_optimizer(eager_net))
     graphed = capture_training(graphed_net, make_optimizer(graphed_net), *batches[0])
@@ -211,13 +215,15 @@ def _step_for(net: nn.Module, mode: str, execution: str, example: tuple[torch.Te
     return eager_training(net, optimizer) if execution == "eager" else capture_training(net, optimizer, *example)
 
 
-def _time_step(step: Step, batches: list[tuple[torch.Tensor, torch.Tensor]], min_run_time: float) -> benchmark.Measurement:
+def _time_step(step: Step, batches: list[tuple[torch.Tensor, torch.Tensor]], min_run_time: float,
+               max_run_time: float) -> benchmark.Measurement:
+    """Blocks of runs until there are four and their IQR is under 10 % of the median, or ``max_run_time`` is spent."""
     cycle = itertools.cycle(batches)
     for _ in range(WARMUP_ITERS):  # first calls of a shape: cuDNN/oneDNN plans, allocator growth
         step(*next(cycle))
     timer = benchmark.Timer(stmt="step(*next(cycle))", globals={"step": step, "cycle": cycle},
                             num_threads=torch.get_num_threads())
-    return timer.blocked_autorange(min_run_time=min_run_time)
+    return timer.adaptive_autorange(threshold=0.1, min_run_time=min_run_time, max_run_time=max_run_time)
 
 
 def _validate(batch_sizes: Iterable[int], modes: Iterable[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
@@ -231,7 +237,8 @@ def _validate(batch_sizes: Iterable[int], modes: Iterable[str]) -> tuple[tuple[i
 
 
 def sweep(model: str = "resnet18", width: float = 1.0, batch_sizes: Iterable[int] | None = None,
-          modes: Iterable[str] = MODES, device: str = "auto", min_run_time: float = 0.2, seed: int = 0) -> pd.DataFrame:
+          modes: Iterable[str] = MODES, device: str = "auto", min_run_time: float = 0.1, max_run_time: float = 0.5,
+          seed: int = 0) -> pd.DataFrame:
     """Time per step and per image of eager and (on CUDA) graphed steps, for every mode and batch size.
 
     One row per mode, batch size and execution: ``median_s`` and ``iqr_s`` per step, the number of timed blocks,
@@ -248,11 +255,12 @@ def sweep(model: str = "resnet18", width: float = 1.0, batch_sizes: Iterable[int
             for execution in executions:
                 torch.manual_seed(seed)
                 net = build_model(model, width=width).to(info.device)
-                measurement = _time_step(_step_for(net, mode, execution, batches[0]), batches, min_run_time)
+                step = _step_for(net, mode, execution, batches[0])
+                measurement = _time_step(step, batches, min_run_time, max_run_time)
                 rows.append({"device": info.name, "model": model, "width": width, "mode": mode, "batch_size": size,
                              "execution": execution, "median_s": measurement.median, "iqr_s": measurement.iqr,
                              "blocks": len(measurement.times), "per_image_us": 1e6 * measurement.median / size})
-                del net, measurement
+                del net, step  # a captured graph keeps its memory pool until it is freed
             if info.is_cuda:
                 torch.cuda.empty_cache()
     return pd.DataFrame(rows)
@@ -270,17 +278,26 @@ def sweep_table(frame: pd.DataFrame) -> pd.DataFrame:
     return table.round(3)
 
 
-def plot_sweep(frame: pd.DataFrame):
-    """Milliseconds per step and microseconds per image against batch size, log-log, per mode."""
+def plot_sweep(frame: pd.DataFrame, title: str = ""):
+    """Milliseconds per step and microseconds per image against batch size, log-log, per mode (one machine's sweep)."""
     set_theme()
     long = pd.concat([frame.assign(metric="ms per step", value=1e3 * frame["median_s"]),
                       frame.assign(metric="µs per image", value=frame["per_image_us"])], ignore_index=True)
+    executions = [e for e in EXECUTIONS if e in set(frame["execution"])]  # no legend entry for what did not run
     grid = sns.relplot(data=long, kind="line", x="batch_size", y="value", hue="execution", style="execution",
-                       hue_order=EXECUTIONS, markers=True, dashes=False, row="metric", col="mode", height=3.0,
-                       aspect=1.3, facet_kws={"sharey": False})
-    grid.set(xscale="log", yscale="log")
+                       hue_order=executions, style_order=executions, markers=True, dashes=False, row="metric",
+                       col="mode", height=3.0, aspect=1.3, facet_kws={"sharey": False})
+    plain = ticker.FuncFormatter(lambda value, _: f"{value:g}")
+    grid.set(xscale="log", yscale="log", xticks=sorted(set(frame["batch_size"])))
+    for ax in grid.axes.flat:
+        ax.xaxis.set_major_formatter(plain)
+        ax.xaxis.set_minor_locator(ticker.NullLocator())
+        for set_formatter in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+            set_formatter(ticker.LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.4)))  # plain numbers
     grid.set_titles("{col_name}: {row_name}")
     grid.set_axis_labels("batch size", "")
+    if title:
+        grid.figure.suptitle(title, y=1.02)
     return grid
 
 

@@ -16,25 +16,27 @@ TABLE = "data-pipeline-breakdown"
 
 
 def with_workers(experiment: Experiment, workers: int) -> Experiment:
-    """A copy of ``experiment`` whose variants with loader workers use ``workers`` of them, relabelled to say so
-    (a machine with fewer cores than the registry's worker count)."""
+    """A copy of ``experiment`` whose variants that set loader workers use ``workers`` of them, relabelled to say so
+    (for a machine with fewer cores than the registry's worker count)."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise OptlabError(f"workers must be an integer >= 1, got {workers!r}")
     variants = []
     for label, changes in experiment.variants:
         old = changes.get("num_workers", 0)
         if old > 0:
-            label, changes = label.replace(f"{old} ", f"{workers} ", 1), {**changes, "num_workers": workers}
+            named = f"{old} " in label
+            label = label.replace(f"{old} ", f"{workers} ", 1) if named else f"{label} ({workers} workers)"
+            changes = {**changes, "num_workers": workers}
         variants.append((label, changes))
     return experiment.with_variants(*variants)
 
 
 def starvation(experiment: Experiment, model: str = "resnet18", device: str = "auto",
-               profile: str | Profile | None = None, overrides: dict | None = None) -> pd.DataFrame:
+               profile: str | Profile | None = None) -> pd.DataFrame:
     """One profiled breakdown row per variant of ``experiment`` for ``model`` at ``profile``'s size (default: the
     active profile of this device)."""
     sized = get_profile(profile, resolve_device(device).is_cuda)
-    return breakdown_table(profile_configs(experiment.configs(model, sized, overrides), device))
+    return breakdown_table(profile_configs(experiment.configs(model, sized), device))
 
 
 def run_reference(out: str | Path, device: str = "cuda") -> list[Path]:

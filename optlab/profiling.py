@@ -2,15 +2,19 @@
 
 The profiled steps run the same code as the timed loops (``experiments.build_state``, ``loops.train_step``). A
 schedule leaves the first steps unrecorded (loader start-up, autotuning, compilation), then records ``steps`` warm
-ones. Each recorded step is split along the CPU's timeline into data wait (the loader's ``__next__`` ranges), CUDA
-launch calls, synchronisation waits and the rest (framework and Python), and on a GPU the device's busy time is the
-union of its kernel, copy and memset intervals. The profile also gives the top ops or kernels and a Chrome trace.
+ones. The breakdown is read from the exported Chrome trace (the file a reader opens in Perfetto): each recorded
+step is split along the CPU's timeline into data wait (the loader's ``__next__`` ranges), CUDA launch calls,
+synchronisation waits and the rest (framework and Python), and on a GPU the device's busy time is the union of its
+kernel, copy and memset intervals. The top ops or kernels come from ``key_averages()``.
 """
 from __future__ import annotations
 
+import gzip
+import json
 import math
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -31,14 +35,17 @@ from .timing import summarize
 STEPS = 5  # recorded steps
 WARMUP = 3  # unrecorded steps first; the last of them warms the profiler up
 TOP = 10  # rows of the top ops table
+TABLES = ("profiling-breakdown", "profiling-top-ops")  # the stored GPU reference tables of run_reference
 TRACE_SUFFIXES = (".json", ".json.gz")
 DATA_RANGE = "enumerate("  # DataLoader's range: "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})  # the trace's device work
 LAUNCH_PREFIXES = ("cudaLaunch", "cuLaunch", "cudaGraphLaunch", "cuGraphLaunch", "cudaMemcpyAsync", "cudaMemsetAsync")
 SYNC_CALLS = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
                         "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize"})
 UNION = "union of kernel, copy and memset intervals"
 KERNEL_SUM = "sum of kernel durations (the profile has no kernel intervals)"
 NO_GPU = "no GPU"
+NO_DEVICE_EVENTS = "no device activity recorded (is CUPTI available?)"
 CPU_PARTS = ("data_wait_ms", "launch_ms", "sync_ms", "cpu_other_ms")  # they add up to wall_ms
 STEP_COLUMNS = ("step", "wall_ms", *CPU_PARTS, "device_busy_ms")
 
@@ -54,22 +61,32 @@ class Span:
 
 @dataclass
 class ProfileResult:
-    """A profiled configuration: per-step parts, their one-row breakdown, the top ops and the trace's path."""
+    """A profiled configuration: per-step parts, their one-row breakdown, the trace's path, and the top ops."""
 
     label: str
     config: RunConfig  # as it ran on this device
     device: str
     steps: pd.DataFrame  # one row per recorded step (STEP_COLUMNS)
     breakdown: pd.DataFrame  # one row: the mean of each part per step, the wall's median and IQR, the shares
-    top_ops: pd.DataFrame
     trace: Path | None
     notes: list[str]
+    profiler: profile = field(repr=False)
+
+    def top_ops(self, limit: int = TOP) -> pd.DataFrame:
+        """The ``limit`` largest kernels (when the trace has them) or CPU ops, per step, with a ``config`` column."""
+        on_device = self.breakdown["device_busy_method"].iloc[0] == UNION
+        frame = top_table(self.profiler.key_averages(), on_device, len(self.steps),
+                        float(self.breakdown["wall_ms"].iloc[0]), limit)
+        return frame.assign(config=self.label)
 
 
-def classify(name: str, on_device: bool) -> str | None:
-    """The kind of span an event of the profile is, or None for the events the breakdown does not count."""
-    if on_device:
+def classify(name: str, category: str) -> str | None:
+    """The kind of span a trace event is (by its name and its trace category), or None if the breakdown does not
+    count it."""
+    if category in DEVICE_CATEGORIES:
         return "device"
+    if category.startswith("gpu_"):  # other rows of the device timeline, such as gpu_user_annotation
+        return None
     if name.startswith("ProfilerStep"):
         return "step"
     if name.startswith(DATA_RANGE):
@@ -79,13 +96,22 @@ def classify(name: str, on_device: bool) -> str | None:
     return "sync" if name in SYNC_CALLS else None
 
 
-def spans_from_events(events: Iterable) -> list[Span]:
-    """The counted spans of ``prof.events()`` (FunctionEvents: name, device type, time range in microseconds)."""
+def read_trace(path: str | Path) -> dict:
+    """A Chrome trace written by ``export_chrome_trace``, gzipped (``.gz``) or not."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as handle:
+        return json.load(handle)
+
+
+def spans_from_trace(trace: dict) -> list[Span]:
+    """The counted spans among the trace's complete events (``"ph": "X"``, times in microseconds)."""
     spans = []
-    for event in events:
-        kind = classify(event.name, event.device_type != DeviceType.CPU)
+    for event in trace["traceEvents"]:
+        if event.get("ph") != "X":
+            continue
+        kind = classify(event.get("name", ""), event.get("cat") or "")
         if kind is not None:
-            spans.append(Span(kind, event.time_range.start, event.time_range.end))
+            spans.append(Span(kind, float(event["ts"]), float(event["ts"]) + float(event.get("dur", 0))))
     return spans
 
 
@@ -112,7 +138,8 @@ def step_breakdown(spans: list[Span], device_intervals: bool) -> pd.DataFrame:
         raise OptlabError("the profile holds no ProfilerStep ranges: call prof.step() after every step, and record "
                           "at least one step (schedule active >= 1)")
     bounds = [s.start_us for s in steps] + [steps[-1].end_us]
-    of = {kind: [(s.start_us, s.end_us) for s in spans if s.kind == kind] for kind in ("data", "launch", "sync", "device")}
+    of = {kind: [(s.start_us, s.end_us) for s in spans if s.kind == kind]
+          for kind in ("data", "launch", "sync", "device")}
     rows = []
     for index, (start, end) in enumerate(zip(bounds, bounds[1:])):
         waits = covered_us(of["data"], start, end)
@@ -141,7 +168,7 @@ def summary_row(steps: pd.DataFrame, label: str, config: RunConfig, device: str,
     return pd.DataFrame([row])
 
 
-def top_ops(averages: Iterable, on_device: bool, steps: int, wall_ms: float, limit: int = TOP) -> pd.DataFrame:
+def top_table(averages: Iterable, on_device: bool, steps: int, wall_ms: float, limit: int = TOP) -> pd.DataFrame:
     """The ``limit`` largest rows of ``prof.key_averages()``: device kernels and copies by self device time when
     ``on_device``, otherwise CPU ops by self CPU time (the ``ProfilerStep`` ranges are left out), per step."""
     rows = []
@@ -149,7 +176,8 @@ def top_ops(averages: Iterable, on_device: bool, steps: int, wall_ms: float, lim
         if on_device != (average.device_type != DeviceType.CPU) or average.key.startswith("ProfilerStep"):
             continue
         self_us = average.self_device_time_total if on_device else average.self_cpu_time_total
-        rows.append({"op": average.key, "calls_per_step": average.count / steps, "self_ms_per_step": self_us / 1e3 / steps})
+        rows.append({"op": average.key, "calls_per_step": average.count / steps,
+                     "self_ms_per_step": self_us / 1e3 / steps})
     frame = pd.DataFrame(rows, columns=["op", "calls_per_step", "self_ms_per_step"])
     frame = frame.sort_values("self_ms_per_step", ascending=False, ignore_index=True).head(limit)
     frame["share_of_wall"] = frame["self_ms_per_step"] / wall_ms
@@ -167,7 +195,7 @@ def _recorded(iterator: Iterator, name: str) -> Iterator:
         yield batch
 
 
-def batches(loader) -> Iterator:
+def batches(loader: Iterable) -> Iterator:
     """Iterate ``loader`` with its data wait visible to the profiler: a DataLoader records its own ``__next__``
     range; any other loader (the device-resident one) is wrapped in a range named the same way."""
     if isinstance(loader, DataLoader):
@@ -184,14 +212,28 @@ def profiled_steps(state: VariantState, info: DeviceInfo, steps: int, warmup: in
     stream = batches(state.loaders["train"])  # worker start-up happens here, before the profiler starts
     state.model.train()
     state.optimizer.zero_grad(set_to_none=state.config.set_to_none)
-    with backend_flags(state.config), profile(activities=activities,
-                                              schedule=schedule(wait=warmup - 1, warmup=1, active=steps, repeat=1)) as prof:
+    plan = schedule(wait=warmup - 1, warmup=1, active=steps, repeat=1)
+    with backend_flags(state.config), profile(activities=activities, schedule=plan) as prof:
         for index in range(warmup + steps):
             train_step(state.model, next(stream), state.optimizer, state.scaler, state.config, info.device, index)
             if info.is_cuda and index in (warmup - 1, warmup + steps - 1):
                 torch.cuda.synchronize(info.device)
             prof.step()
     return prof
+
+
+def device_measure(has_intervals: bool, cuda: bool, kernel_us: Callable[[], float],
+                   steps: int) -> tuple[str, float | None]:
+    """How the device's busy time is measured, and its value per step when it is not the steps' mean (None).
+
+    With kernel intervals in the trace: their union. On CUDA without them: the sum of kernel durations that
+    ``kernel_us()`` reads from the profiler's averages, if there are any. Otherwise NaN, saying why."""
+    if has_intervals:
+        return UNION, None
+    if not cuda:
+        return NO_GPU, math.nan
+    total = kernel_us()
+    return (KERNEL_SUM, total / 1e3 / steps) if total > 0 else (NO_DEVICE_EVENTS, math.nan)
 
 
 def _check_sizes(steps: int, warmup: int, trace: Path | None) -> None:
@@ -214,34 +256,34 @@ def profile_training(config: RunConfig, device: str = "auto", steps: int = STEPS
     train_set, test_set = data.datasets(data.find_source())
     state = build_state(effective, info, train_set, test_set, seed)
     prof = profiled_steps(state, info, steps, warmup)
-    if trace is not None:
-        store.writable_dir(trace.parent)
-        prof.export_chrome_trace(str(trace))
-    events = prof.events()
-    spans = spans_from_events(events)
+    with tempfile.TemporaryDirectory(prefix="optlab-trace-") as scratch:
+        path = trace or Path(scratch) / "trace.json"
+        store.writable_dir(path.parent)
+        prof.export_chrome_trace(str(path))
+        spans = spans_from_trace(read_trace(path))
     has_intervals = any(s.kind == "device" for s in spans)
     per_step = step_breakdown(spans, has_intervals)
-    method, busy = (UNION, None) if has_intervals else (NO_GPU, math.nan)
-    if info.is_cuda and not has_intervals:
-        kernel_us = sum(kernel.duration for event in events for kernel in event.kernels)
-        method, busy = KERNEL_SUM, kernel_us / 1e3 / len(per_step)
+    def kernel_us() -> float:  # read only when the trace has no kernel intervals: key_averages parses every event
+        return sum(a.self_device_time_total for a in prof.key_averages() if a.device_type == DeviceType.CPU)
+
+    method, busy = device_measure(has_intervals, info.is_cuda, kernel_us, len(per_step))
     label = label or effective.model
     breakdown = summary_row(per_step, label, effective, info.name, method, busy)
-    top = top_ops(prof.key_averages(), info.is_cuda, len(per_step), float(breakdown["wall_ms"].iloc[0]))
-    return ProfileResult(label, effective, info.name, per_step, breakdown, top.assign(config=label), trace, notes)
+    return ProfileResult(label, effective, info.name, per_step, breakdown, trace, notes, prof)
 
 
 def profile_configs(configs: dict[str, RunConfig], device: str = "auto", steps: int = STEPS, warmup: int = WARMUP,
                     trace_dir: str | Path | None = None) -> dict[str, ProfileResult]:
-    """Profile every labelled config; with ``trace_dir``, write each trace as ``<label>.json.gz`` there."""
+    """Profile every labelled config; with ``trace_dir``, write each trace there as :func:`trace_name` says."""
     return {label: profile_training(config, device, steps, warmup, label=label,
-                                    trace=None if trace_dir is None else Path(trace_dir) / f"{trace_name(label)}.json.gz")
+                                    trace=None if trace_dir is None else Path(trace_dir) / trace_name(label))
             for label, config in configs.items()}
 
 
 def trace_name(label: str) -> str:
-    """A file name for a label: letters, digits and dashes."""
-    return "".join(c if c.isalnum() else "-" for c in label.lower()).strip("-") or "profile"
+    """The trace file of a label: ``profile-<label>.json.gz``, the label in lower-case letters, digits and dashes."""
+    slug = "-".join("".join(c if c.isalnum() else " " for c in label.lower()).split())
+    return f"profile-{slug or 'config'}.json.gz"
 
 
 def breakdown_table(results: dict[str, ProfileResult]) -> pd.DataFrame:
@@ -249,12 +291,13 @@ def breakdown_table(results: dict[str, ProfileResult]) -> pd.DataFrame:
     return pd.concat([r.breakdown for r in results.values()], ignore_index=True)
 
 
-def top_ops_table(results: dict[str, ProfileResult]) -> pd.DataFrame:
+def top_ops_table(results: dict[str, ProfileResult], limit: int = TOP) -> pd.DataFrame:
     """The top ops of several profiles, with a ``config`` column."""
-    return pd.concat([r.top_ops for r in results.values()], ignore_index=True)
+    return pd.concat([r.top_ops(limit) for r in results.values()], ignore_index=True)
 
 
-def before_after(model: str = "resnet18", profile: str | Profile | None = None, cuda: bool = False) -> dict[str, RunConfig]:
+def before_after(model: str = "resnet18", profile: str | Profile | None = None,
+                 cuda: bool = False) -> dict[str, RunConfig]:
     """The seed's baseline and the last, most optimized variant of ``all_together``, as the profile sizes them."""
     configs = get_experiment("all_together").configs(model, get_profile(profile, cuda))
     labels = list(configs)
@@ -264,7 +307,6 @@ def before_after(model: str = "resnet18", profile: str | Profile | None = None, 
 def run_reference(out: str | Path, device: str = "cuda") -> list[Path]:
     """The GPU reference: before/after breakdowns of ResNet18 at the quick size and their top kernels, saved as
     ``profiling-breakdown.csv`` and ``profiling-top-ops.csv`` under ``out``."""
-    info = resolve_device(device)
-    results = profile_configs(before_after("resnet18", "quick", info.is_cuda), device)
-    return [store.save_table(breakdown_table(results), out, "profiling-breakdown"),
-            store.save_table(top_ops_table(results), out, "profiling-top-ops")]
+    results = profile_configs(before_after("resnet18", "quick"), device)
+    return [store.save_table(breakdown_table(results), out, TABLES[0]),
+            store.save_table(top_ops_table(results), out, TABLES[1])]

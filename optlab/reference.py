@@ -15,8 +15,8 @@ from .experiments import REGISTRY, ExperimentResult, get_experiment, run_experim
 # The extra tables of each set: modules whose ``run_reference(out, device)`` measures and saves them (CUDA only).
 EXTRAS = {
     "seed": ("microbench",),
-    "beyond": ("numerics", "optimizer_bench", "cuda_graphs", "profiling"),
-    "compile": ("learning",),
+    "beyond": ("numerics", "optimizer_bench", "cuda_graphs", "pipeline"),
+    "compile": ("profiling", "learning"),  # profiling's "after" configuration compiles
 }
 SET_NAMES = ("seed", "beyond", "compile", "all")
 

@@ -81,7 +81,7 @@ def plot_learning(curves: pd.DataFrame):
     return grid
 
 
-BREAKDOWN_PARTS = {"data_wait_ms": "data wait", "launch_ms": "CUDA launch calls", "sync_ms": "sync wait",
+BREAKDOWN_PARTS = {"data_wait_ms": "data wait", "launch_ms": "CUDA launch and copy calls", "sync_ms": "sync wait",
                    "cpu_other_ms": "other CPU (framework, Python)"}
 
 
@@ -89,23 +89,64 @@ def plot_breakdown(breakdown: pd.DataFrame, title: str = ""):
     """Per config (rows of ``profiling.breakdown_table``): the step split along the CPU's timeline, stacked, and the
     GPU's busy share of the step; without a GPU, the share of the step spent waiting for data instead."""
     set_theme()
-    frame = breakdown.set_index("config")
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 1.4 + 0.55 * len(frame)), sharey=True,
+    frame = breakdown.set_index("config").iloc[::-1]  # barh draws bottom-up: the first config on top
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 2.3 + 0.5 * len(frame)), sharey=True,
                                          gridspec_kw={"width_ratios": [2, 1]})
-    frame[list(BREAKDOWN_PARTS)].rename(columns=BREAKDOWN_PARTS).plot.barh(stacked=True, ax=left, width=0.7)
+    gpu = frame["device_busy_share"].notna().any()
+    names = BREAKDOWN_PARTS if gpu else {**BREAKDOWN_PARTS, "cpu_other_ms": "other CPU (the model's arithmetic too)"}
+    frame[list(names)].rename(columns=names).plot.barh(stacked=True, ax=left, width=0.7, legend=False)
     left.set_xlabel("ms per step (mean over the profiled steps)")
     left.set_ylabel("")
-    left.invert_yaxis()
-    left.legend(loc="upper left", bbox_to_anchor=(0, -0.25), ncol=2, frameon=False)
-    gpu = frame["device_busy_share"].notna().any()
     (100 * frame["device_busy_share" if gpu else "data_wait_share"]).plot.barh(ax=right, color="C4" if gpu else "C0",
                                                                              width=0.7)
     right.set_xlim(0, 100)
-    right.set_xlabel("GPU busy, % of the step" if gpu else "waiting for data, % of the step (no GPU)")
+    right.set_xlabel("GPU busy, % of the step" if gpu else "data wait, % of the step (no GPU)")
+    figure.legend(*left.get_legend_handles_labels(), loc="lower center", ncol=len(BREAKDOWN_PARTS), frameon=False)
     if title:
         figure.suptitle(title)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0.1, 1, 1))
     return figure
+
+
+def plot_numerics(table: pd.DataFrame, measures: "list[str] | tuple[str, ...]", title: str = ""):
+    """Per model, every variant's relative errors against the reference (rows of ``numerics.precision_numerics``),
+    on a log scale, where an error of exactly zero has no bar."""
+    set_theme()
+    long = table.melt(id_vars=["model", "variant"], value_vars=list(measures), var_name="measure", value_name="error")
+    grid = sns.catplot(data=long, kind="bar", x="measure", y="error", hue="variant", col="model",
+                       col_wrap=min(2, long["model"].nunique()), height=3.2, aspect=1.5)
+    grid.set(yscale="log")
+    grid.set_titles("{col_name}")
+    grid.set_axis_labels("", "relative error (log scale)")
+    sns.move_legend(grid, "upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, frameon=False, title=None)
+    if title:
+        grid.figure.suptitle(title, y=1.03)
+    return grid
+
+
+OPTIMIZER_STEP_MEASURES = {"median_ms": "step ms (median)", "aten_ops_per_step": "aten ops per step (log scale)",
+                           "kernels_per_step": "CUDA kernels per step (log scale)"}
+
+
+def plot_optimizer_steps(table: pd.DataFrame, title: str = ""):
+    """Per model (rows of ``optimizer_bench.step_benchmark``): the step's median time and what it launches (counts
+    on log scales); the kernel row appears only where a GPU was measured."""
+    set_theme()
+    measures = {k: v for k, v in OPTIMIZER_STEP_MEASURES.items() if table[k].notna().any()}
+    long = table.rename(columns=measures).melt(id_vars=["model", "variant"], value_vars=list(measures.values()),
+                                               var_name="measure")
+    grid = sns.catplot(data=long, kind="bar", x="variant", y="value", hue="variant", col="model", row="measure",
+                       sharey="row", height=2.6, aspect=1.7, legend=False)
+    for name, axes in zip(grid.row_names, grid.axes):
+        for ax in axes:
+            ax.set_yscale("linear" if name == OPTIMIZER_STEP_MEASURES["median_ms"] else "log")
+    grid.set_titles("{col_name}: {row_name}")
+    grid.set_axis_labels("", "")
+    for ax in grid.axes.flat:
+        ax.tick_params(axis="x", rotation=45)
+    if title:
+        grid.figure.suptitle(title, y=1.02)
+    return grid
 
 
 def seed_comparison(technique: str, live: pd.DataFrame | None = None, reference: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -166,7 +207,10 @@ def reference_note(technique: str) -> str:
     """One line: which machines have a stored reference of ``technique``, or how to make one."""
     reference = reference_summary(technique)
     if reference is None:
-        return (f"no stored GPU reference of {technique} yet: `python -m optlab reference --set beyond` on a GPU "
+        from .reference import SET_NAMES, technique_set  # late import: reference imports the experiment machinery
+
+        set_name = next((name for name in SET_NAMES if name != "all" and technique in technique_set(name)), "all")
+        return (f"no stored GPU reference of {technique} yet: `python -m optlab reference --set {set_name}` on a GPU "
                 "machine writes one under results/reference/<machine>/")
     machines = ", ".join(f"{m} ({', '.join(sorted(set(g['profile'])))} profile)" for m, g in reference.groupby("machine"))
     return f"stored GPU reference of {technique}: {machines}"

@@ -1,10 +1,11 @@
-"""The profiled breakdown: interval arithmetic, event classes, the profiled loop, its trace, and the data chapter's sizing."""
+"""The profiled breakdown: interval arithmetic, trace events, the profiled loop and trace, the data chapter's sizing."""
 import gzip
 import json
 import math
 from types import SimpleNamespace
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from torch.autograd import DeviceType
@@ -30,17 +31,29 @@ def test_covered_counts_overlaps_once_and_clips_to_the_window():
     assert profiling.covered_us([(100, 120)], 0, 100) == 0
 
 
-@pytest.mark.parametrize("name, on_device, kind", [
-    ("ProfilerStep*", False, "step"), ("ProfilerStep#7", False, "step"),
-    ("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", False, "data"),
-    ("enumerate(DeviceResidentLoader)#__next__", False, "data"),
-    ("cudaLaunchKernel", False, "launch"), ("cuLaunchKernelEx", False, "launch"), ("cudaGraphLaunch", False, "launch"),
-    ("cudaMemcpyAsync", False, "launch"), ("cudaStreamSynchronize", False, "sync"), ("cudaMemcpy", False, "sync"),
-    ("aten::conv2d", False, None), ("void cudnn::conv_kernel<float>", True, "device"),
-    ("Memcpy HtoD (Pinned -> Device)", True, "device"),
+@pytest.mark.parametrize("name, category, kind", [
+    ("ProfilerStep#7", "user_annotation", "step"), ("ProfilerStep#7", "gpu_user_annotation", None),
+    ("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", "user_annotation", "data"),
+    ("enumerate(DeviceResidentLoader)#__next__", "user_annotation", "data"),
+    ("cudaLaunchKernel", "cuda_runtime", "launch"), ("cuLaunchKernelEx", "cuda_driver", "launch"),
+    ("cudaGraphLaunch", "cuda_runtime", "launch"), ("cudaMemcpyAsync", "cuda_runtime", "launch"),
+    ("cudaStreamSynchronize", "cuda_runtime", "sync"), ("cudaMemcpy", "cuda_runtime", "sync"),
+    ("aten::conv2d", "cpu_op", None), ("void cudnn::conv_kernel<float>", "kernel", "device"),
+    ("Memcpy HtoD (Pinned -> Device)", "gpu_memcpy", "device"), ("Memset (Device)", "gpu_memset", "device"),
 ])
-def test_classify(name, on_device, kind):
-    assert profiling.classify(name, on_device) == kind
+def test_classify(name, category, kind):
+    assert profiling.classify(name, category) == kind
+
+
+def test_spans_from_trace_reads_complete_events_only():
+    trace = {"traceEvents": [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "ts": 10.0, "dur": 5.5},
+        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 11, "dur": 2},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 11, "dur": 1},
+        {"ph": "f", "cat": "ac2g", "name": "cudaLaunchKernel", "ts": 12},
+        {"ph": "M", "name": "process_name"},
+    ]}
+    assert profiling.spans_from_trace(trace) == [Span("step", 10.0, 15.5), Span("device", 11.0, 13.0)]
 
 
 def test_step_breakdown_of_a_gpu_profile():
@@ -82,26 +95,28 @@ def test_top_ops_picks_kernels_on_a_gpu_and_cpu_ops_otherwise():
     averages = [_average("ProfilerStep*", DeviceType.CPU, 900, 0), _average("aten::mm", DeviceType.CPU, 300, 50),
                 _average("aten::add_", DeviceType.CPU, 500, 0), _average("gemm_kernel", DeviceType.CUDA, 0, 400),
                 _average("elementwise_kernel", DeviceType.CUDA, 0, 800)]
-    gpu = profiling.top_ops(averages, on_device=True, steps=2, wall_ms=1.0)
+    gpu = profiling.top_table(averages, on_device=True, steps=2, wall_ms=1.0)
     assert gpu["op"].tolist() == ["elementwise_kernel", "gemm_kernel"]
     assert gpu["self_ms_per_step"].tolist() == pytest.approx([0.4, 0.2]) and gpu["calls_per_step"].iloc[0] == 2
     assert (gpu["measure"] == "self device time").all() and gpu["share_of_wall"].iloc[0] == pytest.approx(0.4)
-    cpu = profiling.top_ops(averages, on_device=False, steps=2, wall_ms=1.0, limit=1)
+    cpu = profiling.top_table(averages, on_device=False, steps=2, wall_ms=1.0, limit=1)
     assert cpu["op"].tolist() == ["aten::add_"] and cpu["measure"].iloc[0] == "self CPU time"
 
 
-def _data_spans(loader, count):
+def _data_spans(loader, count, path):
     stream = profiling.batches(loader)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(count):
             next(stream)
-    return [s for s in profiling.spans_from_events(prof.events()) if s.kind == "data"]
+    prof.export_chrome_trace(str(path))
+    return [s for s in profiling.spans_from_trace(profiling.read_trace(path)) if s.kind == "data"]
 
 
-def test_every_loader_shows_one_data_range_per_batch():
+def test_every_loader_shows_one_data_range_per_batch(tmp_path):
     dataset = SimpleNamespace(data=np.zeros((32, 32, 32, 3), dtype=np.uint8), targets=list(range(32)))
-    assert len(_data_spans(DeviceResidentLoader(dataset, 8, torch.device("cpu"), train=True), 3)) == 3
-    assert len(_data_spans(DataLoader(TensorDataset(torch.zeros(32, 2)), batch_size=8), 3)) == 3
+    resident = DeviceResidentLoader(dataset, 8, torch.device("cpu"), train=True)
+    assert len(_data_spans(resident, 3, tmp_path / "resident.json")) == 3
+    assert len(_data_spans(DataLoader(TensorDataset(torch.zeros(32, 2)), batch_size=8), 3, tmp_path / "dl.json")) == 3
 
 
 def test_profile_training_on_cpu(tmp_path):
@@ -112,11 +127,12 @@ def test_profile_training_on_cpu(tmp_path):
     assert steps[list(profiling.CPU_PARTS)].sum(axis=1).tolist() == pytest.approx(steps["wall_ms"].tolist())
     assert (steps["data_wait_ms"] > 0).all(), "the DataLoader's __next__ ranges were not found"
     row = result.breakdown.iloc[0]
-    assert row["config"] == "tiny" and row["device_busy_method"] == profiling.NO_GPU and math.isnan(row["device_busy_ms"])
-    top = result.top_ops
+    assert row["config"] == "tiny" and row["device_busy_method"] == profiling.NO_GPU
+    assert math.isnan(row["device_busy_ms"])
+    top = result.top_ops()
     assert top["self_ms_per_step"].is_monotonic_decreasing and (top["measure"] == "self CPU time").all()
     assert any("conv" in op for op in top["op"]) and not top["op"].str.startswith("ProfilerStep").any()
-    with gzip.open(trace, "rt") as handle:
+    with gzip.open(trace, "rt") as handle:  # a gzipped JSON trace, as Perfetto and chrome://tracing read it
         names = {event.get("name", "") for event in json.load(handle)["traceEvents"]}
     assert any(name.startswith("ProfilerStep#") for name in names)
 
@@ -141,6 +157,9 @@ def test_with_workers_resizes_and_relabels_only_the_loader_variants():
     configs = sized.configs("resnet18", TINY)
     assert [c.num_workers for c in configs.values()] == [2, 2, 0]
     assert configs["2 persistent workers, prefetch 4"].persistent_workers and configs["data on device"].data_on_device
+    unnamed = get_experiment("data_pipeline").with_variants(("loader", {"num_workers": 4}),
+                                                            ("main", {"num_workers": 0}))
+    assert pipeline.with_workers(unnamed, 2).labels == ["loader (2 workers)", "main"]
     with pytest.raises(OptlabError, match="workers must be an integer >= 1, got 0"):
         pipeline.with_workers(sized, 0)
 
@@ -163,11 +182,47 @@ def test_profile_training_on_cuda(on_device):
     assert row["device_busy_method"] == profiling.UNION
     assert 0 < row["device_busy_ms"] <= row["wall_ms"] * 1.001 and row["launch_ms"] > 0
     assert (result.steps["data_wait_ms"] > 0).all()
-    assert (result.top_ops["measure"] == "self device time").all() and len(result.top_ops) > 0
+    top = result.top_ops()
+    assert (top["measure"] == "self device time").all() and len(top) > 0
 
 
-@cuda_only
-def test_reference_tables_are_written_on_cuda(tmp_path):
-    paths = pipeline.run_reference(tmp_path) + profiling.run_reference(tmp_path)
-    assert sorted(p.name for p in paths) == ["data-pipeline-breakdown.csv", "profiling-breakdown.csv",
-                                             "profiling-top-ops.csv"]
+def _fake_profiles(requested: dict):
+    """Stand-ins for profile_configs: a real breakdown of made-up spans, and made-up kernel averages."""
+    def fake(configs, device="auto", *args, **kwargs):
+        requested.update(configs)
+        steps = profiling.step_breakdown([Span("step", 0, 100), Span("device", 0, 60)], device_intervals=True)
+        kernels = SimpleNamespace(key_averages=lambda: [_average("gemm_kernel", DeviceType.CUDA, 0, 50)])
+        return {label: profiling.ProfileResult(
+            label, config, "fake gpu", steps, profiling.summary_row(steps, label, config, "fake gpu", profiling.UNION),
+            None, [], kernels) for label, config in configs.items()}
+    return fake
+
+
+def test_run_reference_profiles_the_quick_size_and_saves_named_tables(tmp_path, monkeypatch):
+    requested = {}
+    monkeypatch.setattr(profiling, "profile_configs", _fake_profiles(requested))
+    monkeypatch.setattr(pipeline, "profile_configs", _fake_profiles(requested))
+    paths = profiling.run_reference(tmp_path, "cpu") + pipeline.run_reference(tmp_path, "cpu")
+    assert [p.name for p in paths] == ["profiling-breakdown.csv", "profiling-top-ops.csv",
+                                       "data-pipeline-breakdown.csv"]
+    assert {(c.batch_size, c.width) for c in requested.values()} == {(128, 1.0)}
+    assert requested["after"].compile_mode == "default" and requested["4 workers"].num_workers == 4
+    tables = {p.stem: pd.read_csv(p) for p in paths}
+    assert tables["profiling-breakdown"]["config"].tolist() == ["before", "after"]
+    assert tables["profiling-top-ops"]["op"].tolist() == ["gemm_kernel"] * 2
+    assert tables["data-pipeline-breakdown"]["config"].tolist() == get_experiment("data_pipeline").labels
+    assert (tables["data-pipeline-breakdown"]["device_busy_share"] == 0.6).all()
+
+def test_trace_names_are_safe_file_names():
+    assert profiling.trace_name("after") == "profile-after.json.gz"
+    assert profiling.trace_name("4 persistent workers, prefetch 4") == "profile-4-persistent-workers-prefetch-4.json.gz"
+
+
+def test_device_measure_says_how_device_time_was_measured():
+    never = lambda: pytest.fail("kernel durations read although intervals exist")  # noqa: E731
+    assert profiling.device_measure(True, True, never, 5) == (profiling.UNION, None)
+    method, busy = profiling.device_measure(False, False, never, 5)
+    assert method == profiling.NO_GPU and math.isnan(busy)
+    assert profiling.device_measure(False, True, lambda: 2000.0, 4) == (profiling.KERNEL_SUM, 0.5)
+    method, busy = profiling.device_measure(False, True, lambda: 0.0, 4)
+    assert method == profiling.NO_DEVICE_EVENTS and math.isnan(busy)

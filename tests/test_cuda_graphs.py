@@ -1,0 +1,133 @@
+"""CUDA graphs by hand: the eager sweep and input checks on any machine, capture and replay where CUDA exists."""
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from optlab import cuda_graphs, report, store
+from optlab.errors import OptlabError
+from optlab.loops import make_optimizer
+from optlab.models import build_model
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+TINY_WIDTH = 0.125
+
+
+@pytest.fixture(scope="module")
+def cpu_sweep() -> pd.DataFrame:
+    return cuda_graphs.sweep("resnet18", TINY_WIDTH, batch_sizes=(1, 8), device="cpu", min_run_time=0.01)
+
+
+def test_cpu_sweep_times_eager_steps_only(cpu_sweep):
+    assert set(cpu_sweep["execution"]) == {"eager"}
+    assert sorted(zip(cpu_sweep["mode"], cpu_sweep["batch_size"])) == [
+        ("inference", 1), ("inference", 8), ("training", 1), ("training", 8)]
+    assert (cpu_sweep["median_s"] > 0).all() and (cpu_sweep["blocks"] >= 2).all()  # an IQR needs blocks
+    per_image = 1e6 * cpu_sweep["median_s"] / cpu_sweep["batch_size"]
+    assert per_image.tolist() == pytest.approx(cpu_sweep["per_image_us"].tolist())
+
+
+def test_sweep_table_leaves_graphed_columns_empty_without_a_gpu(cpu_sweep):
+    table = cuda_graphs.sweep_table(cpu_sweep)
+    assert table[("step_ms", "CUDA graph")].isna().all() and table[("graph speed-up", "")].isna().all()
+    assert table[("step_ms", "eager")].notna().all()
+
+
+def test_sweep_table_speed_up_is_eager_over_graphed():
+    frame = pd.DataFrame([
+        {"mode": "inference", "batch_size": 1, "execution": "eager", "median_s": 0.004, "iqr_s": 0.0,
+         "per_image_us": 4000.0},
+        {"mode": "inference", "batch_size": 1, "execution": "CUDA graph", "median_s": 0.001, "iqr_s": 0.0,
+         "per_image_us": 1000.0},
+    ])
+    table = cuda_graphs.sweep_table(frame)
+    assert table.loc[("inference", 1), ("graph speed-up", "")] == pytest.approx(4.0)
+
+
+def test_plot_sweep_draws_step_and_image_panels_per_mode(cpu_sweep):
+    grid = cuda_graphs.plot_sweep(cpu_sweep)
+    assert grid.axes.shape == (2, 2) and all(ax.get_xscale() == "log" for ax in grid.axes.flat)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"batch_sizes": (0, 4)}, "batch_sizes must be a non-empty list of positive integers"),
+    ({"modes": ("train",)}, "unknown sweep mode 'train'; choose one of: inference, training"),
+    ({"model": "vgg16"}, "unknown model 'vgg16'"),
+])
+def test_sweep_rejects_bad_input(kwargs, message):
+    with pytest.raises(OptlabError, match=message):
+        cuda_graphs.sweep(**{"device": "cpu", **kwargs})
+
+
+def test_capture_refuses_what_cannot_be_captured():
+    model = build_model("resnet18", width=TINY_WIDTH)
+    inputs, targets = torch.randn(2, 3, 32, 32), torch.tensor([0, 1])
+    with pytest.raises(OptlabError, match="needs model.eval"):
+        cuda_graphs.capture_inference(model.train(), inputs)
+    with pytest.raises(OptlabError, match="needs tensors on a CUDA device, got cpu"):
+        cuda_graphs.capture_inference(model.eval(), inputs)
+    with pytest.raises(OptlabError, match="needs tensors on a CUDA device"):
+        cuda_graphs.capture_training(model, make_optimizer(model), inputs, targets)
+    adam = torch.optim.Adam(model.parameters())
+    with pytest.raises(OptlabError, match="Adam must be built with capturable=True"):
+        cuda_graphs.capture_training(model, adam, inputs, targets)
+    used = make_optimizer(model)
+    cuda_graphs.eager_training(model, used)(inputs, targets)
+    with pytest.raises(OptlabError, match="needs a fresh optimizer"):
+        cuda_graphs.capture_training(model, used, inputs, targets)
+
+
+def test_eager_training_step_trains():
+    torch.manual_seed(0)
+    model = build_model("resnet18", width=TINY_WIDTH)
+    step = cuda_graphs.eager_training(model, torch.optim.SGD(model.parameters(), lr=0.05))
+    inputs, targets = torch.randn(8, 3, 32, 32), torch.arange(8) % 10
+    losses = [float(step(inputs, targets)) for _ in range(5)]
+    assert losses[-1] < losses[0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_gpu_only_entry_points_say_so_on_cpu(tmp_path):
+    with pytest.raises(OptlabError, match="needs a CUDA device"):
+        cuda_graphs.agreement(device="cpu")
+    with pytest.raises(OptlabError, match="needs a CUDA device"):
+        cuda_graphs.run_reference(tmp_path, device="cpu")
+
+
+@needs_cuda
+def test_graphed_inference_and_training_match_eager():
+    agreement = cuda_graphs.agreement("resnet18", TINY_WIDTH, batch_size=4, steps=3)
+    assert len(agreement) == 4 and (agreement["abs_diff"] <= agreement["tolerance"]).all(), agreement
+    losses = agreement[agreement["what"] == "training loss"]
+    assert losses["graphed"].nunique() == 3  # every replay trained on new data: three different losses
+
+
+@needs_cuda
+def test_graphed_training_updates_the_weights_and_replays_new_data():
+    torch.manual_seed(0)
+    model = build_model("resnet18", width=TINY_WIDTH).cuda()
+    before = [p.detach().clone() for p in model.parameters()]
+    inputs, targets = torch.randn(4, 3, 32, 32, device="cuda"), torch.arange(4, device="cuda")
+    step = cuda_graphs.capture_training(model, make_optimizer(model), inputs, targets)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # the warm-up steps were undone
+    step(inputs, targets)
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+@needs_cuda
+def test_gpu_sweep_and_reference_table(tmp_path, monkeypatch):
+    frame = cuda_graphs.sweep("resnet18", TINY_WIDTH, batch_sizes=(1, 2), device="cuda", min_run_time=0.01,
+                              max_run_time=0.05)
+    assert set(frame["execution"]) == set(cuda_graphs.EXECUTIONS) and len(frame) == 8
+    assert not math.isnan(cuda_graphs.sweep_table(frame)[("graph speed-up", "")].iloc[0])
+    monkeypatch.setattr(cuda_graphs, "sweep", lambda *a, **k: frame)
+    paths = cuda_graphs.run_reference(tmp_path / "h200")
+    assert [p.name for p in paths] == ["cuda_graphs_sweep.csv"]
+    assert len(store.reference_tables("cuda_graphs_sweep", tmp_path)) == len(frame)
+
+
+def test_reference_note_names_the_set_that_measures_the_technique(tmp_path, monkeypatch):
+    monkeypatch.setattr(store, "REFERENCE_DIR", tmp_path)
+    assert "`python -m optlab reference --set compile`" in report.reference_note("cuda_graphs")
+    assert "`python -m optlab reference --set beyond`" in report.reference_note("precision")
