@@ -2,9 +2,9 @@
 
 Every variant of the ``optimizers`` registry entry (SGD and Adam, each as a for-loop, foreach and fused) is built by
 :func:`optlab.loops.make_optimizer` on a real model's parameters, with random gradients in place of a backward pass.
-``torch.utils.benchmark.Timer.adaptive_autorange`` times the step (median and IQR over blocks of runs); ``torch.profiler`` counts what
-one step dispatches: the top-level aten operators called from Python (host overhead, on any device) and, on CUDA,
-the kernels the GPU runs.
+``torch.utils.benchmark.Timer.adaptive_autorange`` times the step (median and IQR over blocks of runs);
+``torch.profiler`` counts what one step dispatches: the top-level aten operators called from Python (host overhead,
+on any device) and, on CUDA, the kernels the GPU runs.
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ from .models import build_model
 from .profiles import Profile, get_profile
 
 EXPERIMENT = "optimizers"
-MIN_RUN_TIME_S = 0.1  # timed per variant before the spread is checked
-MAX_RUN_TIME_S = 0.5  # per variant, whatever the spread
+MIN_RUN_TIME_S = 0.05  # timed per variant before the spread is checked
+MAX_RUN_TIME_FACTOR = 5  # at most this many times min_run_time per variant, whatever the spread
 PARITY_STEPS = 3
 
 
@@ -107,7 +107,7 @@ def step_benchmark(models: Iterable[str] | None = None, profile: "str | Profile 
             timer = benchmark.Timer("optimizer.step()", globals={"optimizer": optimizer}, label="optimizer.step()",
                                     sub_label=model_name, description=label, num_threads=torch.get_num_threads())
             measurement = timer.adaptive_autorange(threshold=0.1, min_run_time=min_run_time,
-                                                   max_run_time=max(min_run_time, MAX_RUN_TIME_S))
+                                                   max_run_time=MAX_RUN_TIME_FACTOR * min_run_time)
             params = list(model.parameters())
             rows.append({
                 "device": info.name, "model": model_name, "variant": label, "optimizer": config.optimizer,

@@ -15,7 +15,7 @@ from .experiments import REGISTRY, ExperimentResult, get_experiment, run_experim
 # The extra tables of each set: modules whose ``run_reference(out, device)`` measures and saves them (CUDA only).
 EXTRAS = {
     "seed": ("microbench",),
-    "beyond": ("numerics", "optimizer_bench", "cuda_graphs", "pipeline"),
+    "beyond": ("numerics", "tf32", "optimizer_bench", "cuda_graphs", "pipeline"),
     "compile": ("profiling", "learning"),  # profiling's "after" configuration compiles
 }
 SET_NAMES = ("seed", "beyond", "compile", "all")
