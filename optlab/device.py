@@ -51,6 +51,19 @@ def resolve_device(requested: str = "auto") -> DeviceInfo:
     return DeviceInfo(torch.device("cpu"), cpu_name(), ("none", "fp16", "bf16"))
 
 
+def native_bf16(info: DeviceInfo) -> bool:
+    """Whether the device does bf16 arithmetic natively: a CUDA GPU that supports it, or a CPU with AVX-512 BF16 or
+    AMX (elsewhere CPU autocast converts around every kernel, and bf16 convolutions fall back to a slow kernel)."""
+    if info.is_cuda:
+        return torch.cuda.is_bf16_supported()
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:

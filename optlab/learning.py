@@ -16,7 +16,7 @@ from . import data, store
 from .config import RunConfig
 from .device import DeviceInfo, effective_config, resolve_device
 from .errors import OptlabError
-from .experiments import build_state
+from .experiments import Experiment, build_state, get_experiment
 from .loops import backend_flags, eval_step, train_step
 from .profiles import Profile, get_profile
 
@@ -81,11 +81,10 @@ def learning_curves(configs: dict[str, RunConfig], info: DeviceInfo, steps: int,
     return pd.DataFrame(rows)
 
 
-def fastest_pair(profile: Profile, model: str = "resnet18") -> dict[str, RunConfig]:
-    """The all-together stack's first and last steps: the seed's baseline and the fastest configuration."""
-    from .experiments import get_experiment
-
-    stack = get_experiment("all_together").configs(model, profile)
+def fastest_pair(profile: Profile, model: str = "resnet18", stack: Experiment | None = None) -> dict[str, RunConfig]:
+    """The first and last steps of the all-together ``stack`` (default: the registry's): the seed's baseline and the
+    fastest configuration."""
+    stack = (stack or get_experiment("all_together")).configs(model, profile)
     labels = list(stack)
     return {labels[0]: stack[labels[0]], labels[-1]: stack[labels[-1]]}
 

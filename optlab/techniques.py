@@ -1,6 +1,7 @@
 """The registry's entries: one per section of the seed article, labelled as in its tables."""
 from __future__ import annotations
 
+from .errors import choice_error
 from .experiments import Experiment, register
 
 DATA_LOADING = register(Experiment(
@@ -148,19 +149,25 @@ _STACK = [
 ]
 
 
-def _cumulative(steps: list[tuple[str, dict]]) -> tuple[tuple[str, dict], ...]:
+def all_together(skip: tuple[str, ...] = ()) -> Experiment:
+    """The stack as an experiment: each variant adds one step to the one before. ``skip`` leaves steps out (a device
+    where a step does not apply), and the variants after it are built without it."""
+    unknown = set(skip) - {label for label, _ in _STACK}
+    if unknown:
+        raise choice_error("stack step", sorted(unknown)[0], [label for label, _ in _STACK])
     stacked, changes = [], {}
-    for label, step in steps:
-        changes = {**changes, **step}
-        stacked.append((label, dict(changes)))
-    return tuple(stacked)
+    for label, step in _STACK:
+        if label not in skip:
+            changes = {**changes, **step}
+            stacked.append((label, dict(changes)))
+    return Experiment(
+        name="all_together", section="", title="All together: from the seed's baseline to the fastest configuration",
+        description="Each variant adds one technique to the one before, so the differences form a waterfall.",
+        variants=tuple(stacked),
+    )
 
 
-ALL_TOGETHER = register(Experiment(
-    name="all_together", section="", title="All together: from the seed's baseline to the fastest configuration",
-    description="Each variant adds one technique to the one before, so the differences form a waterfall.",
-    variants=_cumulative(_STACK),
-))
+ALL_TOGETHER = register(all_together())
 
 BEYOND_TECHNIQUES = tuple(e.name for e in (COMPILE, CUDA_GRAPHS, PRECISION, OPTIMIZERS, DATA_PIPELINE, ALL_TOGETHER))
 COMPILING_TECHNIQUES = tuple(e.name for e in (COMPILE, CUDA_GRAPHS, ALL_TOGETHER))  # minutes of compilation on a GPU

@@ -107,3 +107,13 @@ def test_reference_mfu_uses_the_datasheet_peak_of_the_stored_machine(tmp_path, m
     monkeypatch.setattr(store, "REFERENCE_DIR", tmp_path)
     row = peaks.reference_mfu().iloc[0]
     assert row["MFU %"] == pytest.approx(10.0) and "H200 SXM datasheet" in row["peak source"]
+
+
+def test_a_skipped_stack_step_is_left_out_of_every_later_variant():
+    from optlab.techniques import all_together
+
+    stack = all_together(skip=("+ bf16 autocast",))
+    assert "+ bf16 autocast" not in stack.labels and len(stack.labels) == len(all_together().labels) - 1
+    assert all(config.amp_dtype == "none" for config in stack.configs("resnet18", TINY).values())
+    with pytest.raises(OptlabError, match="unknown stack step '\\+ fp8'"):
+        all_together(skip=("+ fp8",))
