@@ -39,8 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     reference = commands.add_parser("reference", help="run every technique: the GPU reference run")
     _add_common(reference, default_out=Path("results") / "reference" / "this-machine")
     reference.add_argument("--set", default="seed",
-                           help="which techniques: seed (default), beyond, compile (torch.compile, CUDA graphs, all "
-                                "together) or all")
+                           help="which techniques: seed (default), beyond, compile (torch.compile and CUDA graphs), "
+                                "stack (all together) or all")
     return parser
 
 

@@ -45,6 +45,7 @@ class Experiment:
     base: dict[str, Any] = field(default_factory=dict)  # knob changes shared by every variant
     description: str = ""
     needs_cuda: bool = False  # meaningless without a GPU: refused on the CPU instead of pretending
+    models: tuple[str, ...] | None = None  # the profile's models to run by default (None: all of them)
 
     def __post_init__(self) -> None:
         if len(self.variants) < 2:
@@ -60,6 +61,12 @@ class Experiment:
     @property
     def baseline_label(self) -> str:
         return self.variants[0][0]
+
+    def default_models(self, profile: Profile) -> tuple[str, ...]:
+        """The models a run uses when none are given: the profile's, narrowed to this technique's own if it has
+        any (compiling every model would take a GPU reference run past its time budget)."""
+        chosen = tuple(m for m in profile.models if self.models is None or m in self.models)
+        return chosen or profile.models
 
     def configs(self, model: str, profile: Profile, overrides: dict[str, Any] | None = None) -> dict[str, RunConfig]:
         """The requested config of every variant for ``model`` under ``profile`` and user ``overrides``."""
@@ -189,7 +196,7 @@ def run_experiment(
         raise OptlabError(f"{experiment.name} needs a CUDA device and this run is on {info.name} (cpu); "
                           "its chapter shows the stored GPU reference instead")
     prof = get_profile(profile, info.is_cuda)
-    chosen = _validate_models(models or prof.models)
+    chosen = _validate_models(models or experiment.default_models(prof))
     requested = {m: experiment.configs(m, prof, overrides) for m in chosen}
     effective = {m: {label: effective_config(c, info) for label, c in cfgs.items()} for m, cfgs in requested.items()}
     compiler.require_compiler([c for cfgs in effective.values() for c, _ in cfgs.values()], info)

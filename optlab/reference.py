@@ -16,19 +16,22 @@ from .experiments import REGISTRY, ExperimentResult, get_experiment, run_experim
 EXTRAS = {
     "seed": ("microbench",),
     "beyond": ("numerics", "tf32", "optimizer_bench", "cuda_graphs", "pipeline"),
-    "compile": ("profiling", "learning"),  # profiling's "after" configuration compiles
+    "compile": (),
+    "stack": ("profiling", "learning"),  # profiling's "after" configuration compiles
 }
-SET_NAMES = ("seed", "beyond", "compile", "all")
+SET_NAMES = ("seed", "beyond", "compile", "stack", "all")
 
 
 def technique_set(name: str) -> list[str]:
-    """``seed``: the nine seed techniques; ``beyond``: the modern ones that do not compile; ``compile``: those that
-    do (torch.compile, CUDA graphs, all together), kept apart so each set stays a short run; ``all``: every one."""
+    """``seed``: the nine seed techniques; ``beyond``: the modern ones that do not compile; ``compile``: torch.compile
+    and CUDA graphs; ``stack``: all of them together (each compiling set kept apart so that every set stays a short
+    run); ``all``: every one."""
     from .techniques import BEYOND_TECHNIQUES, COMPILING_TECHNIQUES, SEED_TECHNIQUES
 
     get_experiment(SEED_TECHNIQUES[0])  # fills the registry
-    sets = {"seed": list(SEED_TECHNIQUES), "beyond": [t for t in BEYOND_TECHNIQUES if t not in COMPILING_TECHNIQUES],
-            "compile": list(COMPILING_TECHNIQUES), "all": list(REGISTRY)}
+    sets = {"seed": list(SEED_TECHNIQUES), "compile": list(COMPILING_TECHNIQUES), "stack": ["all_together"],
+            "beyond": [t for t in BEYOND_TECHNIQUES if t not in COMPILING_TECHNIQUES + ("all_together",)],
+            "all": list(REGISTRY)}
     if name not in sets:
         raise choice_error("technique set", name, SET_NAMES)
     return sets[name]

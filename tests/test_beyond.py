@@ -85,3 +85,21 @@ def test_optimizer_and_device_data_variants_run():
     result = run_experiment(experiment, profile=TINY, device="cpu", progress=False)
     assert (result.samples["status"] == "ok").all() and len(result.summary) == 4
     assert result.samples["first_step_s"].notna().all()
+
+
+def test_compiling_techniques_default_to_the_launch_bound_models_of_a_profile():
+    from optlab.profiles import get_profile
+
+    quick, smoke = get_profile("quick"), get_profile("smoke")
+    assert get_experiment("compile").default_models(quick) == ("resnet18", "mobilenet_v2")
+    assert get_experiment("all_together").default_models(quick) == quick.models
+    assert get_experiment("cuda_graphs").default_models(TINY) == ("resnet18",)
+    assert get_experiment("compile").default_models(smoke) == smoke.models
+
+
+def test_every_beyond_technique_is_in_exactly_one_reference_set():
+    from optlab.reference import extras, technique_set
+
+    sets = {name: set(technique_set(name)) for name in ("beyond", "compile", "stack")}
+    assert sorted(t for s in sets.values() for t in s) == sorted(BEYOND_TECHNIQUES)
+    assert "all_together" in sets["stack"] and "learning" in extras("stack") and "learning" in extras("all")
