@@ -130,5 +130,9 @@ def beyond_table(found: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
         return pd.DataFrame(columns=keys)
     measured = [name for name in found if name in table]
     table[measured] = table[measured].fillna(NOT_RUN)
-    order = {name: i for i, name in enumerate(BEYOND_TECHNIQUES)}
-    return table.sort_values(keys, key=lambda c: c.map(order) if c.name == "technique" else c).set_index(keys)
+    # registry order: techniques as the chapters come, variants as each technique lists them (others last)
+    rank = {(name, label): (i, j) for i, name in enumerate(BEYOND_TECHNIQUES)
+            for j, label in enumerate(get_experiment(name).labels)}
+    position = [rank.get((t, v), (BEYOND_TECHNIQUES.index(t), len(rank))) for t, v in zip(table["technique"], table["variant"])]
+    table = table.assign(_position=position).sort_values(["_position", "model", "phase"], kind="stable")
+    return table.drop(columns="_position").set_index(keys)

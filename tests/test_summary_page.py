@@ -40,6 +40,8 @@ def test_the_figure_has_a_panel_per_model_with_points_from_every_source():
 BEYOND = pd.DataFrame([
     {**ROW, "technique": "optimizers", "variant": "SGD for-loop", "speedup": 1.0, "ci_low": 1.0, "ci_high": 1.0,
      "verdict": "baseline", "peak_mem_mb": 100.0, "tflops": 0.01},
+    {**ROW, "technique": "optimizers", "variant": "Adam fused", "speedup": 1.1, "ci_low": 1.0, "ci_high": 1.2,
+     "verdict": "no clear difference", "peak_mem_mb": 95.0, "tflops": 0.011},
     {**ROW, "technique": "optimizers", "variant": "SGD fused", "speedup": 1.2, "ci_low": 1.1, "ci_high": 1.3,
      "verdict": "faster", "peak_mem_mb": 90.0, "tflops": 0.012},
     {**ROW, "technique": "compile", "variant": "compile default", "speedup": 0.9, "ci_low": 0.7, "ci_high": 1.1,
@@ -48,8 +50,9 @@ BEYOND = pd.DataFrame([
 
 
 def test_the_beyond_table_has_every_variant_of_every_source_in_registry_order():
-    table = summary_page.beyond_table({"live": pd.concat([LIVE, BEYOND]), "h200": BEYOND.iloc[1:2]})
-    assert list(table.index.get_level_values("technique")) == ["compile", "optimizers"]  # seed rows left out
+    table = summary_page.beyond_table({"live": pd.concat([LIVE, BEYOND]), "h200": BEYOND.iloc[2:3]})
+    assert list(table.index.get_level_values("technique")) == ["compile", "optimizers", "optimizers"]  # no seed rows
+    assert list(table.index.get_level_values("variant")[1:]) == ["SGD fused", "Adam fused"]  # the registry's order
     row = table.loc[("optimizers", "SGD fused", "resnet18", "train")]
     assert (row["live"], row["live verdict"], row["live peak MiB"]) == ("1.20 (1.10-1.30)", "faster", 90.0)
     assert row["h200"] == "1.20 (1.10-1.30)"
