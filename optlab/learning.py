@@ -59,7 +59,6 @@ def learning_curves(configs: dict[str, RunConfig], info: DeviceInfo, steps: int,
     rows = []
     for label, requested in configs.items():
         config, _ = effective_config(requested, info)
-        torch.manual_seed(seed)
         state = build_state(config, info, train_set, test_set, seed)
         batches = _endless(state.loaders["train"])
         state.model.train()
