@@ -24,7 +24,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench.py
 
 ddp-check: $(STAMP)
-	$(PY) -m optlab.distributed parity
+	$(PY) -m optlab.studies.distributed parity
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/

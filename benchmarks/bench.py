@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 from torchvision.datasets import CIFAR10
 
-from optlab import data
-from optlab.config import RunConfig
-from optlab.device import resolve_device
-from optlab.loops import make_optimizer, make_scaler, prepare_model, train_phase
-from optlab.models import build_model
+from optlab.core import data
+from optlab.core.config import RunConfig
+from optlab.core.device import resolve_device
+from optlab.core.loops import make_optimizer, make_scaler, prepare_model, train_phase
+from optlab.core.models import build_model
 
 ROUNDS = 5
 

@@ -1,11 +1,21 @@
-"""optlab: measured PyTorch training and inference speed-ups, from the seed article to modern GPUs."""
-from .config import RunConfig, changed_knobs
-from .device import resolve_device
-from .environment import capture as capture_environment, report as environment_report
-from .errors import OptlabError
-from .experiments import Experiment, ExperimentResult, get_experiment, list_experiments, run_experiment
-from .profiles import get_profile
-from .store import load_record, load_samples, load_summaries
+"""optlab: measured PyTorch training and inference speed-ups, from the seed article to modern GPUs.
+
+Four layers, imports running downward only:
+
+- ``optlab.core``: the measurement core every measurement goes through (knobs, device, data, models, loops,
+  timing, the registry, running an experiment, statistics, the store);
+- ``optlab.studies``: each chapter's own measurement, built on the core;
+- ``optlab.book``: tables, plots and the helpers a chapter calls;
+- ``optlab.commands``: the entry points (``python -m optlab``, the reference run).
+"""
+from .core.config import RunConfig, changed_knobs
+from .core.device import resolve_device
+from .core.environment import capture as capture_environment, report as environment_report
+from .core.errors import OptlabError
+from .core.experiments import ExperimentResult, run_experiment
+from .core.registry import Experiment, get_experiment, list_experiments
+from .core.profiles import get_profile
+from .core.store import load_record, load_samples, load_summaries
 
 __all__ = [
     "Experiment", "ExperimentResult", "OptlabError", "RunConfig", "capture_environment", "changed_knobs",

@@ -5,14 +5,14 @@ import matplotlib
 import pandas as pd
 import pytest
 
-from optlab import peaks
-from optlab.config import RunConfig
-from optlab.device import resolve_device
-from optlab.errors import OptlabError
-from optlab.experiments import get_experiment
-from optlab.learning import learning_curves
-from optlab.report import plot_waterfall
-from optlab.summary import step_by_step
+from optlab.studies import peaks
+from optlab.core.config import RunConfig
+from optlab.core.device import resolve_device
+from optlab.core.errors import OptlabError
+from optlab.core.registry import get_experiment
+from optlab.studies.learning import learning_curves
+from optlab.book.report import plot_waterfall
+from optlab.core.summary import step_by_step
 from tests.helpers import TINY
 
 matplotlib.use("Agg")
@@ -97,7 +97,7 @@ def test_learning_curves_refuse_zero_steps():
 
 
 def test_reference_mfu_uses_the_datasheet_peak_of_the_stored_machine(tmp_path, monkeypatch):
-    from optlab import store
+    from optlab.core import store
     record = {"schema_version": store.SCHEMA_VERSION, "technique": "all_together",
               "environment": {"gpu_name": "NVIDIA H200"},
               "effective_configs": {"resnet18": {"v": RunConfig(amp_dtype="bf16").to_dict()}},
@@ -110,7 +110,7 @@ def test_reference_mfu_uses_the_datasheet_peak_of_the_stored_machine(tmp_path, m
 
 
 def test_a_skipped_stack_step_is_left_out_of_every_later_variant():
-    from optlab.techniques import all_together
+    from optlab.core.techniques import all_together
 
     stack = all_together(skip=("+ bf16 autocast",))
     assert "+ bf16 autocast" not in stack.labels and len(stack.labels) == len(all_together().labels) - 1

@@ -4,8 +4,8 @@ import os
 import pytest
 import torch
 
-from optlab import autotune
-from optlab.errors import OptlabError
+from optlab.studies import autotune
+from optlab.core.errors import OptlabError
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 TINY = {"width": 0.125, "calls": 3}

@@ -3,14 +3,15 @@ import pytest
 import torch
 from torch import nn
 
-from optlab.config import RunConfig
-from optlab.data import StandInCIFAR10
-from optlab.device import effective_config, resolve_device
-from optlab.device_data import DeviceResidentLoader, augment
-from optlab.errors import OptlabError
-from optlab.experiments import get_experiment, run_experiment
-from optlab.loops import backend_flags, make_optimizer
-from optlab.techniques import BEYOND_TECHNIQUES
+from optlab.core.config import RunConfig
+from optlab.core.data import StandInCIFAR10
+from optlab.core.device import effective_config, resolve_device
+from optlab.core.device_data import DeviceResidentLoader, augment
+from optlab.core.errors import OptlabError
+from optlab.core.registry import get_experiment
+from optlab.core.experiments import run_experiment
+from optlab.core.loops import backend_flags, make_optimizer
+from optlab.core.techniques import BEYOND_TECHNIQUES
 from tests.helpers import TINY
 
 
@@ -88,7 +89,7 @@ def test_optimizer_and_device_data_variants_run():
 
 
 def test_compiling_techniques_default_to_the_launch_bound_models_of_a_profile():
-    from optlab.profiles import get_profile
+    from optlab.core.profiles import get_profile
 
     quick, smoke = get_profile("quick"), get_profile("smoke")
     assert get_experiment("compile").default_models(quick) == ("resnet18", "mobilenet_v2")
@@ -98,7 +99,7 @@ def test_compiling_techniques_default_to_the_launch_bound_models_of_a_profile():
 
 
 def test_every_beyond_technique_is_in_exactly_one_reference_set():
-    from optlab.reference import extras, technique_set
+    from optlab.commands.reference import extras, technique_set
 
     sets = {name: set(technique_set(name)) for name in ("beyond", "compile", "stack")}
     assert sorted(t for s in sets.values() for t in s) == sorted(BEYOND_TECHNIQUES)

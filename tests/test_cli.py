@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from optlab.cli import main
-from optlab.techniques import SEED_TECHNIQUES
+from optlab.commands.cli import main
+from optlab.core.techniques import SEED_TECHNIQUES
 
 ROOT = Path(__file__).resolve().parent.parent
 

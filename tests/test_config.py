@@ -1,7 +1,7 @@
 import pytest
 
-from optlab.config import KNOB_NAMES, RunConfig, apply_changes, changed_knobs
-from optlab.errors import OptlabError
+from optlab.core.config import KNOB_NAMES, RunConfig, apply_changes, changed_knobs
+from optlab.core.errors import OptlabError
 
 
 def test_defaults_are_the_seed_base_config():

@@ -5,10 +5,12 @@ import pandas as pd
 import pytest
 import torch
 
-from optlab import cuda_graphs, report, store
-from optlab.errors import OptlabError
-from optlab.loops import make_optimizer
-from optlab.models import build_model
+from optlab.studies import cuda_graphs
+from optlab.book import report
+from optlab.core import store
+from optlab.core.errors import OptlabError
+from optlab.core.loops import make_optimizer
+from optlab.core.models import build_model
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 TINY_WIDTH = 0.125
@@ -46,7 +48,7 @@ def test_sweep_table_speed_up_is_eager_over_graphed():
 
 
 def test_plot_sweep_draws_step_and_image_panels_per_mode(cpu_sweep):
-    grid = cuda_graphs.plot_sweep(cpu_sweep)
+    grid = report.plot_sweep(cpu_sweep)
     assert grid.axes.shape == (2, 2) and all(ax.get_xscale() == "log" for ax in grid.axes.flat)
 
 

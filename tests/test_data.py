@@ -3,12 +3,12 @@ import pickle
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 from torchvision.datasets import CIFAR10
 
-from optlab import data
-from optlab.config import RunConfig
-from optlab.errors import OptlabError
+from optlab.core import data
+from optlab.core.config import RunConfig
+from optlab.core.errors import OptlabError
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from optlab.config import RunConfig
-from optlab.device import DeviceInfo, effective_config, resolve_device
-from optlab.errors import OptlabError
+from optlab.core.config import RunConfig
+from optlab.core.device import DeviceInfo, effective_config, resolve_device
+from optlab.core.errors import OptlabError
 
 
 def test_cpu_resolves_with_its_dtypes():

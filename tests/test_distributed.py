@@ -2,6 +2,7 @@
 
 The three torchrun tests start real 2-process gloo jobs on the CPU (a few seconds of imports each).
 """
+import importlib
 import socket
 
 import numpy as np
@@ -10,17 +11,19 @@ import pytest
 import torch
 
 import optlab
-from optlab import distributed, store
-from optlab.cli import main
-from optlab.errors import OptlabError
-from optlab.experiments import get_experiment
-from optlab.loops import PhaseResult
+from optlab.studies import distributed
+from optlab.core import store
+from optlab.commands.cli import main
+from optlab.core.errors import OptlabError
+from optlab.core.registry import get_experiment
+from optlab.core.loops import PhaseResult
 
 LAUNCH_TIMEOUT_S = 300  # the subprocess limit: a hang fails the test instead of stalling the suite
 
 HANG_SCRIPT = """
 import os, sys, time
-from optlab import cli, loops
+from optlab.commands import cli
+from optlab.core import loops
 if os.environ["RANK"] == "1":
     loops.train_step = lambda *args, **kwargs: time.sleep(3600)  # a stuck rank: it never reaches the all-reduce
 sys.exit(cli.main(sys.argv[1:]))
@@ -142,14 +145,17 @@ def test_a_bad_timeout_names_the_variable_and_what_is_allowed(monkeypatch, value
         distributed.timeout_s()
 
 
+PARITY_MODULE = importlib.import_module("optlab.studies.distributed.parity")
+
+
 def test_the_parity_command_prints_the_difference(monkeypatch, capsys):
     fake = distributed.Parity(2, 3, 2, {"no_sync": 1e-7, "all-reduce every micro-step": 2e-7}, 0.0, 0.5,
                               {"no_sync": 3, "all-reduce every micro-step": 6}, {"no_sync": 8, "all-reduce every micro-step": 16})
-    monkeypatch.setattr(distributed, "parity", lambda *args: fake)
+    monkeypatch.setattr(PARITY_MODULE, "parity", lambda *args: fake)
     assert distributed.main(["parity"]) == 0
     assert capsys.readouterr().out.startswith("max parameter difference: 2.000e-07\n")
     far = distributed.Parity(**{**fake.__dict__, "difference": {"no_sync": 1e-3}})
-    monkeypatch.setattr(distributed, "parity", lambda *args: far)
+    monkeypatch.setattr(PARITY_MODULE, "parity", lambda *args: far)
     assert distributed.main(["parity"]) == 1
 
 

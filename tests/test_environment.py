@@ -1,5 +1,5 @@
-from optlab.device import resolve_device
-from optlab.environment import capture, report
+from optlab.core.device import resolve_device
+from optlab.core.environment import capture, report
 
 
 def test_environment_has_every_promised_field():

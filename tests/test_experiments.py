@@ -1,12 +1,13 @@
-import pandas as pd
 import pytest
 import torch
 
-from optlab import experiments
-from optlab.errors import OptlabError
-from optlab.experiments import Experiment, get_experiment, list_experiments, run_experiment
-from optlab.seed import seed_results
-from optlab.techniques import SEED_TECHNIQUES
+from optlab.core import experiments, loops
+from optlab.core.store import load_samples
+from optlab.core.errors import OptlabError
+from optlab.core.registry import Experiment, get_experiment, list_experiments
+from optlab.core.experiments import run_experiment
+from optlab.core.seed import seed_results
+from optlab.core.techniques import SEED_TECHNIQUES
 from tests.helpers import TINY
 
 AA = Experiment("a_a", "the same config twice", "", variants=(("A", {}), ("A again", {})))
@@ -55,9 +56,17 @@ def test_tidy_rows_one_per_model_variant_repeat_phase(aa_result):
     assert (samples.loc[samples["phase"] == "train", "steps"] == TINY.steps).all()
 
 
-def test_runs_interleave_a_b_a_b(aa_result):
+def test_runs_interleave_and_alternate_the_order(aa_result):
     order = aa_result.samples.loc[aa_result.samples["phase"] == "train", "variant"].tolist()
-    assert order == ["A", "A again"] * TINY.repeats
+    assert order == ["A", "A again", "A again", "A", "A", "A again"][:2 * TINY.repeats]
+
+
+def test_visit_order_puts_every_variant_in_every_slot():
+    labels = ["a", "b", "c"]
+    orders = [experiments.visit_order(labels, repeat) for repeat in range(3)]
+    for slot in range(3):
+        assert sorted(order[slot] for order in orders) == labels
+    assert all(sorted(order) == labels for order in orders)
 
 
 def test_a_a_run_is_no_clear_difference(aa_result):
@@ -85,21 +94,31 @@ def test_summary_reports_memory_and_throughput(aa_result):
     assert (summary["tflops"] > 0).all() and (summary["n"] == TINY.repeats).all()
 
 
-def test_out_of_memory_is_recorded_and_the_run_goes_on(monkeypatch):
-    real = experiments._run_phase
+def test_a_failing_step_is_recorded_and_the_run_goes_on(monkeypatch, tmp_path):
+    """Out of memory inside one variant's training step on the first model: recorded, and everything else runs."""
+    real = loops.train_step
 
-    def fail_for_b(state, phase, profile, info):
-        if state.config.amp_dtype == "bf16":
+    def fail_for_b(model, batch, optimizer, scaler, config, device, micro_step):
+        if config.amp_dtype == "bf16" and config.model == "resnet18":
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return real(state, phase, profile, info)
+        if config.amp_dtype == "bf16" and micro_step == 1:
+            raise ValueError("something else broke\nsecond line")
+        return real(model, batch, optimizer, scaler, config, device, micro_step)
 
-    monkeypatch.setattr(experiments, "_run_phase", fail_for_b)
-    experiment = Experiment("oom", "one variant runs out of memory", "", variants=(("A", {}), ("B", {"amp_dtype": "bf16"})),
-                            phases=("test",))
-    result = run_experiment(experiment, profile=TINY, device="cpu", progress=False)
-    status = result.samples.groupby("variant")["status"].agg(set)
-    assert status["A"] == {"ok"} and status["B"] == {"out of memory"}
-    assert result.summary.set_index("variant").loc["B", "verdict"] == "out of memory"
+    monkeypatch.setattr(loops, "train_step", fail_for_b)
+    experiment = Experiment("oom", "one variant fails", "", variants=(("A", {}), ("B", {"amp_dtype": "bf16"})),
+                            phases=("train",))
+    result = run_experiment(experiment, models=["resnet18", "mobilenet_v2"], profile=TINY, device="cpu",
+                            progress=False, out=tmp_path, filename="oom.json")
+    status = result.samples.groupby(["model", "variant"])["status"].agg(set)
+    assert status[("resnet18", "A")] == {"ok"} and status[("mobilenet_v2", "A")] == {"ok"}
+    assert status[("resnet18", "B")] == {"out of memory"}
+    assert status[("mobilenet_v2", "B")] == {"failed: ValueError: something else broke"}
+    verdicts = result.summary.set_index(["model", "variant"])["verdict"]
+    assert verdicts[("resnet18", "B")] == "out of memory"
+    stored = load_samples(tmp_path / "oom.json")
+    assert set(stored["model"]) == {"resnet18", "mobilenet_v2"}
+    assert len(stored[stored["status"] == "ok"]) == 2 * TINY.repeats
 
 
 def test_unknown_model_in_a_run():

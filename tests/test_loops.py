@@ -4,8 +4,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from optlab.config import RunConfig
-from optlab.loops import eval_phase, grad_mode, make_optimizer, make_scaler, train_phase, train_step
+from optlab.core.config import RunConfig
+from optlab.core.loops import eval_phase, grad_mode, make_optimizer, make_scaler, train_phase, train_step
 
 CPU = torch.device("cpu")
 

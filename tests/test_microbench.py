@@ -5,8 +5,9 @@ import pandas as pd
 import pytest
 import torch
 
-from optlab import microbench, resolve_device
-from optlab.errors import OptlabError
+from optlab.studies import microbench
+from optlab import resolve_device
+from optlab.core.errors import OptlabError
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

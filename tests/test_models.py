@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from optlab.errors import OptlabError
-from optlab.flops import forward_flops_per_image, step_flops
-from optlab.models import MODEL_NAMES, build_model, conv_and_linear_widths, count_parameters, example_input
+from optlab.core.errors import OptlabError
+from optlab.core.flops import forward_flops_per_image, step_flops
+from optlab.core.models import MODEL_NAMES, build_model, conv_and_linear_widths, count_parameters, example_input
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)

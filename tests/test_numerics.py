@@ -6,11 +6,12 @@ import pytest
 import torch
 from torch import nn
 
-from optlab import numerics, store
-from optlab.config import RunConfig
-from optlab.device import DeviceInfo, resolve_device
-from optlab.errors import OptlabError
-from optlab.peaks import has_tf32
+from optlab.studies import numerics
+from optlab.core import store
+from optlab.core.config import RunConfig
+from optlab.core.device import DeviceInfo, resolve_device
+from optlab.core.errors import OptlabError
+from optlab.studies.peaks import has_tf32
 from tests.helpers import TINY
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

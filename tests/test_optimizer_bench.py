@@ -4,9 +4,11 @@ import pytest
 import torch
 from torch import nn
 
-from optlab import optimizer_bench, resolve_device, store
-from optlab.config import RunConfig
-from optlab.errors import OptlabError
+from optlab.studies import optimizer_bench
+from optlab import resolve_device
+from optlab.core import store
+from optlab.core.config import RunConfig
+from optlab.core.errors import OptlabError
 from tests.helpers import TINY
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -12,12 +12,12 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.data import DataLoader, TensorDataset
 
-from optlab import pipeline, profiling
-from optlab.config import RunConfig
-from optlab.device_data import DeviceResidentLoader
-from optlab.errors import OptlabError
-from optlab.experiments import get_experiment
-from optlab.profiling import Span
+from optlab.studies import pipeline, profiling
+from optlab.core.config import RunConfig
+from optlab.core.device_data import DeviceResidentLoader
+from optlab.core.errors import OptlabError
+from optlab.core.registry import get_experiment
+from optlab.studies.profiling import Span
 from tests.helpers import TINY
 
 TINY_CONFIG = RunConfig(model="resnet18", width=TINY.width, batch_size=TINY.batch_size, num_workers=0, pin_memory=False)

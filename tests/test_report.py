@@ -2,12 +2,11 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from optlab import report  # noqa: E402
-from optlab.experiments import run_experiment  # noqa: E402
-from optlab.seed import seed_results, seed_speedups  # noqa: E402
+from optlab.book import report  # noqa: E402
+from optlab.core.experiments import run_experiment  # noqa: E402
+from optlab.core.seed import seed_results, seed_speedups  # noqa: E402
 from tests.helpers import TINY  # noqa: E402
 
 

@@ -3,9 +3,9 @@ import json
 import pandas as pd
 import pytest
 
-from optlab import store
-from optlab.errors import OptlabError
-from optlab.experiments import run_experiment
+from optlab.core import store
+from optlab.core.errors import OptlabError
+from optlab.core.experiments import run_experiment
 from tests.helpers import TINY
 from tests.test_experiments import AA
 

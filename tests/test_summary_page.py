@@ -4,8 +4,8 @@ matplotlib.use("Agg")
 
 import pandas as pd  # noqa: E402
 
-from optlab import summary_page  # noqa: E402
-from optlab.techniques import SEED_TECHNIQUES  # noqa: E402
+from optlab.book import summary_page  # noqa: E402
+from optlab.core.techniques import SEED_TECHNIQUES  # noqa: E402
 
 ROW = {"technique": "set_to_none", "model": "resnet18", "phase": "train", "machine": "cpu", "profile": "smoke"}
 LIVE = pd.DataFrame([

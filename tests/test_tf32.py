@@ -2,9 +2,10 @@
 import pytest
 import torch
 
-from optlab import resolve_device, tf32
-from optlab.errors import OptlabError
-from optlab.peaks import has_tf32
+from optlab import resolve_device
+from optlab.studies import tf32
+from optlab.core.errors import OptlabError
+from optlab.studies.peaks import has_tf32
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from optlab.timing import StepTimer, epoch_equivalent, speed_up, summarize, verdict
+from optlab.core.timing import StepTimer, epoch_equivalent, speed_up, summarize, verdict
 
 
 def test_summary_has_median_iqr_min_n():

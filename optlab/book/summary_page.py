@@ -7,12 +7,12 @@ from pathlib import Path
 import pandas as pd
 import seaborn as sns
 
-from . import store
-from .experiments import get_experiment
-from .profiles import ALL_MODELS
+from ..core import store
+from ..core.registry import get_experiment
+from ..core.profiles import ALL_MODELS
 from .report import set_theme
-from .seed import seed_speedups
-from .techniques import BEYOND_TECHNIQUES, SEED_TECHNIQUES
+from ..core.seed import seed_speedups
+from ..core.techniques import BEYOND_TECHNIQUES, SEED_TECHNIQUES
 
 SEED = "seed V100"
 LIVE = "live"

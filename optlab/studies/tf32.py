@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch.utils import benchmark
 
-from . import store
-from .config import RunConfig
-from .device import DeviceInfo, resolve_device
-from .errors import OptlabError
-from .loops import backend_flags
+from ..core import store
+from ..core.config import RunConfig
+from ..core.device import DeviceInfo, resolve_device
+from ..core.errors import OptlabError
+from ..core.loops import backend_flags
 
 MATMUL_SIZE = 4096
 CONV_SHAPE = (128, 128, 16, 16)  # batch, channels, height, width: a 3x3 conv of ResNet18's stage 2 at CIFAR size

@@ -1,14 +1,14 @@
 """CIFAR variants of torchvision's ResNet and MobileNetV2, plus the seed's one-channel-narrower "rec" variant."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 from torch import nn
 from torchvision.models import MobileNetV2, ResNet
 from torchvision.models.resnet import BasicBlock, Bottleneck
 
-from .errors import choice_error
+from .errors import OptlabError, choice_error
 
 NUM_CLASSES = 10
 
@@ -36,6 +36,17 @@ _BUILDERS: dict[str, Callable[[], nn.Module]] = {
     "mobilenet_v2": _cifar_mobilenet_v2,
 }
 MODEL_NAMES = tuple(_BUILDERS)
+
+
+def validate_names(models: Iterable[str]) -> tuple[str, ...]:
+    """``models`` as a tuple, each checked against :data:`MODEL_NAMES`; at least one."""
+    models = tuple(models)
+    for model in models:
+        if model not in MODEL_NAMES:
+            raise choice_error("model", model, MODEL_NAMES)
+    if not models:
+        raise OptlabError("no models given; choose from: " + ", ".join(MODEL_NAMES))
+    return models
 
 
 def build_model(name: str, variant: str = "base", width: float = 1.0) -> nn.Module:

@@ -1,6 +1,6 @@
 """Where a training step's time goes: a few steps of the measured loop under ``torch.profiler``.
 
-The profiled steps run the same code as the timed loops (``experiments.build_state``, ``loops.train_step``). A
+The profiled steps run the same code as the timed loops (``variants.build_state``, ``loops.train_step``). A
 schedule leaves the first steps unrecorded (loader start-up, autotuning, compilation), then records ``steps`` warm
 ones. The breakdown is read from the exported Chrome trace (the file a reader opens in Perfetto): each recorded
 step is split along the CPU's timeline into data wait (the loader's ``__next__`` ranges), CUDA launch calls,
@@ -23,14 +23,15 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 from torch.utils.data import DataLoader
 
-from . import data, store
-from .config import RunConfig
-from .device import DeviceInfo, effective_config, resolve_device
-from .errors import OptlabError
-from .experiments import VariantState, build_state, get_experiment
-from .loops import backend_flags, train_step
-from .profiles import Profile, get_profile
-from .timing import summarize
+from ..core import data, store
+from ..core.config import RunConfig
+from ..core.device import DeviceInfo, effective_config, resolve_device
+from ..core.errors import OptlabError
+from ..core.registry import get_experiment
+from ..core.variants import VariantState, build_state
+from ..core.loops import backend_flags, train_step
+from ..core.profiles import Profile, get_profile
+from ..core.timing import summarize
 
 STEPS = 5  # recorded steps
 WARMUP = 3  # unrecorded steps first; the last of them warms the profiler up

@@ -6,7 +6,7 @@ import itertools
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -132,7 +132,7 @@ def compiled_graphs() -> int:
     return int(dynamo_utils.counters["stats"]["unique_graphs"]) if dynamo_utils is not None else 0
 
 
-def _run_timed(step, loader, device, steps, warmup) -> tuple[PhaseResult, list[torch.Tensor]]:
+def run_timed(step, loader, device, steps, warmup) -> tuple[PhaseResult, list[torch.Tensor]]:
     """Every step is timed; the first ``warmup`` (compilation, autotuning, cold caches) are kept apart."""
     reset_peak(device)
     graphs_before = compiled_graphs()
@@ -153,21 +153,28 @@ def _run_timed(step, loader, device, steps, warmup) -> tuple[PhaseResult, list[t
     return result, outputs
 
 
+StepContext = Callable[[int], contextlib.AbstractContextManager]
+
+
 def train_phase(model, loader, optimizer, scaler, config: RunConfig, device: torch.device,
-                steps: int | None, warmup: int) -> PhaseResult:
-    """Time ``steps`` training micro-steps after ``warmup`` untimed ones (``steps=None``: the whole epoch)."""
+                steps: int | None, warmup: int, step_context: StepContext | None = None) -> PhaseResult:
+    """Time ``steps`` training micro-steps after ``warmup`` untimed ones (``steps=None``: the whole epoch).
+
+    ``step_context(micro_step)``, if given, wraps each micro-step (DDP's ``no_sync`` between optimizer steps).
+    """
     model.train()
     optimizer.zero_grad(set_to_none=config.set_to_none)
     warmup_losses: list[torch.Tensor] = []
 
     def step(batch, index: int) -> torch.Tensor:
-        loss = train_step(model, batch, optimizer, scaler, config, device, index)
+        with step_context(index) if step_context else contextlib.nullcontext():
+            loss = train_step(model, batch, optimizer, scaler, config, device, index)
         if index < warmup:
             warmup_losses.append(loss)
         return loss
 
     with backend_flags(config):
-        result, losses = _run_timed(step, loader, device, steps, warmup)
+        result, losses = run_timed(step, loader, device, steps, warmup)
     result.losses = torch.stack(losses).float().cpu().tolist()
     result.warmup_losses = torch.stack(warmup_losses).float().cpu().tolist() if warmup_losses else []
     result.images = len(losses) * config.images_per_step
@@ -178,7 +185,7 @@ def eval_phase(model, loader, config: RunConfig, device: torch.device, steps: in
     """Time ``steps`` evaluation steps after ``warmup`` untimed ones."""
     model.eval()
     with backend_flags(config):
-        result, correct = _run_timed(lambda batch, i: eval_step(model, batch, config, device), loader, device, steps, warmup)
+        result, correct = run_timed(lambda batch, i: eval_step(model, batch, config, device), loader, device, steps, warmup)
     result.correct = int(torch.stack(correct).sum())
     result.images = len(correct) * config.images_per_step
     return result

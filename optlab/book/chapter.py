@@ -4,14 +4,15 @@ from __future__ import annotations
 import inspect
 import re
 
-from . import data, experiments, loops, store
-from .config import RunConfig, changed_knobs
-from .device import resolve_device
-from .experiments import Experiment, ExperimentResult, get_experiment, run_experiment
-from .profiles import Profile, get_profile
+from ..core import data, loops, store, variants
+from ..core.config import RunConfig, changed_knobs
+from ..core.device import resolve_device
+from ..core.registry import Experiment, get_experiment
+from ..core.experiments import ExperimentResult, run_experiment
+from ..core.profiles import Profile, get_profile
 
 CODE_FUNCTIONS = (loops.make_optimizer, loops.backend_flags, loops.to_device, loops.train_step, loops.eval_step, loops.prepare_model, loops.make_scaler,
-                  loops.train_phase, loops.eval_phase, data.make_loader, experiments.build_state,
+                  loops.train_phase, loops.eval_phase, data.make_loader, variants.build_state,
                   RunConfig.images_per_step.fget)
 
 

@@ -23,11 +23,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import RunConfig
-from .device import resolve_device
-from .errors import OptlabError, choice_error
-from .loops import backend_flags
-from .models import MODEL_NAMES, NUM_CLASSES, build_model
+from ..core.config import RunConfig
+from ..core.device import resolve_device
+from ..core.errors import OptlabError, choice_error
+from ..core.loops import backend_flags
+from ..core.models import MODEL_NAMES, NUM_CLASSES, build_model
 
 WARMUP_SHAPE = (2, 8)  # (batch, image size) run untimed first: start-up costs that do not belong to any one shape
 MIN_IMAGE_SIZE = 16  # above the warm-up's size, so the warm-up never pre-pays a measured shape

@@ -14,7 +14,7 @@ import pandas as pd
 from .errors import OptlabError
 
 SCHEMA_VERSION = 1
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 REFERENCE_DIR = REPO_ROOT / "results" / "reference"
 LIVE_DIR = REPO_ROOT / "results" / "live"  # the latest run of each chapter on this machine (not committed)
 
@@ -81,11 +81,24 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+def record_filename(technique: str) -> str:
+    """The default file name of a record: the technique and a UTC timestamp."""
+    return f"{technique}-{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%S%fZ')}.json"
+
+
+def display_path(path: str | Path) -> str:
+    """``path`` as a page may show it: relative to the repository or the working folder, never the machine's own."""
+    path = Path(path).resolve()
+    for root in (REPO_ROOT, Path.cwd()):
+        if path.is_relative_to(root):
+            return str(path.relative_to(root))
+    return path.name
+
+
 def save_record(record: dict[str, Any], folder: str | Path, filename: str | None = None) -> Path:
-    """Save ``record`` as JSON in ``folder``; the default name is the technique and a UTC timestamp."""
+    """Save ``record`` as JSON in ``folder`` (replacing the file whole); the default name is :func:`record_filename`."""
     folder = writable_dir(folder)
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
-    path = folder / (filename or f"{record['technique']}-{stamp}.json")
+    path = folder / (filename or record_filename(record["technique"]))
     atomic_write_text(path, json.dumps(record, indent=1, allow_nan=False) + "\n")
     return path
 

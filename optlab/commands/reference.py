@@ -7,10 +7,11 @@ import traceback
 from pathlib import Path
 from typing import Iterator
 
-from . import store
-from .device import resolve_device
-from .errors import OptlabError, choice_error
-from .experiments import REGISTRY, ExperimentResult, get_experiment, run_experiment
+from ..core import store
+from ..core.device import resolve_device
+from ..core.errors import OptlabError
+from ..core.experiments import ExperimentResult, run_experiment
+from ..core.techniques import technique_set
 
 # The extra tables of each set: modules whose ``run_reference(out, device)`` measures and saves them (CUDA only).
 EXTRAS = {
@@ -19,24 +20,6 @@ EXTRAS = {
     "compile": (),
     "stack": ("profiling", "learning"),  # profiling's "after" configuration compiles
 }
-SET_NAMES = ("seed", "beyond", "compile", "stack", "all")
-
-
-def technique_set(name: str) -> list[str]:
-    """``seed``: the nine seed techniques; ``beyond``: the modern ones that do not compile; ``compile``: torch.compile
-    and CUDA graphs; ``stack``: all of them together (each compiling set kept apart so that every set stays a short
-    run); ``all``: every one."""
-    from .techniques import BEYOND_TECHNIQUES, COMPILING_TECHNIQUES, SEED_TECHNIQUES
-
-    get_experiment(SEED_TECHNIQUES[0])  # fills the registry
-    sets = {"seed": list(SEED_TECHNIQUES), "compile": list(COMPILING_TECHNIQUES), "stack": ["all_together"],
-            "beyond": [t for t in BEYOND_TECHNIQUES if t not in COMPILING_TECHNIQUES + ("all_together",)],
-            "all": list(REGISTRY)}
-    if name not in sets:
-        raise choice_error("technique set", name, SET_NAMES)
-    return sets[name]
-
-
 def extras(set_name: str) -> list[str]:
     """The modules whose extra tables belong to ``set_name`` (``all``: every set's)."""
     if set_name == "all":
@@ -65,7 +48,7 @@ def run_reference(out: str | Path, set_name: str = "seed", profile: str | None =
     if resolve_device(device).is_cuda:
         for module in extras(set_name):
             try:
-                for path in importlib.import_module(f"optlab.{module}").run_reference(folder, device):
+                for path in importlib.import_module(f"optlab.studies.{module}").run_reference(folder, device):
                     print(f"wrote {path}")
             except Exception:
                 failures.append(f"{module} (extra tables)")

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .errors import choice_error
-from .experiments import Experiment, register
+from .registry import REGISTRY, Experiment, register
 
 DATA_LOADING = register(Experiment(
     name="data_loading", section="1.1", title="DataLoader num_workers and pin_memory",
@@ -175,3 +175,17 @@ ALL_TOGETHER = register(all_together())
 
 BEYOND_TECHNIQUES = tuple(e.name for e in (COMPILE, CUDA_GRAPHS, PRECISION, OPTIMIZERS, DATA_PIPELINE, ALL_TOGETHER))
 COMPILING_TECHNIQUES = tuple(e.name for e in (COMPILE, CUDA_GRAPHS))  # minutes of compilation on a GPU
+
+SET_NAMES = ("seed", "beyond", "compile", "stack", "all")
+
+
+def technique_set(name: str) -> list[str]:
+    """``seed``: the nine seed techniques; ``beyond``: the modern ones that do not compile; ``compile``: torch.compile
+    and CUDA graphs; ``stack``: all of them together (each compiling set kept apart so that every set stays a short
+    run); ``all``: every one."""
+    sets = {"seed": list(SEED_TECHNIQUES), "compile": list(COMPILING_TECHNIQUES), "stack": [ALL_TOGETHER.name],
+            "beyond": [t for t in BEYOND_TECHNIQUES if t not in COMPILING_TECHNIQUES + (ALL_TOGETHER.name,)],
+            "all": list(REGISTRY)}
+    if name not in sets:
+        raise choice_error("technique set", name, SET_NAMES)
+    return sets[name]

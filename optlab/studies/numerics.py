@@ -20,14 +20,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import data, store
-from .config import RunConfig
-from .device import TORCH_DTYPES, DeviceInfo, effective_config, resolve_device
-from .errors import OptlabError
-from .experiments import get_experiment
-from .loops import backend_flags, make_optimizer, make_scaler, prepare_model, to_device, train_step
-from .models import build_model
-from .profiles import Profile, get_profile
+from ..core import data, store
+from ..core.config import RunConfig
+from ..core.device import TORCH_DTYPES, DeviceInfo, effective_config, resolve_device
+from ..core.errors import OptlabError
+from ..core.registry import get_experiment
+from ..core.loops import backend_flags, make_optimizer, make_scaler, prepare_model, to_device, train_step
+from ..core.models import build_model
+from ..core.profiles import Profile, get_profile
 
 EXPERIMENT = "precision"
 REPEAT_LABEL = "fp32 strict (again)"  # the reference run twice: the floor set by run-to-run nondeterminism

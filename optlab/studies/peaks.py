@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from . import store
-from .config import RunConfig
-from .device import DeviceInfo
+from ..core import store
+from ..core.config import RunConfig
+from ..core.device import DeviceInfo
 from .microbench import matmul_benchmark
 
 # (name fragments that must all appear in torch.cuda.get_device_name, table name, TFLOP/s by precision)

@@ -19,19 +19,16 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pandas as pd
-import seaborn as sns
-from matplotlib import ticker
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils import benchmark
 
-from . import store
-from .device import resolve_device
-from .errors import OptlabError, choice_error
-from .loops import make_optimizer
-from .models import MODEL_NAMES, NUM_CLASSES, build_model
-from .report import set_theme
+from ..core import store
+from ..core.device import resolve_device
+from ..core.errors import OptlabError, choice_error
+from ..core.loops import make_optimizer
+from ..core.models import MODEL_NAMES, NUM_CLASSES, build_model
 
 MODES = ("inference", "training")
 EXECUTIONS = ("eager", "CUDA graph")
@@ -276,29 +273,6 @@ def sweep_table(frame: pd.DataFrame) -> pd.DataFrame:
     table = table.reindex(columns=pd.MultiIndex.from_product([["step_ms", "iqr_ms", "per_image_us"], EXECUTIONS]))
     table[("graph speed-up", "")] = table[("step_ms", "eager")] / table[("step_ms", "CUDA graph")]
     return table.round(3)
-
-
-def plot_sweep(frame: pd.DataFrame, title: str = ""):
-    """Milliseconds per step and microseconds per image against batch size, log-log, per mode (one machine's sweep)."""
-    set_theme()
-    long = pd.concat([frame.assign(metric="ms per step", value=1e3 * frame["median_s"]),
-                      frame.assign(metric="µs per image", value=frame["per_image_us"])], ignore_index=True)
-    executions = [e for e in EXECUTIONS if e in set(frame["execution"])]  # no legend entry for what did not run
-    grid = sns.relplot(data=long, kind="line", x="batch_size", y="value", hue="execution", style="execution",
-                       hue_order=executions, style_order=executions, markers=True, dashes=False, row="metric",
-                       col="mode", height=3.0, aspect=1.3, facet_kws={"sharey": False})
-    plain = ticker.FuncFormatter(lambda value, _: f"{value:g}")
-    grid.set(xscale="log", yscale="log", xticks=sorted(set(frame["batch_size"])))
-    for ax in grid.axes.flat:
-        ax.xaxis.set_major_formatter(plain)
-        ax.xaxis.set_minor_locator(ticker.NullLocator())
-        for set_formatter in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
-            set_formatter(ticker.LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.4)))  # plain numbers
-    grid.set_titles("{col_name}: {row_name}")
-    grid.set_axis_labels("batch size", "")
-    if title:
-        grid.figure.suptitle(title, y=1.02)
-    return grid
 
 
 def run_reference(out: str | Path, device: str = "cuda") -> list[Path]:

@@ -12,13 +12,14 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from . import data, store
-from .config import RunConfig
-from .device import DeviceInfo, effective_config, resolve_device
-from .errors import OptlabError
-from .experiments import Experiment, build_state, get_experiment
-from .loops import backend_flags, eval_step, train_step
-from .profiles import Profile, get_profile
+from ..core import data, store
+from ..core.config import RunConfig
+from ..core.device import DeviceInfo, effective_config, resolve_device
+from ..core.errors import OptlabError
+from ..core.registry import Experiment, get_experiment
+from ..core.variants import build_state
+from ..core.loops import backend_flags, eval_step, train_step
+from ..core.profiles import Profile, get_profile
 
 
 def plan(profile: Profile) -> dict[str, int]:

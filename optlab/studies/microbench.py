@@ -14,9 +14,9 @@ import pandas as pd
 import torch
 from torch.utils import benchmark
 
-from . import store
-from .device import TORCH_DTYPES, resolve_device
-from .errors import OptlabError, choice_error
+from ..core import store
+from ..core.device import TORCH_DTYPES, resolve_device
+from ..core.errors import OptlabError, choice_error
 
 KINDS = ("copy", "matmul")
 COPY_SOURCES = ("pageable", "pinned", "pinned per copy")  # the last calls pin_memory() before every copy

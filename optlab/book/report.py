@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+import matplotlib.ticker as ticker
 import pandas as pd
 import seaborn as sns
 
-from . import store
-from .seed import SEED_MACHINE, seed_speedups
+from ..core import store
+from ..studies import compile_cost, cuda_graphs
+from ..core.seed import SEED_MACHINE, seed_speedups
+from ..core.techniques import SET_NAMES, technique_set
 
 TABLE_COLUMNS = {
     "model": "model", "phase": "phase", "variant": "variant", "n": "n", "epoch_s": "epoch s (median)",
@@ -207,10 +210,42 @@ def reference_note(technique: str) -> str:
     """One line: which machines have a stored reference of ``technique``, or how to make one."""
     reference = reference_summary(technique)
     if reference is None:
-        from .reference import SET_NAMES, technique_set  # late import: reference imports the experiment machinery
-
         set_name = next((name for name in SET_NAMES if name != "all" and technique in technique_set(name)), "all")
         return (f"no stored GPU reference of {technique} yet: `python -m optlab reference --set {set_name}` on a GPU "
                 "machine writes one under results/reference/<machine>/")
     machines = ", ".join(f"{m} ({', '.join(sorted(set(g['profile'])))} profile)" for m, g in reference.groupby("machine"))
     return f"stored GPU reference of {technique}: {machines}"
+
+
+def plot_step_trace(samples: pd.DataFrame):
+    """Seconds of every step of repeat 0 on a log scale, per model and phase: the first step carries the compile."""
+    set_theme()
+    grid = sns.relplot(data=compile_cost.step_trace(samples), kind="line", x="step", y="seconds", hue="variant", style="variant",
+                       markers=True, dashes=False, row="phase", col="model", height=3.0, aspect=1.3,
+                       facet_kws={"sharey": False})
+    grid.set(yscale="log")
+    grid.set_titles("{col_name}, {row_name}")
+    return grid
+
+
+def plot_sweep(frame: pd.DataFrame, title: str = ""):
+    """Milliseconds per step and microseconds per image against batch size, log-log, per mode (one machine's sweep)."""
+    set_theme()
+    long = pd.concat([frame.assign(metric="ms per step", value=1e3 * frame["median_s"]),
+                      frame.assign(metric="µs per image", value=frame["per_image_us"])], ignore_index=True)
+    executions = [e for e in cuda_graphs.EXECUTIONS if e in set(frame["execution"])]  # no legend entry for what did not run
+    grid = sns.relplot(data=long, kind="line", x="batch_size", y="value", hue="execution", style="execution",
+                       hue_order=executions, style_order=executions, markers=True, dashes=False, row="metric",
+                       col="mode", height=3.0, aspect=1.3, facet_kws={"sharey": False})
+    plain = ticker.FuncFormatter(lambda value, _: f"{value:g}")
+    grid.set(xscale="log", yscale="log", xticks=sorted(set(frame["batch_size"])))
+    for ax in grid.axes.flat:
+        ax.xaxis.set_major_formatter(plain)
+        ax.xaxis.set_minor_locator(ticker.NullLocator())
+        for set_formatter in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+            set_formatter(ticker.LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.4)))  # plain numbers
+    grid.set_titles("{col_name}: {row_name}")
+    grid.set_axis_labels("batch size", "")
+    if title:
+        grid.figure.suptitle(title, y=1.02)
+    return grid

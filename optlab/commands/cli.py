@@ -8,7 +8,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from .errors import OptlabError
+from ..core.errors import OptlabError
 
 DEFAULT_RUN_DIR = Path("results") / "runs"
 
@@ -53,22 +53,22 @@ def _add_common(command: argparse.ArgumentParser, default_out: Path) -> None:
 
 
 def _print_table(summary: pd.DataFrame) -> None:
-    from .report import comparison_table
+    from ..book.report import comparison_table
 
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 40):
         print(comparison_table(summary).drop(columns=["img/s", "TFLOP/s"]).to_string(index=False))
 
 
 def _list() -> None:
-    from .experiments import list_experiments
+    from ..core.registry import list_experiments
 
     with pd.option_context("display.width", 200, "display.max_colwidth", 90):
         print(list_experiments().to_string(index=False))
 
 
 def _run(args: argparse.Namespace) -> None:
-    from .distributed import run_distributed
-    from .experiments import run_experiment
+    from ..studies.distributed import run_distributed
+    from ..core.experiments import run_experiment
 
     overrides = {k: v for k, v in {"batch_size": args.batch_size, "num_workers": args.num_workers}.items() if v is not None}
     run = run_distributed if args.distributed else run_experiment

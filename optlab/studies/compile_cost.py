@@ -17,11 +17,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import seaborn as sns
 
-from . import store
-from .errors import OptlabError
-from .report import set_theme
+from ..core import store
+from ..core.errors import OptlabError
 
 COST_COLUMNS = ["model", "phase", "variant", "compile_s", "step_ms", "eager_step_ms", "saving_ms", "payoff_steps",
                 "payoff_epochs", "graphs_compiled", "verdict"]
@@ -137,14 +135,3 @@ def step_trace(samples: pd.DataFrame) -> pd.DataFrame:
             for _, run in first.iterrows()
             for index, seconds in enumerate([*run["warmup_times_s"], *run["step_times_s"]])]
     return pd.DataFrame(rows)
-
-
-def plot_step_trace(samples: pd.DataFrame):
-    """Seconds of every step of repeat 0 on a log scale, per model and phase: the first step carries the compile."""
-    set_theme()
-    grid = sns.relplot(data=step_trace(samples), kind="line", x="step", y="seconds", hue="variant", style="variant",
-                       markers=True, dashes=False, row="phase", col="model", height=3.0, aspect=1.3,
-                       facet_kws={"sharey": False})
-    grid.set(yscale="log")
-    grid.set_titles("{col_name}, {row_name}")
-    return grid

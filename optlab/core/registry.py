@@ -1,0 +1,97 @@
+"""The registry of techniques: an :class:`Experiment` is a baseline and its labelled variants, as data.
+
+``techniques`` fills the registry (importing :mod:`optlab.core` does it); ``experiments`` and everything above read
+it. This module imports nothing of the measurement itself.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pandas as pd
+
+from .config import RunConfig, apply_changes
+from .errors import OptlabError, choice_error
+from .profiles import Profile
+
+PHASES = ("train", "test")
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One technique: shared knobs, then labelled variants whose first entry is the baseline."""
+
+    name: str
+    title: str
+    section: str  # the seed article's section, "" for techniques beyond the seed
+    variants: tuple[tuple[str, dict[str, Any]], ...]  # (label, knob changes)
+    phases: tuple[str, ...] = PHASES
+    base: dict[str, Any] = field(default_factory=dict)  # knob changes shared by every variant
+    description: str = ""
+    needs_cuda: bool = False  # meaningless without a GPU: refused on the CPU instead of pretending
+    models: tuple[str, ...] | None = None  # the profile's models to run by default (None: all of them)
+
+    def __post_init__(self) -> None:
+        if len(self.variants) < 2:
+            raise OptlabError(f"experiment {self.name!r} needs a baseline and at least one variant")
+        bad = set(self.phases) - set(PHASES)
+        if bad:
+            raise choice_error("phase", sorted(bad)[0], PHASES)
+
+    @property
+    def labels(self) -> list[str]:
+        return [label for label, _ in self.variants]
+
+    @property
+    def baseline_label(self) -> str:
+        return self.variants[0][0]
+
+    def default_models(self, profile: Profile) -> tuple[str, ...]:
+        """The models a run uses when none are given: the profile's, narrowed to this technique's own if it has
+        any (compiling every model would take a GPU reference run past its time budget)."""
+        chosen = tuple(m for m in profile.models if self.models is None or m in self.models)
+        return chosen or profile.models
+
+    def configs(self, model: str, profile: Profile, overrides: dict[str, Any] | None = None) -> dict[str, RunConfig]:
+        """The requested config of every variant for ``model`` under ``profile`` and user ``overrides``."""
+        common = RunConfig(model=model, batch_size=profile.batch_size, width=profile.width,
+                           num_workers=profile.num_workers)
+        common = apply_changes(apply_changes(common, self.base), overrides or {})
+        return {label: apply_changes(common, changes) for label, changes in self.variants}
+
+    def with_variants(self, *variants: tuple[str, dict[str, Any]], name: str | None = None) -> "Experiment":
+        """A copy with other variants (a chapter's own comparison), keeping everything else."""
+        return replace(self, name=name or self.name, variants=tuple(variants))
+
+    def for_phases(self, *phases: str) -> "Experiment":
+        """A copy that times only ``phases`` (a CPU chapter that cannot afford every phase)."""
+        return replace(self, phases=tuple(phases))
+
+
+REGISTRY: dict[str, Experiment] = {}
+
+
+def register(experiment: Experiment) -> Experiment:
+    """Add ``experiment`` to the registry under its name (``techniques`` does this for every entry)."""
+    REGISTRY[experiment.name] = experiment
+    return experiment
+
+
+def get_experiment(name: str | Experiment) -> Experiment:
+    """The registered technique ``name`` (an :class:`Experiment` is returned as it is)."""
+    if isinstance(name, Experiment):
+        return name
+    if name not in REGISTRY:
+        raise choice_error("technique", name, list(REGISTRY))
+    return REGISTRY[name]
+
+
+def list_experiments() -> pd.DataFrame:
+    """Every registered technique with its seed section, timed phases and variants."""
+    return pd.DataFrame(
+        [
+            {"technique": e.name, "section": e.section or "beyond", "title": e.title, "timed": "+".join(e.phases),
+             "device": "cuda" if e.needs_cuda else "any", "variants": " | ".join(e.labels)}
+            for e in REGISTRY.values()
+        ]
+    )

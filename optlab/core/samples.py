@@ -1,0 +1,53 @@
+"""Tidy sample rows: one per model, variant, repeat and phase, with the raw step times and what follows from them."""
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from .config import RunConfig
+from .flops import step_flops, tflops
+from .loops import PhaseResult
+from .timing import epoch_equivalent
+
+
+def base_row(technique: str, model: str, label: str, repeat: int, phase: str, config: RunConfig) -> dict[str, Any]:
+    """The keys every row has, whatever became of the run."""
+    return {"technique": technique, "model": model, "variant": label, "repeat": repeat, "phase": phase,
+            "images_per_step": config.images_per_step}
+
+
+def failed_row(technique: str, model: str, label: str, repeat: int, phase: str, config: RunConfig,
+               status: str) -> dict[str, Any]:
+    """A run that did not finish: ``status`` says why (``out of memory`` or ``failed: <error>``)."""
+    return {**base_row(technique, model, label, repeat, phase, config), "status": status}
+
+
+def sample_row(technique: str, model: str, label: str, repeat: int, phase: str, config: RunConfig,
+               result: PhaseResult, epoch_images: int) -> dict[str, Any]:
+    """A finished run: its raw samples, epoch-equivalent time, throughput, FLOP rate, memory and losses."""
+    steps = result.step_times_s
+    mean_step = sum(steps) / len(steps)
+    flops = step_flops(config.model, config.model_variant, config.width, config.images_per_step, phase == "train")
+    return {
+        **base_row(technique, model, label, repeat, phase, config),
+        "status": "ok",
+        "epoch_images": epoch_images,
+        "startup_s": result.startup_s,
+        "first_step_s": result.warmup_times_s[0] if result.warmup_times_s else None,
+        "wall_s": result.wall_s,
+        "steps": len(steps),
+        "step_median_s": float(pd.Series(steps).median()),
+        "epoch_equiv_s": epoch_equivalent(result.startup_s, steps, config.images_per_step, epoch_images),
+        "images_per_s": config.images_per_step / mean_step,
+        "peak_mem_mb": result.peak_mem_mb,
+        "flops_per_step": flops,
+        "tflops": tflops(flops, mean_step),
+        "loss_last": result.losses[-1] if result.losses else None,
+        "accuracy": result.correct / result.images if phase == "test" and result.images else None,
+        "step_times_s": steps,
+        "warmup_times_s": result.warmup_times_s,
+        "losses": result.losses,
+        "warmup_losses": result.warmup_losses,
+        "graphs_compiled": result.graphs_compiled,
+    }

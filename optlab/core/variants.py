@@ -1,0 +1,42 @@
+"""A variant's live objects: the model built from the same seed, its optimizer, scaler and loaders."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import data
+from .config import RunConfig
+from .device import DeviceInfo
+from .device_data import DeviceResidentLoader
+from .loops import make_optimizer, make_scaler, prepare_model
+from .models import build_model
+
+
+@dataclass
+class VariantState:
+    """A variant's live objects during a run: its model, optimizer, scaler and loaders."""
+
+    config: RunConfig
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    loaders: dict[str, torch.utils.data.DataLoader]
+    failed: str | None = None
+
+
+def build_state(config: RunConfig, info: DeviceInfo, train_set, test_set, seed: int) -> VariantState:
+    """A fresh model (same weights for every seed), its optimizer, scaler and loaders, as ``config`` asks."""
+    torch.manual_seed(seed)  # every variant starts from the same weights
+    model = build_model(config.model, config.model_variant, config.width)
+    model = prepare_model(model, config, info.device)
+    if config.data_on_device:
+        loaders = {phase: DeviceResidentLoader(dataset, config.images_per_step, info.device, phase == "train",
+                                               config.drop_last, seed)
+                   for phase, dataset in (("train", train_set), ("test", test_set))}
+    else:
+        loaders = {
+            "train": data.make_loader(train_set, config, train=True, seed=seed),
+            "test": data.make_loader(test_set, config, train=False, seed=seed),
+        }
+    return VariantState(config, model, make_optimizer(model, config), make_scaler(config, info.device), loaders)

@@ -1,0 +1,7 @@
+"""Each chapter's own measurement, built on :mod:`optlab.core`: micro-benchmarks, cuDNN autotuning, compilation cost,
+CUDA graphs, numerics and TF32, optimizer steps, the data pipeline, profiling, the learning check, FLOP peaks and
+data-parallel training.
+
+A study imports the core and the public names of other studies; never ``optlab.book`` or ``optlab.commands``, and
+never another module's underscore names.
+"""

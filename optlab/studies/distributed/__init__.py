@@ -1,0 +1,20 @@
+"""Data-parallel training under ``torchrun``: DistributedDataParallel, a DistributedSampler, timings gathered to rank 0.
+
+Launch one process per device (``torchrun --nproc-per-node N -m optlab run TECHNIQUE --distributed``); NCCL joins
+GPUs, gloo joins CPU processes. Every rank trains a replica on its own shard of the data; DDP averages the gradients
+in buckets while backward runs. The package holds one job per module: ``group`` (joining the job, timeouts,
+gathering), ``training`` (the timed run on every rank), ``launch`` (torchrun from Python), ``scaling`` (efficiency
+and stored runs) and ``parity`` (``python -m optlab.studies.distributed parity``).
+"""
+from .group import TIMEOUT_ENV, TORCHRUN_ENV, Group, gather, process_group, timeout_s
+from .launch import launch, torchrun_command
+from .parity import PARITY_TOLERANCE, Parity, main, parity
+from .scaling import STORED_DIR, ring_allreduce_s, scaling, stored_samples
+from .training import SYNC_SUFFIX, ddp_step, ddp_variants, distributed_loader, merge_ranks, run_distributed, sync_context, wrap
+
+__all__ = [
+    "Group", "PARITY_TOLERANCE", "Parity", "STORED_DIR", "SYNC_SUFFIX", "TIMEOUT_ENV", "TORCHRUN_ENV", "ddp_step",
+    "ddp_variants", "distributed_loader", "gather", "launch", "main", "merge_ranks", "parity", "process_group",
+    "ring_allreduce_s", "run_distributed", "scaling", "stored_samples", "sync_context", "timeout_s",
+    "torchrun_command", "wrap",
+]

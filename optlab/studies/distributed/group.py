@@ -1,0 +1,103 @@
+"""This process's place in a torchrun job: joining and leaving the process group, timeouts, gathering to every rank."""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+from ...core.device import DeviceInfo, resolve_device
+from ...core.errors import OptlabError
+
+TIMEOUT_ENV = "OPTLAB_DDP_TIMEOUT_S"
+
+DEFAULT_TIMEOUT_S = 600.0  # how long a rank waits in a collective for the others before it raises
+
+TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class Group:
+    """This process's place in the job: its ranks, the job's size, the backend and its own device."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    backend: str
+    info: DeviceInfo
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def nnodes(self) -> int:
+        return self.world_size // self.local_world_size
+
+    def describe(self) -> str:
+        return (f"distributed: {self.world_size} process(es) on {self.nnodes} node(s), backend {self.backend}, "
+                f"{torch.get_num_threads()} thread(s) per process")
+
+
+def timeout_s() -> float:
+    """Seconds a collective waits for the other ranks: ``$OPTLAB_DDP_TIMEOUT_S``, else 600."""
+    text = os.environ.get(TIMEOUT_ENV, str(DEFAULT_TIMEOUT_S))
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise OptlabError(f"{TIMEOUT_ENV} must be a number of seconds above 0, got {text!r}")
+    return value
+
+
+@contextlib.contextmanager
+def process_group(device: str = "auto") -> Iterator[Group]:
+    """Join the job torchrun started and leave it on exit: NCCL on CUDA, where each process takes the GPU of its
+    LOCAL_RANK (whatever index ``device`` names), gloo on the CPU."""
+    missing = [name for name in TORCHRUN_ENV if name not in os.environ]
+    if missing:
+        raise OptlabError(f"a distributed run must be started by torchrun ({', '.join(missing)} not set); launch it as "
+                          "torchrun --nproc-per-node N -m optlab run TECHNIQUE --distributed")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    info = resolve_device(device)
+    if info.is_cuda:
+        info = resolve_device(f"cuda:{local_rank}")
+        torch.cuda.set_device(info.device)
+    backend = "nccl" if info.is_cuda else "gloo"
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s()),
+                            device_id=info.device if info.is_cuda else None)
+    try:
+        yield Group(dist.get_rank(), local_rank, dist.get_world_size(), int(os.environ["LOCAL_WORLD_SIZE"]),
+                    backend, info)
+    finally:
+        dist.destroy_process_group()
+
+
+TIMEOUT_WORDS = re.compile(r"timed out|timeout", re.IGNORECASE)
+
+
+@contextlib.contextmanager
+def explain_timeouts(group: Group) -> Iterator[None]:
+    """Turn a collective's timeout into an error that names the setting and the likely cause."""
+    try:
+        yield
+    except RuntimeError as error:  # gloo raises a RuntimeError (DistBackendError); NCCL's watchdog ends the process
+        if not TIMEOUT_WORDS.search(str(error)):
+            raise
+        raise OptlabError(f"rank {group.rank} waited {timeout_s():g} s ({TIMEOUT_ENV}) for the other ranks in a "
+                          f"collective and gave up: another rank died or hangs, and its own messages say why "
+                          f"({str(error).splitlines()[0]})") from error
+
+
+def gather(value: Any, group: Group) -> list[Any]:
+    """Every rank's ``value``, in rank order, on every rank."""
+    values: list[Any] = [None] * group.world_size
+    dist.all_gather_object(values, value)
+    return values
