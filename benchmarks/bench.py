@@ -1,26 +1,38 @@
-"""`make bench`: two ratios, each measured side by side in one run on this machine.
+"""`make bench`: three figures, each measured live on this machine.
 
 1. Harness overhead: optlab's measured training loop against a plain hand-written loop, same model and batches
    (target: at most 1.03).
 2. Stand-in data cost: the stand-in's per-image loading against torchvision's own CIFAR10 ``__getitem__`` over
    identical arrays (target: between 0.8 and 1.25).
+3. A/A false verdicts: the same configuration timed against itself through the registry's API (smoke profile,
+   ResNet18 and MobileNetV2, train and test), ``A_A_RUNS`` times; how many of those comparisons got a verdict other
+   than "no clear difference" (target: at most 1 %), and whether the variant in the second slot of a repeat tends to
+   be faster (the order effect that rotating the order cancels).
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import statistics
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
 from torchvision.datasets import CIFAR10
+from tqdm import tqdm
 
 from optlab.core import data
 from optlab.core.config import RunConfig
 from optlab.core.device import resolve_device
+from optlab.core.experiments import run_experiment, visit_order
+from optlab.core.registry import Experiment
 from optlab.core.loops import make_optimizer, make_scaler, prepare_model, train_phase
 from optlab.core.models import build_model
 
 ROUNDS = 5
+A_A_RUNS = 30  # x 2 models x 2 phases = 120 comparisons, about 2-4 minutes on 2 cores
+A_A = Experiment("a_a", "the same configuration twice", "", variants=(("A", {}), ("A again", {})))
 
 
 def plain_loop(model, batches, optimizer, device) -> float:
@@ -84,6 +96,23 @@ def standin_cost(count: int = 2000) -> float:
     return statistics.median(ours) / statistics.median(theirs)
 
 
+def a_a_false_verdicts(runs: int = A_A_RUNS) -> tuple[int, int, float]:
+    """False verdicts among ``runs`` A/A experiments' comparisons, and the share of repeats whose second slot was faster."""
+    false, total, second_faster, pairs = 0, 0, 0, 0
+    for seed in tqdm(range(runs), desc="A/A runs", file=sys.stderr, leave=False):
+        with contextlib.redirect_stdout(io.StringIO()):
+            result = run_experiment(A_A, profile="smoke", device="cpu", seed=seed, progress=False)
+        compared = result.summary[result.summary["variant"] == "A again"]
+        false += int((compared["verdict"] != "no clear difference").sum())
+        total += len(compared)
+        for _, group in result.samples.groupby(["model", "phase", "repeat"]):
+            first, second = visit_order(A_A.labels, int(group["repeat"].iloc[0]))
+            times = group.set_index("variant")["epoch_equiv_s"]
+            second_faster += int(times[second] < times[first])
+            pairs += 1
+    return false, total, second_faster / pairs
+
+
 def main() -> None:
     print(f"device: {resolve_device('auto').describe()}; torch threads: {torch.get_num_threads()}")
     print("harness overhead (optlab loop / plain loop), target <= 1.03:")
@@ -92,6 +121,11 @@ def main() -> None:
     print("stand-in data cost (stand-in / torchvision CIFAR10 per image), target 0.8-1.25:")
     cost = standin_cost()
     print(f"  ratio {cost:.3f}  {'within target' if 0.8 <= cost <= 1.25 else 'OUTSIDE TARGET'}")
+    print(f"A/A comparisons ({A_A_RUNS} runs of the same configuration against itself, smoke profile), target <= 1 %:")
+    false, total, second_faster = a_a_false_verdicts()
+    print(f"  second slot faster in {100 * second_faster:.0f} % of repeats (50 %: no order effect)")
+    print(f"A/A false verdicts: {false}/{total} ({100 * false / total:.1f} %)  "
+          f"{'within target' if false <= 0.01 * total else 'OVER TARGET'}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The command line: ``python -m optlab list | run TECHNIQUE | reference``."""
+"""The command line: ``python -m optlab list | run TECHNIQUE | reference | tune``."""
 from __future__ import annotations
 
 import argparse
@@ -21,8 +21,15 @@ def _whole_number(text: str) -> int:
     return value
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a mistyped argument ends like every other bad input: one ``optlab: error:`` line, exit 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"optlab: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m optlab", description="Measure PyTorch speed-ups.")
+    parser = OneLineParser(prog="python -m optlab", description="Measure PyTorch speed-ups.")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("list", help="list the techniques")
 
@@ -32,15 +39,42 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--models", nargs="+", help="models to run (default: the profile's)")
     run.add_argument("--batch-size", type=_whole_number, help="images per batch (default: the profile's)")
     run.add_argument("--num-workers", type=_whole_number, help="DataLoader workers for the common config")
+    run.add_argument("--steps", type=_whole_number, help="timed steps per repeat, train and test (default: the profile's)")
+    run.add_argument("--repeats", type=_whole_number, help="timed repeats per variant (default: the profile's)")
     run.add_argument("--distributed", action="store_true",
                      help="one process per device with DistributedDataParallel; start it with "
                           "torchrun --nproc-per-node N -m optlab run TECHNIQUE --distributed")
 
-    reference = commands.add_parser("reference", help="run every technique: the GPU reference run")
+    reference = commands.add_parser(
+        "reference", help="run every technique: the GPU reference run",
+        description="The GPU reference run, part by part (a technique on one model, or a study's tables), in a fixed "
+                    "priority order; parts already recorded under --out for this machine, torch version and commit "
+                    "are skipped. Records are stamped with the git commit of the checkout, or with "
+                    "$OPTLAB_GIT_COMMIT where the copy has no .git (set it to the commit the copy was made from).")
     _add_common(reference, default_out=Path("results") / "reference" / "this-machine")
-    reference.add_argument("--set", default="seed",
-                           help="which techniques: seed (default), beyond, compile (torch.compile and CUDA graphs), "
-                                "stack (all together) or all")
+    reference.add_argument("--set", help="which techniques: seed (the default for a run), beyond, compile "
+                                         "(torch.compile and CUDA graphs), stack (all together) or all (the default "
+                                         "for --plan)")
+    reference.add_argument("--plan", action="store_true",
+                           help="print every part with its steps and estimated H200 seconds, and run nothing")
+    reference.add_argument("--budget", type=float, metavar="SECONDS",
+                           help="run parts in priority order until the next would not fit in SECONDS")
+    reference.add_argument("--repeats", type=_whole_number, help="timed repeats per variant (default: the profile's)")
+
+    tune = commands.add_parser("tune", help="the stack of techniques, one step at a time, on your own model")
+    tune.add_argument("--model", required=True, metavar="PACKAGE.MODULE:CALLABLE",
+                      help="what builds the model, such as torchvision.models:resnet50")
+    tune.add_argument("--kwargs", default="{}", metavar="JSON",
+                      help='keyword arguments for it, as a JSON object, such as \'{"num_classes": 10}\'')
+    tune.add_argument("--input-shape", required=True, metavar="C,H,W", help="one input's shape, such as 3,224,224")
+    tune.add_argument("--num-classes", type=_whole_number, required=True, help="classes of the synthetic labels")
+    tune.add_argument("--batch-size", type=_whole_number, help="samples per batch (default: the profile's)")
+    tune.add_argument("--steps", type=_whole_number, help="timed steps per repeat (default: the profile's)")
+    tune.add_argument("--optimizer", default="sgd", help="sgd (default) or adam")
+    tune.add_argument("--profile", help="smoke, quick or auto (default: $OPTLAB_PROFILE or auto)")
+    tune.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    tune.add_argument("--out", type=Path, help="a folder for the record (default: none is written)")
+    tune.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 
 
@@ -68,28 +102,52 @@ def _list() -> None:
 
 def _run(args: argparse.Namespace) -> None:
     from ..studies.distributed import run_distributed
+    from ..core.device import resolve_device
     from ..core.experiments import run_experiment
+    from ..core.profiles import get_profile
 
     overrides = {k: v for k, v in {"batch_size": args.batch_size, "num_workers": args.num_workers}.items() if v is not None}
     run = run_distributed if args.distributed else run_experiment
-    result = run(args.technique, models=args.models, profile=args.profile, device=args.device,
+    profile = args.profile
+    if args.steps is not None or args.repeats is not None:
+        profile = get_profile(args.profile, resolve_device(args.device).is_cuda).with_sizes(args.steps, args.repeats)
+    result = run(args.technique, models=args.models, profile=profile, device=args.device,
                  overrides=overrides, out=args.out, progress=not args.quiet, download=args.download)
     if result is not None:  # a distributed run returns its result on rank 0 only
         _print_table(result.summary)
 
 
 def _reference(args: argparse.Namespace) -> None:
-    from .reference import run_reference
+    from .reference import describe_plan, run_reference
 
-    for result in run_reference(args.out, set_name=args.set, profile=args.profile, device=args.device,
-                                progress=not args.quiet, download=args.download):
+    if args.plan:
+        print(describe_plan(args.set or "all", args.profile, args.device, args.out, args.budget, args.repeats))
+        return
+    for result in run_reference(args.out, set_name=args.set or "seed", profile=args.profile, device=args.device,
+                                progress=not args.quiet, download=args.download, budget_s=args.budget,
+                                repeats=args.repeats):
         _print_table(result.summary)
+
+
+def _tune(args: argparse.Namespace) -> None:
+    from ..studies.tune import tune
+    from ..studies.tune_inputs import model_from_spec, parse_kwargs, parse_shape
+
+    shape = parse_shape(args.input_shape)
+    model_fn = model_from_spec(args.model, parse_kwargs(args.kwargs))
+    result = tune(model_fn, input_shape=shape, num_classes=args.num_classes, batch_size=args.batch_size,
+                  device=args.device, profile=args.profile, steps=args.steps, optimizer=args.optimizer,
+                  name=args.model, out=args.out, progress=not args.quiet)
+    with pd.option_context("display.width", 250, "display.max_columns", 20, "display.max_colwidth", 70):
+        print(result.table().to_string(index=False))
+    print(result.describe())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        {"list": lambda: _list(), "run": lambda: _run(args), "reference": lambda: _reference(args)}[args.command]()
+        {"list": lambda: _list(), "run": lambda: _run(args), "reference": lambda: _reference(args),
+         "tune": lambda: _tune(args)}[args.command]()
     except OptlabError as error:
         print(f"optlab: error: {error}", file=sys.stderr)
         return 2

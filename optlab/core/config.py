@@ -32,6 +32,7 @@ class RunConfig:
     prefetch_factor: int | None = None  # None: DataLoader's default (2) when workers > 0
     drop_last: bool = True  # timed loops keep one batch shape
     non_blocking: bool = False
+    prefetch_to_device: bool = False  # copy the next batch on a side CUDA stream while this step computes
     amp_dtype: str = "none"
     set_to_none: bool = True
     accumulation_steps: int = 1
@@ -86,6 +87,9 @@ class RunConfig:
 
 
 KNOB_NAMES = tuple(f.name for f in fields(RunConfig))
+TRAIN_ONLY_KNOBS = ("set_to_none", "accumulation_steps", "optimizer", "optimizer_impl")
+EVAL_ONLY_KNOBS = ("eval_grad_mode",)
+PHASE_KNOBS = {"train": frozenset(KNOB_NAMES) - set(EVAL_ONLY_KNOBS), "test": frozenset(KNOB_NAMES) - set(TRAIN_ONLY_KNOBS)}
 
 
 def _require_int(name: str, value: object, minimum: int) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from .config import RunConfig, apply_changes
+from .config import PHASE_KNOBS, RunConfig, apply_changes, changed_knobs
 from .errors import OptlabError, choice_error
 from .profiles import Profile
 
@@ -30,6 +30,8 @@ class Experiment:
     description: str = ""
     needs_cuda: bool = False  # meaningless without a GPU: refused on the CPU instead of pretending
     models: tuple[str, ...] | None = None  # the profile's models to run by default (None: all of them)
+    variant_models: dict[str, tuple[str, ...]] = field(default_factory=dict)  # label -> the only models it runs on
+    isolate_variants: bool = False  # each variant in a fresh process of its own (state that lives per process)
 
     def __post_init__(self) -> None:
         if len(self.variants) < 2:
@@ -46,6 +48,14 @@ class Experiment:
     def baseline_label(self) -> str:
         return self.variants[0][0]
 
+    @property
+    def control_phases(self) -> tuple[str, ...]:
+        """The timed phases that no variant's knobs reach (the evaluation loop of a technique that changes only the
+        optimizer step): there the variants run the same code, so the comparison is an A/A control, not a claim."""
+        configs = [apply_changes(apply_changes(RunConfig(), self.base), changes) for _, changes in self.variants]
+        changed = {knob for config in configs[1:] for knob in changed_knobs(configs[0], config)}
+        return tuple(phase for phase in self.phases if not changed & PHASE_KNOBS[phase])
+
     def default_models(self, profile: Profile) -> tuple[str, ...]:
         """The models a run uses when none are given: the profile's, narrowed to this technique's own if it has
         any (compiling every model would take a GPU reference run past its time budget)."""
@@ -57,7 +67,8 @@ class Experiment:
         common = RunConfig(model=model, batch_size=profile.batch_size, width=profile.width,
                            num_workers=profile.num_workers)
         common = apply_changes(apply_changes(common, self.base), overrides or {})
-        return {label: apply_changes(common, changes) for label, changes in self.variants}
+        return {label: apply_changes(common, changes) for label, changes in self.variants
+                if model in self.variant_models.get(label, (model,))}
 
     def with_variants(self, *variants: tuple[str, dict[str, Any]], name: str | None = None) -> "Experiment":
         """A copy with other variants (a chapter's own comparison), keeping everything else."""

@@ -7,16 +7,23 @@ from .timing import speed_up, summarize
 
 SUMMARY_COLUMNS = [
     "model", "phase", "variant", "n", "epoch_s", "epoch_iqr_s", "epoch_min_s", "step_ms", "startup_s",
-    "images_per_s", "peak_mem_mb", "tflops", "speedup", "ci_low", "ci_high", "verdict",
+    "images_per_s", "peak_mem_mb", "tflops", "speedup", "ci_low", "ci_high", "verdict", "role",
 ]
+CLAIM, CONTROL = "claim", "A/A control"
 
 
-def _repeats(group: pd.DataFrame) -> list[tuple[float, list[float]]]:
-    return list(zip(group["startup_s"], group["step_times_s"]))
+def paired_epoch_times(baseline: pd.DataFrame, variant: pd.DataFrame) -> tuple[list[float], list[float]]:
+    """The two variants' epoch-equivalent times on the repeats both finished, in repeat order."""
+    base = baseline.set_index("repeat")["epoch_equiv_s"]
+    other = variant.set_index("repeat")["epoch_equiv_s"]
+    repeats = sorted(set(base.index) & set(other.index))
+    return base.loc[repeats].tolist(), other.loc[repeats].tolist()
 
 
-def summarize_runs(samples: pd.DataFrame, baseline: str) -> pd.DataFrame:
-    """One row per model, phase and variant; speed-ups are against the ``baseline`` variant of the same model and phase."""
+def summarize_runs(samples: pd.DataFrame, baseline: str, controls: "tuple[str, ...] | list[str]" = ()) -> pd.DataFrame:
+    """One row per model, phase and variant; speed-ups are against the ``baseline`` variant of the same model and
+    phase, paired by repeat. Phases in ``controls`` are ones the technique cannot change: their rows say so in
+    ``role`` ("A/A control"), and their verdicts measure the noise, not the technique."""
     if samples.empty or "epoch_equiv_s" not in samples:
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
     ok = samples[samples["status"] == "ok"]
@@ -24,6 +31,7 @@ def summarize_runs(samples: pd.DataFrame, baseline: str) -> pd.DataFrame:
     for (model, phase), group in ok.groupby(["model", "phase"], sort=False):
         by_variant = dict(tuple(group.groupby("variant", sort=False)))
         base = by_variant.get(baseline)
+        role = CONTROL if phase in controls else CLAIM
         for variant, runs in by_variant.items():
             epoch = summarize(runs["epoch_equiv_s"])
             row = {
@@ -31,19 +39,18 @@ def summarize_runs(samples: pd.DataFrame, baseline: str) -> pd.DataFrame:
                 "epoch_s": epoch.median, "epoch_iqr_s": epoch.iqr, "epoch_min_s": epoch.min,
                 "step_ms": 1e3 * runs["step_median_s"].median(), "startup_s": runs["startup_s"].median(),
                 "images_per_s": runs["images_per_s"].median(), "peak_mem_mb": runs["peak_mem_mb"].max(),
-                "tflops": runs["tflops"].median(),
+                "tflops": runs["tflops"].median(), "role": role,
             }
             if variant == baseline:
                 row.update(speedup=1.0, ci_low=1.0, ci_high=1.0, verdict="baseline")
             elif base is not None:
-                scale = lambda r: r["epoch_images"].iloc[0] / r["images_per_step"].iloc[0]  # noqa: E731
-                result = speed_up(_repeats(base), _repeats(runs), scale(base), scale(runs))
+                result = speed_up(*paired_epoch_times(base, runs))
                 row.update(speedup=result.ratio, ci_low=result.low, ci_high=result.high, verdict=result.verdict)
             rows.append(row)
     failed = samples[samples["status"] != "ok"].drop_duplicates(["model", "phase", "variant"])
     for _, run in failed.iterrows():
         rows.append({"model": run["model"], "phase": run["phase"], "variant": run["variant"], "n": 0,
-                     "verdict": run["status"]})
+                     "verdict": run["status"], "role": CONTROL if run["phase"] in controls else CLAIM})
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 

@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from ...core.device import DeviceInfo, resolve_device
 from ...core.errors import OptlabError
+from ...core.limits import check_count, cpu_cores
 
 TIMEOUT_ENV = "OPTLAB_DDP_TIMEOUT_S"
 
@@ -57,6 +58,16 @@ def timeout_s() -> float:
     return value
 
 
+def check_world_size(local_world_size: int, cuda: bool) -> None:
+    """One process per GPU, or at most one per CPU core: more would only queue for the same device."""
+    if cuda:
+        check_count("processes per node", local_world_size, 1, torch.cuda.device_count(),
+                    "one per GPU on this node")
+    else:
+        cores = cpu_cores()
+        check_count("processes per node", local_world_size, 1, cores, f"one per CPU core, {cores} here")
+
+
 @contextlib.contextmanager
 def process_group(device: str = "auto") -> Iterator[Group]:
     """Join the job torchrun started and leave it on exit: NCCL on CUDA, where each process takes the GPU of its
@@ -67,6 +78,7 @@ def process_group(device: str = "auto") -> Iterator[Group]:
                           "torchrun --nproc-per-node N -m optlab run TECHNIQUE --distributed")
     local_rank = int(os.environ["LOCAL_RANK"])
     info = resolve_device(device)
+    check_world_size(int(os.environ["LOCAL_WORLD_SIZE"]), info.is_cuda)
     if info.is_cuda:
         info = resolve_device(f"cuda:{local_rank}")
         torch.cuda.set_device(info.device)

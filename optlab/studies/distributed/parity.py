@@ -21,6 +21,7 @@ from torch.utils.data import Dataset
 from ...core import data, loops, store
 from ...core.config import RunConfig
 from ...core.errors import OptlabError
+from ...core.limits import check_count, cpu_cores
 from ...core.models import build_model
 from .group import gather, process_group
 from .launch import launch, torchrun_command
@@ -120,9 +121,13 @@ def parity_rank(steps: int, accumulation_steps: int, out: Path) -> None:
 
 def parity(nproc: int = 2, steps: int = 3, accumulation_steps: int = 2, timeout: float = 300.0) -> Parity:
     """Launch the parity check on ``nproc`` CPU processes (gloo) and return what rank 0 measured."""
-    for name, value, minimum in (("nproc", nproc, 2), ("steps", steps, 1), ("accumulation_steps", accumulation_steps, 1)):
-        if value < minimum:
-            raise OptlabError(f"parity check: {name} must be at least {minimum}, got {value}")
+    try:
+        check_count("nproc", nproc, 2, max(2, cpu_cores()), "one process per CPU core")
+        micro_batches = data.TEST_SIZE // (PARITY_CONFIG.batch_size * nproc)
+        check_count("accumulation_steps", accumulation_steps, 1, micro_batches, "micro-batches in the test set")
+        check_count("steps", steps, 1, micro_batches // accumulation_steps, "optimizer steps the test set can feed")
+    except OptlabError as error:
+        raise OptlabError(f"parity check: {error}") from None
     with tempfile.TemporaryDirectory(prefix="optlab-parity-") as folder:
         out = Path(folder) / "parity.json"
         args = ["-m", "optlab.studies.distributed", "parity-rank", "--steps", str(steps), "--accumulation-steps",

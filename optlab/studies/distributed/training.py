@@ -235,7 +235,7 @@ def _run(experiment: Experiment, group: Group, models, profile, overrides, out, 
         return None
 
     samples = pd.DataFrame(rows)
-    summary = summarize_runs(samples, experiment.baseline_label)
+    summary = summarize_runs(samples, experiment.baseline_label, experiment.control_phases)
     record = store.make_record(
         experiment=experiment, profile=prof, environment=environment,
         configs={m: {label: c.to_dict() for label, c in cfgs.items()} for m, cfgs in requested.items()},
