@@ -84,3 +84,12 @@ def book(request) -> Build:
     log = re.sub(r"\x1b\[[0-9;]*m", "", BUILD_LOG.read_text())
     assert returncode == 0, f"the book build failed (log: {BUILD_LOG}):\n{log[-8000:]}"
     return Build(BUILD / "html", log)
+
+
+@pytest.fixture
+def no_cuda(monkeypatch):
+    """This machine as if it had no CUDA device, so CPU-only behaviour is tested on GPU machines too."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)

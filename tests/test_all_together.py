@@ -71,12 +71,13 @@ def test_cpu_peak_is_a_measured_matmul_ceiling_and_named_so():
     assert peak.tflops > 0 and peak.source.startswith("measured")
 
 
-def test_mfu_is_achieved_over_peak():
+def test_mfu_is_achieved_over_peak(monkeypatch):
     info = resolve_device("cpu")
     summary = pd.DataFrame({"model": ["resnet18"], "phase": ["train"], "variant": ["v"], "tflops": [0.01]})
+    monkeypatch.setattr(peaks, "peak_for", lambda config, info: peaks.Peak("fp32", 0.04, "a made-up peak"))
     table = peaks.mfu_table(summary, {"resnet18": {"v": RunConfig().to_dict()}}, info)
     row = table.iloc[0]
-    assert row["MFU %"] == pytest.approx(100 * 0.01 / row["peak TFLOP/s"])
+    assert row["MFU %"] == pytest.approx(25.0) and row["peak source"] == "a made-up peak"
 
 
 def test_learning_curves_record_loss_and_accuracy_from_the_same_start():

@@ -60,12 +60,15 @@ def test_device_resident_loader_yields_normalized_batches_in_a_seeded_order():
     (images, labels), (images2, labels2) = next(iter(loader)), next(iter(again))
     assert images.shape == (16, 3, 32, 32) and images.dtype == torch.float32
     assert torch.equal(labels, labels2) and torch.equal(images, images2)
+    other_seed = DeviceResidentLoader(test_set, 16, torch.device("cpu"), train=True, seed=2)
+    assert not torch.equal(next(iter(other_seed))[1], labels), "another seed must give another order"
+    assert not torch.equal(labels, torch.as_tensor(test_set.targets[:16])), "the training order is not shuffled"
+    second_epoch = list(loader)[0][1]
+    assert not torch.equal(second_epoch, labels), "each epoch draws a new order"
     assert len(loader) == 10_000 // 16 and abs(float(images.mean())) < 1.0
 
 
-def test_cuda_only_technique_is_refused_on_cpu_with_a_reason():
-    if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA")
+def test_cuda_only_technique_is_refused_on_cpu_with_a_reason(no_cuda):
     with pytest.raises(OptlabError, match="cuda_graphs needs a CUDA device"):
         run_experiment("cuda_graphs", profile=TINY, device="cpu", progress=False)
 
@@ -99,8 +102,8 @@ def test_compiling_techniques_default_to_the_launch_bound_models_of_a_profile():
 
 
 def test_every_beyond_technique_is_in_exactly_one_reference_set():
-    from optlab.commands.reference import extras, technique_set
+    from optlab.commands.reference import EXTRAS, technique_set
 
     sets = {name: set(technique_set(name)) for name in ("beyond", "compile", "stack")}
     assert sorted(t for s in sets.values() for t in s) == sorted(BEYOND_TECHNIQUES)
-    assert "all_together" in sets["stack"] and "learning" in extras("stack") and "learning" in extras("all")
+    assert "all_together" in sets["stack"] and "learning" in EXTRAS["stack"]

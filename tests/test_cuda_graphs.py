@@ -1,5 +1,6 @@
 """CUDA graphs by hand: the eager sweep and input checks on any machine, capture and replay where CUDA exists."""
 import math
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -26,8 +27,15 @@ def test_cpu_sweep_times_eager_steps_only(cpu_sweep):
     assert sorted(zip(cpu_sweep["mode"], cpu_sweep["batch_size"])) == [
         ("inference", 1), ("inference", 8), ("training", 1), ("training", 8)]
     assert (cpu_sweep["median_s"] > 0).all() and (cpu_sweep["blocks"] >= 2).all()  # an IQR needs blocks
-    per_image = 1e6 * cpu_sweep["median_s"] / cpu_sweep["batch_size"]
-    assert per_image.tolist() == pytest.approx(cpu_sweep["per_image_us"].tolist())
+
+
+def test_sweep_rates_come_from_the_timers_median(monkeypatch):
+    fake = SimpleNamespace(median=0.004, iqr=0.001, times=[0.003, 0.004, 0.005])
+    monkeypatch.setattr(cuda_graphs, "_time_step", lambda *args: fake)
+    frame = cuda_graphs.sweep("resnet18", TINY_WIDTH, batch_sizes=(1, 8), device="cpu").set_index(["mode", "batch_size"])
+    assert frame.loc[("training", 8), "per_image_us"] == pytest.approx(500.0)
+    assert frame.loc[("inference", 1), "per_image_us"] == pytest.approx(4000.0)
+    assert frame.loc[("training", 8), "median_s"] == 0.004
 
 
 def test_sweep_table_leaves_graphed_columns_empty_without_a_gpu(cpu_sweep):
@@ -89,8 +97,7 @@ def test_eager_training_step_trains():
     assert losses[-1] < losses[0]
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
-def test_gpu_only_entry_points_say_so_on_cpu(tmp_path):
+def test_gpu_only_entry_points_say_so_on_cpu(tmp_path, no_cuda):
     with pytest.raises(OptlabError, match="needs a CUDA device"):
         cuda_graphs.agreement(device="cpu")
     with pytest.raises(OptlabError, match="needs a CUDA device"):

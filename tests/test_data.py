@@ -46,7 +46,7 @@ def test_train_and_test_splits_differ(train_set):
 def test_source_is_the_standin_without_cifar(tmp_path, monkeypatch):
     monkeypatch.setenv("OPTLAB_DATA", str(tmp_path))
     source = data.find_source()
-    assert source.kind == "stand-in" and str(tmp_path) in source.description
+    assert source.kind == "stand-in" and "$OPTLAB_DATA" in source.description and str(tmp_path) not in source.description
     assert data.data_dir() == tmp_path
 
 
@@ -87,10 +87,17 @@ def test_loader_follows_the_knobs(train_set):
     assert loader.drop_last and loader.num_workers == 0
 
 
-def test_same_seed_same_order(train_set):
-    config = RunConfig(batch_size=8, num_workers=0, pin_memory=False)
-    first = [next(iter(data.make_loader(train_set, config, train=True, seed=3)))[1] for _ in range(2)]
-    assert torch.equal(first[0], first[1])
+def test_the_training_order_is_shuffled_by_its_seed(train_set):
+    config = RunConfig(batch_size=64, num_workers=0, pin_memory=False)
+
+    def first_labels(seed: int, train: bool = True) -> torch.Tensor:
+        return next(iter(data.make_loader(train_set, config, train=train, seed=seed)))[1]
+
+    assert torch.equal(first_labels(3), first_labels(3)), "the same seed must give the same order"
+    assert not torch.equal(first_labels(3), first_labels(4)), "another seed must give another order"
+    in_storage_order = torch.as_tensor(train_set.targets[:64])
+    assert not torch.equal(first_labels(3), in_storage_order), "the training order is not shuffled"
+    assert torch.equal(first_labels(3, train=False), in_storage_order), "evaluation reads in storage order"
 
 
 def test_standin_works_with_two_spawned_workers():

@@ -17,8 +17,7 @@ def test_auto_picks_cuda_only_when_present():
     assert resolve_device("auto").is_cuda == torch.cuda.is_available()
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
-def test_cuda_asked_for_but_absent():
+def test_cuda_asked_for_but_absent(no_cuda):
     with pytest.raises(OptlabError, match="CUDA is not available on this machine"):
         resolve_device("cuda")
 

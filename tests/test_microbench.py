@@ -19,7 +19,6 @@ def test_matmul_benchmark_times_every_size_on_the_cpu():
     assert set(table["dtype"]) == {"float32"} and set(table["device"]) == {resolve_device("cpu").name}
     assert (table["median_s"] > 0).all() and (table["runs"] >= 4).all() and (table["iqr_s"] >= 0).all()
     assert (table["tflops"] > 0).all()
-    assert table["tflops"].tolist() == pytest.approx((2 * table["n"] ** 3 / table["median_s"] / 1e12).tolist())
 
 
 def test_matmul_rate_comes_from_the_timers_median(monkeypatch):
@@ -55,8 +54,7 @@ def test_copy_benchmark_refuses_the_cpu():
         microbench.copy_benchmark("cpu", sizes_mib=(1,))
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
-def test_copy_benchmark_without_cuda_says_so():
+def test_copy_benchmark_without_cuda_says_so(no_cuda):
     with pytest.raises(OptlabError, match="CUDA is not available"):
         microbench.copy_benchmark("cuda", sizes_mib=(1,))
 
@@ -67,7 +65,14 @@ def test_copy_benchmark_covers_every_source_and_setting():
     assert len(table) == len(microbench.COPY_SOURCES) * 2
     assert set(table["source"]) == set(microbench.COPY_SOURCES) and set(table["non_blocking"]) == {False, True}
     assert (table["gb_per_s"] > 0).all()
-    assert table["gb_per_s"].tolist() == pytest.approx((2**20 / table["median_s"] / 1e9).tolist())
+
+
+@needs_cuda
+def test_copy_rate_comes_from_the_timers_median(monkeypatch):
+    fake = SimpleNamespace(median=1e-3, iqr=0.0, times=[1e-3])
+    monkeypatch.setattr(microbench, "_measure", lambda stmt, globals_, min_run_time: fake)
+    table = microbench.copy_benchmark("cuda", sizes_mib=(2,))
+    assert table["gb_per_s"].tolist() == pytest.approx([2 * 2**20 / 1e-3 / 1e9] * len(table))
 
 
 @needs_cuda

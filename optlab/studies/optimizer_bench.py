@@ -123,7 +123,8 @@ def step_benchmark(models: Iterable[str] | None = None, profile: "str | Profile 
 def parity(model: str = "resnet18", profile: "str | Profile | None" = None, device: str = "auto",
            steps: int = PARITY_STEPS, seed: int = 0) -> pd.DataFrame:
     """From the same weights and gradients, ``steps`` steps of every variant; the largest parameter difference
-    against the for-loop implementation of the same optimizer (absolute, and relative to the largest weight)."""
+    against the for-loop implementation of the same optimizer (absolute, and relative to the largest weight), and how
+    far the steps moved the weights (``max_update``: the differences mean something only next to it)."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise OptlabError(f"steps must be an integer >= 1, got {steps!r}")
     info = resolve_device(device)
@@ -145,8 +146,9 @@ def parity(model: str = "resnet18", profile: "str | Profile | None" = None, devi
                          if configs[name].optimizer == config.optimizer and configs[name].optimizer_impl == "for_loop")
         diff = max(float((a - b).abs().max()) for a, b in zip(weights[label], reference))
         scale = max(float(b.abs().max()) for b in reference)
+        moved = max(float((a - b.float()).abs().max()) for a, b in zip(weights[label], base.parameters()))
         rows.append({"model": model, "variant": label, "optimizer": config.optimizer, "impl": config.optimizer_impl,
-                     "steps": steps, "max_abs_diff": diff, "max_rel_diff": diff / scale})
+                     "steps": steps, "max_abs_diff": diff, "max_rel_diff": diff / scale, "max_update": moved})
     return pd.DataFrame(rows)
 
 
