@@ -17,7 +17,7 @@ test: $(STAMP)
 	$(PY) -m pytest
 
 book: $(STAMP)
-	rm -rf _build/.doctrees _build/html _build/jupyter_execute
+	rm -rf _build/.doctrees _build/html _build/jupyter_execute results/live  # start clean: every page from this build
 	$(VENV)/bin/jupyter-book build . -W -n --keep-going
 
 bench: $(STAMP)

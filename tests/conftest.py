@@ -22,14 +22,21 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "_build"
 BUILD_LOG = BUILD / "test-build.log"
+BOOK_LIVE = ROOT / "results" / "live"  # the book's chapters write here and its summary page reads it
+# The tests never see a user's data folder: an empty one gives every run the stand-in, whatever the machine holds.
+NO_DATA = BUILD / "test-data"
+NO_DATA.mkdir(parents=True, exist_ok=True)
+os.environ["OPTLAB_DATA"] = str(NO_DATA)
+os.environ.pop("OPTLAB_LIVE_DIR", None)
 SMOKE_ENV = {**os.environ, "OPTLAB_PROFILE": "smoke"}  # the CI size, whatever the machine
 BUILDING = pytest.StashKey[subprocess.Popen]()
 
 
 def start_build() -> subprocess.Popen:
-    """``jupyter-book build`` from a clean state: stale doctrees would let Sphinx skip executing the notebooks."""
-    for stale in (".doctrees", "html", "jupyter_execute"):
-        shutil.rmtree(BUILD / stale, ignore_errors=True)
+    """``jupyter-book build`` from a clean state: stale doctrees would let Sphinx skip executing the notebooks, and
+    an older run's records would show on the summary page."""
+    for stale in (BUILD / ".doctrees", BUILD / "html", BUILD / "jupyter_execute", BOOK_LIVE):
+        shutil.rmtree(stale, ignore_errors=True)  # start clean: the summary page shows only this build's records
     BUILD.mkdir(exist_ok=True)
     command = [str(Path(sys.executable).parent / "jupyter-book"), "build", ".", "-W", "-n", "--keep-going"]
     with BUILD_LOG.open("w") as log:

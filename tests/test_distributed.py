@@ -24,6 +24,8 @@ HANG_SCRIPT = """
 import os, sys, time
 from optlab.commands import cli
 from optlab.core import loops
+if os.environ["RANK"] == "0":
+    time.sleep(float(os.environ["LATE_START_S"]))  # rank 0 starts late: rank 1 waits longer than the timeout for it
 if os.environ["RANK"] == "1":
     loops.train_step = lambda *args, **kwargs: time.sleep(3600)  # a stuck rank: it never reaches the all-reduce
 sys.exit(cli.main(sys.argv[1:]))
@@ -46,13 +48,15 @@ def test_two_processes_train_to_the_weights_of_one_process_on_the_concatenated_b
 
 
 def test_a_stuck_rank_ends_the_job_with_a_timeout_error_not_a_hang(tmp_path):
+    """Rank 0 starts 12 s late (longer than the 10 s timeout): the start waits for it, and the timeout still ends the
+    job once rank 1 gets stuck in training."""
     script = tmp_path / "stuck_rank.py"
     script.write_text(HANG_SCRIPT)
     command = distributed.torchrun_command([str(script), "run", "set_to_none", "--distributed", "--models", "resnet18",
                                             "--profile", "smoke", "--batch-size", "4", "--out", str(tmp_path),
                                             "--quiet"], nproc=2)
     with pytest.raises(OptlabError) as failure:
-        distributed.launch(command, LAUNCH_TIMEOUT_S, threads=1, env={distributed.TIMEOUT_ENV: "10"})
+        distributed.launch(command, LAUNCH_TIMEOUT_S, threads=1, env={distributed.TIMEOUT_ENV: "10", "LATE_START_S": "12"})
     message = str(failure.value)
     assert "did not finish within" not in message, "the job hung until the subprocess limit"
     # rank 0's collective gave up after the process group's timeout, and said so in one line

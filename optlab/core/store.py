@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
+import numpy as np
 import pandas as pd
 
 from .errors import OptlabError
@@ -16,7 +17,9 @@ from .errors import OptlabError
 SCHEMA_VERSION = 1
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REFERENCE_DIR = REPO_ROOT / "results" / "reference"
-LIVE_DIR = REPO_ROOT / "results" / "live"  # the latest run of each chapter on this machine (not committed)
+LIVE_ENV = "OPTLAB_LIVE_DIR"
+# the latest run of each chapter on this machine (not committed); the tests give each process its own folder
+LIVE_DIR = Path(os.environ.get(LIVE_ENV) or REPO_ROOT / "results" / "live")
 
 
 def make_record(*, experiment, profile, environment, configs, effective, notes, memory_kind, samples: pd.DataFrame,
@@ -30,7 +33,7 @@ def make_record(*, experiment, profile, environment, configs, effective, notes, 
         "baseline": experiment.baseline_label,
         "variants": {label: changes for label, changes in experiment.variants},
         "phases": list(experiment.phases),
-        "profile": vars(profile) | {"models": list(profile.models)},
+        "profile": profile_record(profile),
         "environment": environment,
         "configs": configs,
         "effective_configs": effective,
@@ -41,15 +44,26 @@ def make_record(*, experiment, profile, environment, configs, effective, notes, 
     }
 
 
+def profile_record(profile) -> dict[str, Any]:
+    """A profile as a record stores it."""
+    return vars(profile) | {"models": list(profile.models)}
+
+
 def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return [{k: _clean(v) for k, v in row.items()} for row in frame.to_dict(orient="records")]
 
 
 def _clean(value: Any) -> Any:
-    """JSON-safe: NaN becomes null, numpy scalars become Python numbers."""
-    if hasattr(value, "item") and not isinstance(value, (list, dict)):
+    """JSON-safe, inside lists and dicts too: NaN and infinities become null, numpy values Python ones."""
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    elif isinstance(value, np.generic):
         value = value.item()
-    if isinstance(value, float) and math.isnan(value):
+    if isinstance(value, dict):
+        return {key: _clean(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
 
@@ -99,8 +113,29 @@ def save_record(record: dict[str, Any], folder: str | Path, filename: str | None
     """Save ``record`` as JSON in ``folder`` (replacing the file whole); the default name is :func:`record_filename`."""
     folder = writable_dir(folder)
     path = folder / (filename or record_filename(record["technique"]))
-    atomic_write_text(path, json.dumps(record, indent=1, allow_nan=False) + "\n")
+    atomic_write_text(path, json.dumps(_clean(record), indent=1, allow_nan=False) + "\n")
     return path
+
+
+RUN_KEY = ("device_name", "torch", "git_commit")  # with the profile: what makes two records' numbers comparable
+
+
+def same_run(record: dict[str, Any], environment: dict[str, Any], profile) -> bool:
+    """Whether ``record`` was made on the machine, torch version and commit of ``environment``, with ``profile``'s
+    sizes."""
+    stored = record.get("environment", {})
+    return record.get("profile") == profile_record(profile) and all(stored.get(k) == environment[k] for k in RUN_KEY)
+
+
+def resumable(path: Path, environment: dict[str, Any], profile) -> dict[str, Any] | None:
+    """The record at ``path`` if it exists, reads, and is :func:`same_run`; else None (it will be replaced)."""
+    if not path.is_file():
+        return None
+    try:
+        record = load_record(path)
+    except OptlabError:
+        return None
+    return record if same_run(record, environment, profile) else None
 
 
 def load_record(path: str | Path) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from ...core.limits import check_count, cpu_cores
 TIMEOUT_ENV = "OPTLAB_DDP_TIMEOUT_S"
 
 DEFAULT_TIMEOUT_S = 600.0  # how long a rank waits in a collective for the others before it raises
+STARTUP_TIMEOUT_S = 600.0  # joining the job (imports, rendezvous, the data check) may take minutes on a loaded machine
 
 TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -32,6 +33,7 @@ class Group:
     local_world_size: int
     backend: str
     info: DeviceInfo
+    collectives: Any = None  # the process group of the timed work, whose collectives give up after timeout_s()
 
     @property
     def is_main(self) -> bool:
@@ -83,11 +85,14 @@ def process_group(device: str = "auto") -> Iterator[Group]:
         info = resolve_device(f"cuda:{local_rank}")
         torch.cuda.set_device(info.device)
     backend = "nccl" if info.is_cuda else "gloo"
-    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s()),
+    # Two groups: the default one, for joining the job, waits as long as a slow start may take; the timed work's
+    # collectives (DDP's all-reduce, the per-phase barrier and gathers) give up after OPTLAB_DDP_TIMEOUT_S.
+    dist.init_process_group(backend, timeout=timedelta(seconds=max(STARTUP_TIMEOUT_S, timeout_s())),
                             device_id=info.device if info.is_cuda else None)
     try:
+        collectives = dist.new_group(backend=backend, timeout=timedelta(seconds=timeout_s()))
         yield Group(dist.get_rank(), local_rank, dist.get_world_size(), int(os.environ["LOCAL_WORLD_SIZE"]),
-                    backend, info)
+                    backend, info, collectives)
     finally:
         dist.destroy_process_group()
 
@@ -108,8 +113,14 @@ def explain_timeouts(group: Group) -> Iterator[None]:
                           f"({str(error).splitlines()[0]})") from error
 
 
-def gather(value: Any, group: Group) -> list[Any]:
-    """Every rank's ``value``, in rank order, on every rank."""
+def gather(value: Any, group: Group, at_start: bool = False) -> list[Any]:
+    """Every rank's ``value``, in rank order, on every rank. ``at_start``: while the job is still starting, with the
+    start-up's patience rather than the timed work's timeout."""
     values: list[Any] = [None] * group.world_size
-    dist.all_gather_object(values, value)
+    dist.all_gather_object(values, value, group=None if at_start else group.collectives)
     return values
+
+
+def barrier(group: Group) -> None:
+    """Wait for every rank, with the timed work's timeout."""
+    dist.barrier(group=group.collectives)

@@ -35,7 +35,7 @@ from ...core.profiles import Profile, get_profile
 from ...core.registry import PHASES, Experiment, get_experiment
 from ...core.samples import sample_row
 from ...core.summary import summarize_runs
-from .group import Group, explain_timeouts, gather, process_group, timeout_s
+from .group import Group, barrier, explain_timeouts, gather, process_group, timeout_s
 
 SYNC_SUFFIX = ", all-reduce every micro-step"  # the label of an accumulating variant run without no_sync
 
@@ -50,9 +50,9 @@ def distributed_loader(dataset: Dataset, config: RunConfig, train: bool, seed: i
     return data.make_loader(dataset, config, train, seed, sampler=sampler)
 
 
-def wrap(model: nn.Module, info: DeviceInfo) -> DDP:
+def wrap(model: nn.Module, info: DeviceInfo, process_group: Any = None) -> DDP:
     """DDP over ``model``: it broadcasts rank 0's weights now, and all-reduces gradients in buckets during backward."""
-    return DDP(model, device_ids=[info.device.index] if info.is_cuda else None)
+    return DDP(model, device_ids=[info.device.index] if info.is_cuda else None, process_group=process_group)
 
 
 def sync_context(model: DDP, config: RunConfig, micro_step: int, no_sync: bool = True) -> contextlib.AbstractContextManager:
@@ -114,7 +114,7 @@ class _State:
 def _build_state(config: RunConfig, group: Group, sets: dict[str, Dataset], seed: int, no_sync: bool) -> _State:
     torch.manual_seed(seed)
     model = wrap(loops.prepare_model(build_model(config.model, config.model_variant, config.width), config,
-                                     group.info.device), group.info)
+                                     group.info.device), group.info, group.collectives)
     loaders = {phase: distributed_loader(sets[phase], config, phase == "train", seed, group.rank, group.world_size)
                for phase in PHASES}
     return _State(config, model, loops.make_optimizer(model, config), loops.make_scaler(config, group.info.device),
@@ -155,7 +155,7 @@ def _datasets(source: data.DataSource, download: bool, group: Group) -> dict[str
 
 def _check_same_data(source: data.DataSource, group: Group) -> list[str]:
     """Every rank's host name; raises on every rank alike if the ranks found different data."""
-    seen = gather((platform.node(), source.kind), group)
+    seen = gather((platform.node(), source.kind), group, at_start=True)
     kinds = sorted({kind for _, kind in seen})
     if len(kinds) > 1:
         raise OptlabError(f"the ranks found different data ({', '.join(kinds)}); put CIFAR-10 under $OPTLAB_DATA "
@@ -224,7 +224,7 @@ def _run(experiment: Experiment, group: Group, models, profile, overrides, out, 
                 for phase in experiment.phases:
                     bar.update()
                     torch.manual_seed((seed + 1 + repeat) * group.world_size + group.rank)  # each rank its own augmentation
-                    dist.barrier()
+                    barrier(group)
                     per_rank = gather(_run_phase(state, phase, prof, info.device, repeat), group)
                     if main and repeat >= prof.warmup_repeats:
                         rows.append(_row(experiment, model_name, label, repeat - prof.warmup_repeats, phase, state,
@@ -252,7 +252,7 @@ def _run(experiment: Experiment, group: Group, models, profile, overrides, out, 
     }
     path = store.save_record(record, out_dir, filename) if out_dir is not None else None
     if path is not None:
-        print(f"wrote {path}")
+        print(f"wrote {store.display_path(path)}")
     return ExperimentResult(experiment, samples, summary, record, path)
 
 
