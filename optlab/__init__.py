@@ -16,10 +16,11 @@ from .core.experiments import ExperimentResult, run_experiment
 from .core.registry import Experiment, get_experiment, list_experiments
 from .core.profiles import get_profile
 from .core.store import load_record, load_samples, load_summaries
+from .studies.tune import TuneResult, tune
 
 __all__ = [
-    "Experiment", "ExperimentResult", "OptlabError", "RunConfig", "capture_environment", "changed_knobs",
-    "environment_report", "get_experiment", "get_profile", "list_experiments", "load_record", "load_samples",
-    "load_summaries", "resolve_device", "run_experiment",
+    "Experiment", "ExperimentResult", "OptlabError", "RunConfig", "TuneResult", "capture_environment",
+    "changed_knobs", "environment_report", "get_experiment", "get_profile", "list_experiments", "load_record",
+    "load_samples", "load_summaries", "resolve_device", "run_experiment", "tune",
 ]
 __version__ = "0.1.0"

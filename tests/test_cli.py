@@ -22,8 +22,8 @@ def test_list_shows_the_nine_seed_techniques(capsys):
     (["run", "turbo"], "unknown technique 'turbo'"),
     (["run", "set_to_none", "--models", "alexnet"], "unknown model 'alexnet'"),
     (["run", "set_to_none", "--profile", "fast"], "unknown profile 'fast'"),
-    (["run", "set_to_none", "--batch-size", "0"], "batch_size must be an integer >= 1, got 0"),
-    (["run", "set_to_none", "--num-workers", "-2"], "num_workers must be an integer >= 0, got -2"),
+    (["run", "set_to_none", "--batch-size", "0"], "batch_size must be at least 1, got 0"),
+    (["run", "set_to_none", "--num-workers", "-2"], "num_workers must be at least 0, got -2"),
     (["run", "set_to_none", "--device", "tpu"], "unknown device 'tpu'"),
     (["reference", "--set", "everything"], "unknown technique set 'everything'"),
 ])

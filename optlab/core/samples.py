@@ -24,11 +24,15 @@ def failed_row(technique: str, model: str, label: str, repeat: int, phase: str, 
 
 
 def sample_row(technique: str, model: str, label: str, repeat: int, phase: str, config: RunConfig,
-               result: PhaseResult, epoch_images: int) -> dict[str, Any]:
-    """A finished run: its raw samples, epoch-equivalent time, throughput, FLOP rate, memory and losses."""
+               result: PhaseResult, epoch_images: int, flops: int | None = None) -> dict[str, Any]:
+    """A finished run: its raw samples, epoch-equivalent time, throughput, FLOP rate, memory and losses.
+
+    ``flops`` is one step's FLOP count, for a model that is not one of optlab's own (default: counted for
+    ``config.model``)."""
     steps = result.step_times_s
     mean_step = sum(steps) / len(steps)
-    flops = step_flops(config.model, config.model_variant, config.width, config.images_per_step, phase == "train")
+    if flops is None:
+        flops = step_flops(config.model, config.model_variant, config.width, config.images_per_step, phase == "train")
     return {
         **base_row(technique, model, label, repeat, phase, config),
         "status": "ok",
@@ -41,6 +45,7 @@ def sample_row(technique: str, model: str, label: str, repeat: int, phase: str, 
         "epoch_equiv_s": epoch_equivalent(result.startup_s, steps, config.images_per_step, epoch_images),
         "images_per_s": config.images_per_step / mean_step,
         "peak_mem_mb": result.peak_mem_mb,
+        "resident_mem_mb": result.resident_mem_mb,
         "flops_per_step": flops,
         "tflops": tflops(flops, mean_step),
         "loss_last": result.losses[-1] if result.losses else None,
@@ -50,4 +55,6 @@ def sample_row(technique: str, model: str, label: str, repeat: int, phase: str, 
         "losses": result.losses,
         "warmup_losses": result.warmup_losses,
         "graphs_compiled": result.graphs_compiled,
+        "inductor_cache": result.inductor_cache,
+        "pid": result.pid,
     }

@@ -1,0 +1,275 @@
+"""What ``optlab tune`` is given, checked before any work: the reader's model (a callable, or
+``PACKAGE.MODULE:CALLABLE`` with keyword arguments), its batches (synthetic, a map-style dataset or a DataLoader) and
+sizes within bounds.
+
+Every bad input becomes one :class:`OptlabError` that says what was given, and nothing is allocated before the sizes
+are checked. The model is built once and run on two samples (the probe) so that a model that rejects the input shape
+fails here, with its own error and the shape tried, instead of inside a timed run.
+"""
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data.dataloader import default_collate
+from torch.utils.flop_counter import FlopCounterMode
+
+from ..core import data
+from ..core.config import RunConfig
+from ..core.errors import OptlabError
+from ..core.experiments import failure_status
+from ..core.limits import check_count
+
+MAX_BATCH_SIZE = 65_536
+MAX_DIM = 65_536  # one dimension of one input
+MAX_BATCH_ELEMENTS = 2**30  # one synthetic batch: 4 GiB in fp32
+MAX_CLASSES = 1_000_000
+POOL_BATCHES = 4  # synthetic batches made once and given in turn
+POOL_BYTES = 2**30
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+ModelFn = Callable[[], nn.Module]
+LossFn = Callable[[Any, torch.Tensor], torch.Tensor]
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """One input's shape from ``"3,224,224"`` (the batch dimension is not part of it)."""
+    try:
+        shape = tuple(int(part) for part in text.replace(" ", "").strip("()[]").split(","))
+    except ValueError:
+        raise OptlabError(f"input shape must be whole numbers separated by commas, such as 3,224,224; "
+                          f"got {text!r}") from None
+    return check_shape(shape)
+
+
+def check_shape(shape: Iterable[int]) -> tuple[int, ...]:
+    """``shape`` as a tuple of 1 to 4 dimensions, each within bounds."""
+    shape = tuple(shape)
+    if not 1 <= len(shape) <= 4:
+        raise OptlabError(f"input shape must have 1 to 4 dimensions (no batch dimension), got {list(shape)}")
+    for size in shape:
+        check_count("each input dimension", size, 1, MAX_DIM, "values along one dimension of one input")
+    return shape
+
+
+def parse_kwargs(text: str) -> dict[str, Any]:
+    """The model's keyword arguments from a JSON object such as ``{"num_classes": 10}``."""
+    try:
+        kwargs = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise OptlabError(f"--kwargs must be a JSON object such as '{{\"num_classes\": 10}}': {error}") from None
+    if not isinstance(kwargs, dict):
+        raise OptlabError(f"--kwargs must be a JSON object such as '{{\"num_classes\": 10}}', got {text!r}")
+    return kwargs
+
+
+def model_from_spec(spec: str, kwargs: dict[str, Any] | None = None) -> ModelFn:
+    """The callable named by ``PACKAGE.MODULE:CALLABLE`` (for example ``torchvision.models:resnet50``), bound to
+    ``kwargs``. Importing it runs that module's code, as ``import`` would."""
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise OptlabError(f"--model must be PACKAGE.MODULE:CALLABLE, such as torchvision.models:resnet50; got {spec!r}")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception as error:  # noqa: BLE001  (any import failure is the user's module, said in one line)
+        raise OptlabError(f"cannot import {module_name!r} for --model {spec!r}: {describe_error(error)}") from None
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            close = difflib.get_close_matches(part, [n for n in dir(target) if not n.startswith("_")], n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise OptlabError(f"{module_name!r} has no attribute {attribute!r}{hint}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise OptlabError(f"--model {spec!r} is a {type(target).__name__}, not a callable that builds a model")
+    return functools.partial(target, **(kwargs or {}))
+
+
+def model_name(model_fn: ModelFn) -> str:
+    """A readable name for the callable that builds the model."""
+    function = model_fn.func if isinstance(model_fn, functools.partial) else model_fn
+    return getattr(function, "__qualname__", None) or type(function).__name__
+
+
+def describe_error(error: BaseException) -> str:
+    """An error in one line: ``out of memory``, or its type and first line."""
+    return failure_status(error).removeprefix("failed: ")
+
+
+def build_model(model_fn: ModelFn, seed: int) -> nn.Module:
+    """A fresh model from ``model_fn``, with the weights that ``seed`` gives every variant."""
+    if isinstance(model_fn, nn.Module):
+        raise OptlabError("pass a function that builds the model (such as `lambda: MyNet()`), not a model: every "
+                          "variant starts from the same fresh weights")
+    if not callable(model_fn):
+        raise OptlabError(f"model_fn must be a callable that builds the model, got a {type(model_fn).__name__}")
+    torch.manual_seed(seed)
+    try:
+        model = model_fn()
+    except Exception as error:  # noqa: BLE001  (the user's code: its error, in one line)
+        raise OptlabError(f"building the model with {model_name(model_fn)}() failed: {describe_error(error)}") from None
+    if not isinstance(model, nn.Module):
+        raise OptlabError(f"{model_name(model_fn)}() returned a {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+class SyntheticBatches:
+    """A few fixed batches (``inputs[i]``, ``targets[i]``), given in turn for ``count`` steps: every variant sees the
+    same ones. The tensors are fields, so a variant that holds them on the device is charged their memory."""
+
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, count: int) -> None:
+        self.inputs, self.targets, self.count = inputs, targets, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[Batch]:
+        return ((self.inputs[i % len(self.inputs)], self.targets[i % len(self.targets)]) for i in range(self.count))
+
+
+@dataclass(frozen=True)
+class Batches:
+    """Where a tune run's batches come from, and how one variant's loader is made."""
+
+    kind: str  # "synthetic", "dataset" or "loader"
+    description: str
+    batch_size: int
+    epoch_images: int  # images in one pass (for synthetic batches: the timed steps of one repeat)
+    first: Batch  # the probe's batch, on the host
+    labels: int  # class labels run below this: num_classes for synthetic batches, else the first batch's largest + 1
+    loader: Callable[[RunConfig, torch.device], Iterable[Batch]]
+
+
+def synthetic_batches(input_shape: Iterable[int], num_classes: int, batch_size: int, steps_per_run: int,
+                      seed: int) -> Batches:
+    """Random inputs of ``input_shape`` and random labels below ``num_classes``, made once on the host (on the device
+    for a config with ``data_on_device``)."""
+    shape = check_shape(input_shape)
+    check_count("num_classes", num_classes, 2, MAX_CLASSES, "classes of the synthetic labels")
+    elements = batch_size * math.prod(shape)
+    if elements > MAX_BATCH_ELEMENTS:
+        raise OptlabError(f"one batch of {batch_size} x {list(shape)} is {elements:,} values "
+                          f"({elements * 4 / 2**30:.1f} GiB in fp32); the limit is {MAX_BATCH_ELEMENTS:,}")
+    generator = torch.Generator().manual_seed(seed)
+    count = max(1, min(POOL_BATCHES, steps_per_run, POOL_BYTES // (elements * 4)))
+    inputs = torch.randn(count, batch_size, *shape, generator=generator)
+    targets = torch.randint(0, num_classes, (count, batch_size), generator=generator)
+
+    def loader(config: RunConfig, device: torch.device) -> SyntheticBatches:
+        if config.data_on_device:
+            return SyntheticBatches(inputs.to(device), targets.to(device), steps_per_run)
+        return SyntheticBatches(inputs, targets, steps_per_run)
+
+    return Batches("synthetic", f"synthetic batches of {batch_size} x {list(shape)}, {num_classes} classes "
+                   f"({count} made once, given in turn)", batch_size, batch_size * steps_per_run,
+                   (inputs[0], targets[0]), num_classes, loader)
+
+
+def dataset_batches(dataset: Dataset, batch_size: int, steps_per_run: int, seed: int) -> Batches:
+    """Batches of a map-style dataset, through a DataLoader that each config's knobs build (workers, pinning)."""
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+        raise OptlabError("data must be a DataLoader or a map-style dataset (with __len__ and __getitem__)")
+    full = len(dataset) // batch_size
+    _enough(full, steps_per_run, f"the dataset's {len(dataset)} samples make {full} full batches of {batch_size}")
+    try:
+        first = default_collate([dataset[i] for i in range(min(2, len(dataset)))])
+    except Exception as error:  # noqa: BLE001  (the user's dataset: its error, in one line)
+        raise OptlabError(f"reading the first samples of the dataset failed: {describe_error(error)}") from None
+    first = _pair(first)
+    return Batches("dataset", f"your dataset ({type(dataset).__name__}, {len(dataset)} samples), batches of "
+                   f"{batch_size}", batch_size, len(dataset), first, _label_bound(first[1]),
+                   lambda config, device: data.make_loader(dataset, config, train=True, seed=seed))
+
+
+def loader_batches(loader: DataLoader, batch_size: int | None, steps_per_run: int) -> Batches:
+    """The reader's own DataLoader, used as it is by every config (its workers and pinning are its own)."""
+    if loader.batch_size is None:
+        raise OptlabError("the DataLoader has no fixed batch_size (a batch_sampler?); pass a DataLoader with one")
+    if batch_size is not None and batch_size != loader.batch_size:
+        raise OptlabError(f"batch_size={batch_size} but the DataLoader's batch_size is {loader.batch_size}; "
+                          "leave batch_size out to use the DataLoader's")
+    size = loader.batch_size
+    dataset_size = len(loader.dataset) if hasattr(loader.dataset, "__len__") else None
+    if dataset_size is not None:
+        _enough(dataset_size // size, steps_per_run,
+                f"the DataLoader's {dataset_size} samples make {dataset_size // size} full batches of {size}")
+    try:
+        first = next(iter(loader))
+    except Exception as error:  # noqa: BLE001  (the user's loader: its error, in one line)
+        raise OptlabError(f"reading the first batch of the DataLoader failed: {describe_error(error)}") from None
+    epoch = dataset_size if dataset_size is not None else size * steps_per_run
+    first = _pair(first)
+    return Batches("loader", f"your DataLoader ({type(loader.dataset).__name__}, batches of {size}, "
+                   f"{loader.num_workers} workers)", size, epoch, first, _label_bound(first[1]),
+                   lambda config, device: loader)
+
+
+def _enough(full_batches: int, steps_per_run: int, what: str) -> None:
+    if full_batches < steps_per_run:
+        raise OptlabError(f"{what}; each timed run needs {steps_per_run} (warm-up + timed steps): pass more data, "
+                          "a smaller batch or fewer steps")
+
+
+def _label_bound(targets: torch.Tensor) -> int:
+    """Class labels run below this: the largest + 1 (0 for targets that are not class labels)."""
+    if targets.is_floating_point() or not targets.numel():
+        return 0
+    return int(targets.max()) + 1
+
+
+def _pair(batch: Any) -> Batch:
+    """A batch as ``(inputs, targets)`` tensors, or an error saying what it was."""
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2 and all(isinstance(t, torch.Tensor) for t in batch)):
+        kind = f"a {type(batch).__name__}" + (f" of {len(batch)}" if isinstance(batch, (tuple, list)) else "")
+        raise OptlabError(f"each batch must be (inputs, targets) tensors; the first was {kind}")
+    return batch[0], batch[1]
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What running the model on two samples showed: its FLOPs, parameters and whether layouts matter to it."""
+
+    forward_flops_per_image: float
+    parameters: int
+    has_conv2d: bool
+    input_dims: int  # dimensions of a batch of inputs (4 for images)
+
+
+def probe(model_fn: ModelFn, batches: Batches, loss_fn: LossFn, device: torch.device, seed: int) -> Probe:
+    """Build the model and run a forward and the loss on two samples of the first batch, counting the FLOPs.
+
+    The model's own error, with the shape tried, becomes one OptlabError; so does a label the model's output
+    cannot hold (checked before the device sees it: on CUDA it would be a device-side assert)."""
+    model = build_model(model_fn, seed).to(device)
+    inputs, targets = (t[:2] for t in batches.first)
+    shape = list(inputs.shape)
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            output = model(inputs.to(device))
+    except Exception as error:  # noqa: BLE001  (the user's model: its error, in one line)
+        raise OptlabError(f"the model rejected inputs of shape {shape}: {describe_error(error)}") from None
+    classes = output.shape[1] if isinstance(output, torch.Tensor) and output.dim() >= 2 else None
+    if (loss_fn is F.cross_entropy or isinstance(loss_fn, nn.CrossEntropyLoss)) and classes is not None \
+            and batches.labels > classes:
+        raise OptlabError(f"the model gives {classes} outputs per sample, but the labels go up to "
+                          f"{batches.labels - 1}: pass a matching num_classes (or the model's own, in --kwargs)")
+    try:
+        loss = loss_fn(output, targets.to(device))
+    except Exception as error:  # noqa: BLE001  (the user's loss or an output it cannot take)
+        kind = list(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
+        raise OptlabError(f"the loss failed on the model's output ({kind}) for inputs of shape {shape}: "
+                          f"{describe_error(error)}") from None
+    if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
+        kind = f"a tensor of shape {list(loss.shape)}" if isinstance(loss, torch.Tensor) else f"a {type(loss).__name__}"
+        raise OptlabError(f"the loss must be a single number (a tensor of one element), got {kind}")
+    has_conv2d = any(isinstance(module, nn.Conv2d) for module in model.modules())
+    parameters = sum(p.numel() for p in model.parameters())
+    return Probe(counter.get_total_flops() / len(inputs), parameters, has_conv2d, inputs.dim())
