@@ -24,12 +24,14 @@ def test_cpu_leaves_tf32_out_with_a_note_and_keeps_the_rest():
     assert list(variants) == [numerics.REPEAT_LABEL, "fp16 autocast", "bf16 autocast"]
     assert variants[numerics.REPEAT_LABEL] == reference and not reference.matmul_tf32
     assert [c.amp_dtype for c in variants.values()] == ["none", "fp16", "bf16"]
-    assert len(notes) == 1 and notes[0].startswith("fp32 with TF32: left out on cpu") and "tensor-core" in notes[0]
+    assert len(notes) == 2 and notes[0].startswith("fp32 with TF32: left out on cpu") and "tensor-core" in notes[0]
+    assert notes[1].startswith("fp16 autocast, fused SGD: left out, it computes what fp16 autocast computes")
 
 
 def test_cuda_compares_tf32_on_both_switches_and_each_alone():
     reference, variants, notes = numerics.variant_configs("resnet18", TINY, FAKE_GPU)
-    assert not notes and (reference.matmul_tf32, reference.cudnn_tf32) == (False, False)
+    assert [note.split(":")[0] for note in notes] == ["fp16 autocast, fused SGD"]  # an optimizer kernel, not a precision
+    assert (reference.matmul_tf32, reference.cudnn_tf32) == (False, False)
     switches = {label: (c.matmul_tf32, c.cudnn_tf32) for label, c in variants.items() if c.amp_dtype == "none"}
     assert switches == {numerics.REPEAT_LABEL: (False, False), "fp32 with TF32": (True, True),
                         "TF32 matmul only": (True, False), "TF32 cuDNN only": (False, True)}
@@ -39,7 +41,7 @@ def test_errors_against_fp32_on_the_cpu():
     result = numerics.precision_numerics(profile=SMALL, device="cpu", steps=1)
     table = result.table.set_index("variant")
     assert list(table.index) == [numerics.YARDSTICK_LABEL, numerics.REPEAT_LABEL, "fp16 autocast", "bf16 autocast"]
-    assert len(result.notes) == 1
+    assert len(result.notes) == 2
     again, fp64 = table.loc[numerics.REPEAT_LABEL], table.loc[numerics.YARDSTICK_LABEL]
     assert again["logits_rel_err"] == 0 and again["grad_rel_err"] == 0 and again["grad_cosine"] == pytest.approx(1)
     assert 0 < fp64["logits_rel_err"] < 1e-5 and pd.isna(fp64["drift"])  # fp32 itself: about 1e-7 per operation

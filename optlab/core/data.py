@@ -83,10 +83,10 @@ class DataSource:
 
 def find_source(download: bool = False) -> DataSource:
     """Real CIFAR-10 if it is under :func:`data_dir` (or ``download`` is asked for), else the stand-in."""
-    root = data_dir()
+    root = data_dir()  # named by its variable below: records and pages show no machine's own path
     if download or (root / "cifar-10-batches-py").is_dir():
-        return DataSource("cifar10", f"CIFAR-10 (real) from {root}")
-    return DataSource("stand-in", f"stand-in (synthetic CIFAR-10 format; no CIFAR-10 under {root})")
+        return DataSource("cifar10", "CIFAR-10 (real) from $OPTLAB_DATA")
+    return DataSource("stand-in", "stand-in (synthetic CIFAR-10 format; no CIFAR-10 under $OPTLAB_DATA)")
 
 
 def datasets(source: DataSource, download: bool = False) -> tuple[Dataset, Dataset]:

@@ -46,6 +46,8 @@ def resolve_device(requested: str = "auto") -> DeviceInfo:
         index = device.index if device.index is not None else torch.cuda.current_device()
         if index >= torch.cuda.device_count():
             raise OptlabError(f"device {requested!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        torch.cuda.set_device(index)  # streams, events, synchronize and the memory counters follow the current device
+        device = torch.device("cuda", index)
         dtypes = ("none", "fp16") + (("bf16",) if torch.cuda.is_bf16_supported() else ())
         return DeviceInfo(device, torch.cuda.get_device_name(index), dtypes)
     return DeviceInfo(torch.device("cpu"), cpu_name(), ("none", "fp16", "bf16"))
@@ -100,6 +102,9 @@ def effective_config(config: RunConfig, info: DeviceInfo) -> tuple[RunConfig, li
     if config.non_blocking:
         changes["non_blocking"] = False
         notes.append("non_blocking: skipped on cpu (a copy from cpu to cpu is a no-op)")
+    if config.prefetch_to_device:
+        changes["prefetch_to_device"] = False
+        notes.append("prefetch_to_device: skipped on cpu (no copy to overlap: the batches are already in host memory)")
     if config.cudnn_benchmark:
         changes["cudnn_benchmark"] = False
         notes.append("cudnn_benchmark: skipped on cpu (cuDNN autotuning exists only on CUDA)")

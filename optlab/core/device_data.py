@@ -1,6 +1,8 @@
 """The whole data set resident on the device, with random crop and flip done there, a batch at a time.
 
 This is what cifar10-airbench does: no worker processes, no per-image PIL work, no host-to-device copies.
+The batched crop gathers over an NHWC view, so augmented batches come out channels-last strided; the training
+step's ``loops.to_device`` gives every batch the layout its config asks for, as it does for a DataLoader's.
 """
 from __future__ import annotations
 

@@ -3,13 +3,20 @@
 The variants take turns within each repeat, and the order rotates from one repeat to the next (A B, then B A), so
 that drift hits every variant alike and no variant always runs in the same slot. ``run_experiment`` returns a tidy
 DataFrame (one row per model, variant, repeat and phase), a summary table and the stored record; the record is
-rewritten after each model, so a run killed midway keeps every model it finished.
+rewritten after each model, so a run killed midway keeps every model it finished, and ``resume=True`` runs only the
+models that a record under ``out`` from the same machine, torch version, commit and profile does not have yet.
+
+An experiment with ``isolate_variants`` runs each variant in a fresh process of its own (on every device: one code
+path, which the CPU tests cover as the GPU runs it); the variants still take turns, repeat after repeat.
 """
 from __future__ import annotations
 
+import functools
 import gc
+import multiprocessing
 import sys
 import warnings
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -19,9 +26,11 @@ import torch
 from tqdm import tqdm
 
 from . import compiler, data, store
+from .config import RunConfig
 from .device import DeviceInfo, effective_config, resolve_device
 from .environment import capture
 from .errors import OptlabError
+from .limits import check_overrides, check_phase_sizes
 from .loops import PhaseResult, eval_phase, train_phase
 from .memory import memory_kind
 from .models import validate_names
@@ -30,6 +39,8 @@ from .registry import Experiment, get_experiment
 from .samples import failed_row, sample_row
 from .summary import summarize_runs
 from .variants import VariantState, build_state
+
+LOADER_WARNING = "This DataLoader will create"  # more workers than CPUs: the run's notes say it once
 
 
 @dataclass
@@ -43,10 +54,16 @@ class ExperimentResult:
     path: Path | None = None
 
 
+@functools.lru_cache(maxsize=2)
+def cached_datasets(source: data.DataSource, download: bool = False) -> tuple:
+    """The train and test data sets, built once per process (a reference run calls many experiments)."""
+    return data.datasets(source, download)
+
+
 def visit_order(labels: list[str], repeat: int) -> list[str]:
     """The order in which ``repeat`` visits the variants: the list rotated by ``repeat`` (A B, B A; A B C, B C A,
     C A B), so that over as many repeats as variants each variant takes each slot once."""
-    shift = repeat % len(labels)
+    shift = repeat % len(labels) if labels else 0
     return labels[shift:] + labels[:shift]
 
 
@@ -78,11 +95,13 @@ def run_experiment(
     progress: bool = True,
     download: bool = False,
     filename: str | None = None,
+    resume: bool = False,
 ) -> ExperimentResult:
     """Run ``experiment`` on every model, interleaving its variants; save the record under ``out`` if given.
 
     A variant that raises (out of memory, or any other error) is recorded with its status and left out of the
-    later repeats; the other variants go on.
+    later repeats; the other variants go on. ``resume``: keep the models already in ``out/filename`` when it comes
+    from this machine, torch version, commit and profile, and run only the others.
     """
     experiment = get_experiment(experiment)
     info = resolve_device(device)
@@ -91,8 +110,12 @@ def run_experiment(
                           "its chapter shows the stored GPU reference instead")
     prof = get_profile(profile, info.is_cuda)
     chosen = validate_names(models or experiment.default_models(prof))
+    check_overrides(overrides or {})
     requested = {m: experiment.configs(m, prof, overrides) for m in chosen}
     effective = {m: {label: effective_config(c, info) for label, c in cfgs.items()} for m, cfgs in requested.items()}
+    check_phase_sizes([c for cfgs in effective.values() for c, _ in cfgs.values()], experiment.phases,
+                      prof.warmup_steps, {"train": prof.steps, "test": prof.test_steps},
+                      {"train": data.TRAIN_SIZE, "test": data.TEST_SIZE})
     compiler.require_compiler([c for cfgs in effective.values() for c, _ in cfgs.values()], info)
     out_dir = store.writable_dir(out) if out is not None else None
     filename = filename or store.record_filename(experiment.name)
@@ -103,75 +126,150 @@ def run_experiment(
     notes = sorted({note for cfgs in effective.values() for _, ns in cfgs.values() for note in ns})
     for note in notes:
         print(f"note: {note}")
-    warnings.filterwarnings("ignore", message="This DataLoader will create")  # our note above says it once
-    train_set, test_set = data.datasets(source, download)
-    epoch_images = {"train": len(train_set), "test": len(test_set)}
+    warnings.filterwarnings("ignore", message=LOADER_WARNING)
+    datasets = cached_datasets(source, download)
     environment = capture(info, source.description, prof.name)
+    previous = store.resumable(out_dir / filename, environment, prof) if resume and out_dir else None
+    rows: list[dict[str, Any]] = list(previous["samples"]) if previous else []
+    done = {row["model"] for row in rows}
+    if done:
+        print(f"resumed: {', '.join(sorted(done))} already in {store.display_path(out_dir / filename)}")
 
     def record_of(rows: list[dict[str, Any]]) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
         samples = pd.DataFrame(rows)
-        summary = summarize_runs(samples, experiment.baseline_label)
+        summary = summarize_runs(samples, experiment.baseline_label, experiment.control_phases)
+        old = previous or {"configs": {}, "effective_configs": {}, "notes": []}
         record = store.make_record(
             experiment=experiment, profile=prof, environment=environment,
-            configs={m: {label: c.to_dict() for label, c in cfgs.items()} for m, cfgs in requested.items()},
-            effective={m: {label: c.to_dict() for label, (c, _) in cfgs.items()} for m, cfgs in effective.items()},
-            notes=notes, memory_kind=memory_kind(info.device), samples=samples, summary=summary,
+            configs=old["configs"] | {m: {label: c.to_dict() for label, c in cfgs.items()}
+                                      for m, cfgs in requested.items()},
+            effective=old["effective_configs"] | {m: {label: c.to_dict() for label, (c, _) in cfgs.items()}
+                                                  for m, cfgs in effective.items()},
+            notes=sorted(set(old["notes"]) | set(notes)), memory_kind=memory_kind(info.device), samples=samples,
+            summary=summary,
         )
         return samples, summary, record
 
-    rows: list[dict[str, Any]] = []
     path = None
-    total = len(chosen) * (prof.warmup_repeats + prof.repeats) * len(experiment.labels) * len(experiment.phases)
+    to_run = [m for m in chosen if m not in done]
+    total = sum(len(effective[m]) for m in to_run) * (prof.warmup_repeats + prof.repeats) * len(experiment.phases)
     bar = tqdm(total=total, desc=experiment.name, disable=not progress, file=sys.stderr, leave=False)
-    for model_name in chosen:
-        rows += _run_model(experiment, model_name, effective[model_name], prof, info, train_set, test_set,
-                           epoch_images, seed, bar)
+    for model_name in to_run:
+        rows += _run_model(experiment, model_name, effective[model_name], prof, info, datasets, source, download,
+                           seed, bar)
         if out_dir is not None:  # after every model: a run killed later keeps what it finished
             path = store.save_record(record_of(rows)[2], out_dir, filename)
     bar.close()
+    if previous and path is None:  # every model was recorded already
+        path = out_dir / filename
 
     samples, summary, record = record_of(rows)
-    if path is not None:
+    if path is not None and to_run:
         print(f"wrote {store.display_path(path)}")
     return ExperimentResult(experiment, samples, summary, record, path)
 
 
-def _run_model(experiment: Experiment, model_name: str, configs: dict, prof: Profile, info: DeviceInfo, train_set,
-               test_set, epoch_images: dict[str, int], seed: int, bar: tqdm) -> list[dict[str, Any]]:
+def run_variant_phase(state: VariantState, phase: str, profile: Profile, info: DeviceInfo,
+                      phase_seed: int) -> PhaseResult:
+    """One phase of one variant, seeded with ``phase_seed`` (the same augmentation and dropout for every variant);
+    afterwards the gradients are dropped, so that the next variant's phase does not run beside them (the next
+    training phase's warm-up creates them again)."""
+    torch.manual_seed(phase_seed)
+    try:
+        return run_phase(state, phase, profile, info)
+    finally:
+        state.optimizer.zero_grad(set_to_none=True)
+
+
+class LocalVariant:
+    """A variant whose state lives in this process, beside the other variants'."""
+
+    def __init__(self, config: RunConfig, info: DeviceInfo, datasets: tuple, seed: int) -> None:
+        self.info, self.state = info, build_state(config, info, *datasets, seed)
+
+    def run(self, phase: str, profile: Profile, phase_seed: int) -> PhaseResult:
+        return run_variant_phase(self.state, phase, profile, self.info, phase_seed)
+
+    def close(self) -> None:
+        self.state = None
+
+
+_WORKER: dict[str, Any] = {}  # inside an isolated variant's own process: its device and state
+
+
+def _isolated_build(config: RunConfig, device: str, source: data.DataSource, download: bool, seed: int,
+                    threads: int) -> None:
+    torch.set_num_threads(threads)
+    warnings.filterwarnings("ignore", message=LOADER_WARNING)
+    info = resolve_device(device)
+    _WORKER.update(info=info, state=build_state(config, info, *data.datasets(source, download), seed))
+
+
+def _isolated_phase(phase: str, profile: Profile, phase_seed: int) -> PhaseResult:
+    return run_variant_phase(_WORKER["state"], phase, profile, _WORKER["info"], phase_seed)
+
+
+class IsolatedVariant:
+    """A variant in a fresh process of its own, kept for all its repeats: a new interpreter (spawned), so nothing
+    that lives per process is shared with the other variants (cuDNN's plan cache, oneDNN's primitives, the caching
+    allocator's pools, compiled code)."""
+
+    def __init__(self, config: RunConfig, info: DeviceInfo, source: data.DataSource, download: bool,
+                 seed: int) -> None:
+        self.pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        try:
+            self.pool.submit(_isolated_build, config, str(info.device), source, download, seed,
+                             torch.get_num_threads()).result()
+        except BaseException:
+            self.pool.shutdown(cancel_futures=True)
+            raise
+
+    def run(self, phase: str, profile: Profile, phase_seed: int) -> PhaseResult:
+        return self.pool.submit(_isolated_phase, phase, profile, phase_seed).result()
+
+    def close(self) -> None:
+        self.pool.shutdown()
+
+
+def _run_model(experiment: Experiment, model_name: str, configs: dict, prof: Profile, info: DeviceInfo,
+               datasets: tuple, source: data.DataSource, download: bool, seed: int, bar: tqdm) -> list[dict[str, Any]]:
     """Every repeat of every variant and phase on one model; the variants' objects are freed at the end."""
     rows: list[dict[str, Any]] = []
-    states: dict[str, VariantState] = {}
+    variants: dict[str, LocalVariant | IsolatedVariant] = {}
+    epoch_images = {"train": len(datasets[0]), "test": len(datasets[1])}
     for label, (config, _) in configs.items():
         try:
-            states[label] = build_state(config, info, train_set, test_set, seed)
+            variants[label] = (IsolatedVariant(config, info, source, download, seed) if experiment.isolate_variants
+                               else LocalVariant(config, info, datasets, seed))
         except Exception as error:  # noqa: BLE001  (recorded, and the other variants go on)
             rows += [failed_row(experiment.name, model_name, label, 0, phase, config, failure_status(error))
                      for phase in experiment.phases]
+    failed: dict[str, str] = {}
     for repeat in range(prof.warmup_repeats + prof.repeats):
         kept = repeat - prof.warmup_repeats
-        for label in visit_order([label for label in configs if label in states], repeat):
-            state = states[label]
+        for label in visit_order([label for label in configs if label in variants], repeat):
+            config = configs[label][0]
             for phase in experiment.phases:
                 bar.update()
-                if state.failed:
+                if label in failed:
                     continue
-                torch.manual_seed(seed + 1 + repeat)  # same augmentation and dropout for every variant
                 try:
-                    result = run_phase(state, phase, prof, info)
+                    result = variants[label].run(phase, prof, seed + 1 + repeat)
                 except Exception as error:  # noqa: BLE001  (recorded, and the other variants go on)
-                    state.failed = failure_status(error)
-                    rows.append(failed_row(experiment.name, model_name, label, kept, phase, state.config, state.failed))
+                    failed[label] = failure_status(error)
+                    rows.append(failed_row(experiment.name, model_name, label, kept, phase, config, failed[label]))
                     if info.is_cuda:
                         torch.cuda.empty_cache()
                     continue
                 if kept >= 0:
-                    rows.append(sample_row(experiment.name, model_name, label, kept, phase, state.config, result,
+                    rows.append(sample_row(experiment.name, model_name, label, kept, phase, config, result,
                                            epoch_images[phase]))
-    compiled = any(state.config.compile_mode != "none" for state in states.values())
-    del states
+    for variant in variants.values():
+        variant.close()
+    del variants
     gc.collect()
-    if compiled:  # drop this model's compiled code: each model gets Dynamo's whole recompile limit (8 per function)
-        torch._dynamo.reset()
+    if any(config.compile_mode != "none" for config, _ in configs.values()) and not experiment.isolate_variants:
+        torch._dynamo.reset()  # drop this model's compiled code: each model gets Dynamo's whole recompile limit
     if info.is_cuda:
         torch.cuda.empty_cache()
     return rows

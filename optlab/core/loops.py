@@ -3,19 +3,19 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import sys
+import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
+from . import compiler, memory
 from .config import RunConfig
 from .device import TORCH_DTYPES
-from .memory import peak_mb, reset_peak
 from .timing import StepTimer
 
 
@@ -26,13 +26,16 @@ class PhaseResult:
     startup_s: float
     step_times_s: list[float]
     wall_s: float  # the whole pass after start-up, warm-up included
-    peak_mem_mb: float
+    peak_mem_mb: float  # see memory.memory_kind: on CUDA the variant's resident tensors + this phase's increase
     warmup_times_s: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     correct: int = 0
     images: int = 0
     warmup_losses: list[float] = field(default_factory=list)  # the first is every variant's loss on the same weights
     graphs_compiled: int = 0  # graphs torch.compile built during this pass (warm-up included)
+    inductor_cache: str | None = None  # when it compiled: "cold", "warm" or "mixed" (compiler.cache_state)
+    resident_mem_mb: float = 0.0  # the variant's own tensors on the device when the pass began
+    pid: int = field(default_factory=os.getpid)  # the process that ran the pass
 
 
 _IMPLEMENTATIONS = {"default": {}, "for_loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
@@ -62,12 +65,43 @@ def prepare_model(model: nn.Module, config: RunConfig, device: torch.device) -> 
 
 
 def to_device(batch: tuple[torch.Tensor, torch.Tensor], config: RunConfig, device: torch.device):
+    """The batch on ``device`` in the config's memory format, whatever layout it came in (a device-resident batch
+    can arrive channels-last strided from its augmentation)."""
     inputs, targets = batch
     inputs = inputs.to(device, non_blocking=config.non_blocking)
     targets = targets.to(device, non_blocking=config.non_blocking)
-    if config.channels_last:
-        inputs = inputs.contiguous(memory_format=torch.channels_last)
-    return inputs, targets
+    layout = torch.channels_last if config.channels_last else torch.contiguous_format
+    return inputs.contiguous(memory_format=layout), targets
+
+
+def prefetch_to_device(batches: Iterable, config: RunConfig, device: torch.device) -> Iterator:
+    """Each batch copied to ``device`` on a side CUDA stream one step ahead: batch i+1's copy is queued before step
+    i's kernels, so the copy engine moves it while step i computes. A copy on the compute stream, non_blocking or
+    not, runs between two steps' kernels; only the host's wait is saved there."""
+    side, compute = torch.cuda.Stream(device), torch.cuda.current_stream(device)
+
+    def start_copy(batch):
+        with torch.cuda.stream(side):
+            tensors = to_device(batch, config, device)
+            landed = torch.cuda.Event()
+            landed.record(side)
+        return tensors, landed
+
+    def hand_over(copied):
+        tensors, landed = copied
+        compute.wait_event(landed)  # this batch only: the next batch's copy keeps running
+        for tensor in tensors:
+            tensor.record_stream(compute)  # the allocator must not reuse its memory while the step reads it
+        return tensors
+
+    pending = None
+    for batch in batches:
+        started = start_copy(batch)
+        if pending is not None:
+            yield hand_over(pending)
+        pending = started
+    if pending is not None:
+        yield hand_over(pending)
 
 
 def train_step(model, batch, optimizer, scaler, config: RunConfig, device: torch.device, micro_step: int) -> torch.Tensor:
@@ -126,17 +160,19 @@ def _timed_batches(loader: DataLoader, steps: int | None, warmup: int) -> tuple[
     return startup, stream
 
 
-def compiled_graphs() -> int:
-    """Graphs torch.compile has built in this process so far (Dynamo's counter; 0 if Dynamo was never used)."""
-    dynamo_utils = sys.modules.get("torch._dynamo.utils")
-    return int(dynamo_utils.counters["stats"]["unique_graphs"]) if dynamo_utils is not None else 0
+def run_timed(step, loader, device, steps, warmup, resident: Iterable[object] = (),
+              prefetch: RunConfig | None = None) -> tuple[PhaseResult, list[torch.Tensor]]:
+    """Every step is timed; the first ``warmup`` (compilation, autotuning, cold caches) are kept apart.
 
-
-def run_timed(step, loader, device, steps, warmup) -> tuple[PhaseResult, list[torch.Tensor]]:
-    """Every step is timed; the first ``warmup`` (compilation, autotuning, cold caches) are kept apart."""
-    reset_peak(device)
-    graphs_before = compiled_graphs()
+    ``resident``: what the variant holds (model, optimizer, loader), counted for the phase's memory. ``prefetch``:
+    the config to copy batches with, one step ahead on a side stream (:func:`prefetch_to_device`).
+    """
+    resident_mb = memory.resident_mb(resident, device)
+    start_bytes = memory.phase_start(device)
+    graphs_before, cache_before = compiler.compiled_graphs(), compiler.cache_counts()
     startup, batches = _timed_batches(loader, steps, warmup)
+    if prefetch is not None:
+        batches = prefetch_to_device(batches, prefetch, device)
     timer = StepTimer(device)
     outputs = []
     timer.start()
@@ -148,8 +184,12 @@ def run_timed(step, loader, device, steps, warmup) -> tuple[PhaseResult, list[to
     intervals, wall = timer.finish()
     if len(intervals) <= warmup:
         raise RuntimeError(f"the loader ran out before {warmup} warm-up steps and one timed step")
-    result = PhaseResult(startup, intervals[warmup:], wall, peak_mb(device), warmup_times_s=intervals[:warmup],
-                         graphs_compiled=compiled_graphs() - graphs_before)
+    graphs = compiler.compiled_graphs() - graphs_before
+    cache = {key: count - cache_before[key] for key, count in compiler.cache_counts().items()}
+    result = PhaseResult(startup, intervals[warmup:], wall, memory.phase_peak_mb(device, start_bytes, resident_mb),
+                         warmup_times_s=intervals[:warmup], graphs_compiled=graphs, resident_mem_mb=resident_mb)
+    if graphs:
+        result.inductor_cache = compiler.cache_state(cache["cache hits"], cache["cache misses"])
     return result, outputs
 
 
@@ -173,8 +213,9 @@ def train_phase(model, loader, optimizer, scaler, config: RunConfig, device: tor
             warmup_losses.append(loss)
         return loss
 
+    prefetch = config if config.prefetch_to_device else None
     with backend_flags(config):
-        result, losses = run_timed(step, loader, device, steps, warmup)
+        result, losses = run_timed(step, loader, device, steps, warmup, (model, optimizer, loader), prefetch)
     result.losses = torch.stack(losses).float().cpu().tolist()
     result.warmup_losses = torch.stack(warmup_losses).float().cpu().tolist() if warmup_losses else []
     result.images = len(losses) * config.images_per_step
@@ -182,10 +223,13 @@ def train_phase(model, loader, optimizer, scaler, config: RunConfig, device: tor
 
 
 def eval_phase(model, loader, config: RunConfig, device: torch.device, steps: int | None, warmup: int) -> PhaseResult:
-    """Time ``steps`` evaluation steps after ``warmup`` untimed ones."""
+    """Time ``steps`` evaluation steps after ``warmup`` untimed ones (the memory counts the model and its data, not
+    the optimizer that inference does not use)."""
     model.eval()
+    prefetch = config if config.prefetch_to_device else None
     with backend_flags(config):
-        result, correct = run_timed(lambda batch, i: eval_step(model, batch, config, device), loader, device, steps, warmup)
+        result, correct = run_timed(lambda batch, i: eval_step(model, batch, config, device), loader, device, steps,
+                                    warmup, (model, loader), prefetch)
     result.correct = int(torch.stack(correct).sum())
     result.images = len(correct) * config.images_per_step
     return result

@@ -1,24 +1,68 @@
-"""Peak memory of a phase: the CUDA allocator's peak on a GPU, the process's peak RSS on the CPU."""
+"""Peak memory of one variant's phase, not of the whole process.
+
+The variants of a model live side by side in one process (their repeats interleave), so the allocator's peak alone
+would count every other variant's model, optimizer state and resident data set. On CUDA a phase therefore records
+the variant's own resident tensors at its start (:func:`resident_mb`: parameters, buffers, gradients, optimizer
+state, a data set held on the device) plus the phase's own increase (the allocator's peak during the phase minus
+what was allocated when it began). Memory another variant holds is in both the start and the peak, so it cancels.
+
+On the CPU there is no allocator counter to reset: the number is the process's peak resident set size over its
+whole life (every variant, every phase so far), and :func:`memory_kind` says so.
+"""
 from __future__ import annotations
 
 import resource
 import sys
+from typing import Iterable
 
 import torch
 
 
-def reset_peak(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+def _tensors(owner: object) -> Iterable[torch.Tensor]:
+    if isinstance(owner, torch.Tensor):
+        yield owner
+    elif isinstance(owner, torch.nn.Module):
+        for tensor in (*owner.parameters(), *owner.buffers()):
+            yield tensor
+            if tensor.grad is not None:
+                yield tensor.grad
+    elif isinstance(owner, torch.optim.Optimizer):
+        yield from (value for state in owner.state.values() for value in state.values() if torch.is_tensor(value))
+    else:  # a loader that holds its data set as tensors (DeviceResidentLoader): its tensor fields
+        yield from (value for value in getattr(owner, "__dict__", {}).values() if torch.is_tensor(value))
 
 
-def peak_mb(device: torch.device) -> float:
-    """Peak MiB since :func:`reset_peak` on CUDA; on the CPU the process's lifetime peak RSS (it cannot be reset)."""
+def resident_mb(owners: Iterable[object], device: torch.device) -> float:
+    """MiB of the distinct tensor storages on ``device`` that ``owners`` hold (modules with their gradients,
+    optimizers' state, tensors, objects with tensor fields); a storage shared by several tensors counts once."""
+    storages = {}
+    for owner in owners:
+        for tensor in _tensors(owner):
+            if tensor.device.type == device.type:
+                storage = tensor.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values()) / 2**20
+
+
+def phase_start(device: torch.device) -> int:
+    """Reset the allocator's peak and return the bytes allocated now (CUDA); 0 on the CPU."""
+    if device.type != "cuda":
+        return 0
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device)
+
+
+def phase_peak_mb(device: torch.device, start_bytes: int, resident: float) -> float:
+    """CUDA: ``resident`` MiB plus the phase's own increase since :func:`phase_start`. CPU: the process's lifetime
+    peak RSS."""
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
+        return resident + max(0, torch.cuda.max_memory_allocated(device) - start_bytes) / 2**20
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / 2**20 if sys.platform == "darwin" else rss / 2**10
 
 
 def memory_kind(device: torch.device) -> str:
-    return "cuda peak allocated" if device.type == "cuda" else "process peak RSS"
+    """What a record's peak memory means on ``device``, in the words the record stores."""
+    if device.type == "cuda":
+        return "variant's resident CUDA tensors plus its phase's peak increase"
+    return "process's lifetime peak RSS (every variant and phase so far, not per phase)"

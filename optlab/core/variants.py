@@ -22,7 +22,6 @@ class VariantState:
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     loaders: dict[str, torch.utils.data.DataLoader]
-    failed: str | None = None
 
 
 def build_state(config: RunConfig, info: DeviceInfo, train_set, test_set, seed: int) -> VariantState:

@@ -16,6 +16,7 @@ import os
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 from typing import Iterable
 
 import pandas as pd
@@ -23,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..core import store
 from ..core.config import RunConfig
 from ..core.device import resolve_device
 from ..core.errors import OptlabError, choice_error
@@ -34,6 +36,8 @@ MIN_IMAGE_SIZE = 16  # above the warm-up's size, so the warm-up never pre-pays a
 FRESH = "benchmark={} (fresh process)"
 AFTER_FALSE = "benchmark=True after False (same process)"
 MODES = (FRESH.format(False), AFTER_FALSE, FRESH.format(True))
+REFERENCE_TABLE = "cudnn_autotune"
+REFERENCE_SHAPES = ((128, 32), (64, 32), (128, 40))  # the batch, a partial last batch, larger images
 
 
 def validate_shapes(shapes: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
@@ -129,3 +133,10 @@ def compare_modes(model: str, shapes: Iterable[tuple[int, int]], device: str = "
     second = _in_fresh_process(model, shapes, device, (True,), calls, width)
     frames = [frame.assign(mode=mode) for frame, mode in zip(first + second, MODES)]
     return pd.concat(frames, ignore_index=True)
+
+
+def run_reference(out: str | Path, device: str = "cuda") -> list[Path]:
+    """The GPU reference: :func:`compare_modes` of full-width ResNet18 on ``REFERENCE_SHAPES``, saved as
+    ``out/cudnn_autotune.csv``."""
+    sweep = compare_modes("resnet18", REFERENCE_SHAPES, device=device, calls=5)
+    return [store.save_table(sweep, out, REFERENCE_TABLE)]

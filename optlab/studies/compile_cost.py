@@ -8,7 +8,9 @@ again). Later repeats reuse the compiled code. So, per model, phase and variant:
   is its own first-step extra: cold caches, allocator growth);
 - saving per step: the eager median step minus the compiled median step;
 - payoff: compile time / saving, the steps after which compiling has paid for itself; infinite ("never") when the
-  compiled step is not faster.
+  compiled step is not faster;
+- Inductor's caches: "cold" when every cache lookup of that first pass missed (compiled from scratch), "warm" when
+  every one hit (code another run had compiled and saved on disk): a warm compile time is far shorter.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from ..core import store
 from ..core.errors import OptlabError
 
 COST_COLUMNS = ["model", "phase", "variant", "compile_s", "step_ms", "eager_step_ms", "saving_ms", "payoff_steps",
-                "payoff_epochs", "graphs_compiled", "verdict"]
+                "payoff_epochs", "graphs_compiled", "inductor_cache", "verdict"]
 LOSS_RTOL = {"none": 1e-3, "fp16": 0.05, "bf16": 0.05}  # first-step loss, compiled against eager, by autocast dtype
 
 
@@ -60,6 +62,7 @@ def compile_costs(record: dict[str, Any]) -> pd.DataFrame:
                 "step_ms": 1e3 * steps[variant], "eager_step_ms": 1e3 * steps[baseline], "saving_ms": 1e3 * saving,
                 "payoff_steps": payoff, "payoff_epochs": payoff * first["images_per_step"] / first["epoch_images"],
                 "graphs_compiled": runs["graphs_compiled"].sum() if "graphs_compiled" in runs else math.nan,
+                "inductor_cache": first.get("inductor_cache"),
                 "verdict": verdicts.get((model, phase, variant), ""),
             })
     return pd.DataFrame(rows, columns=COST_COLUMNS)
@@ -78,7 +81,8 @@ def cost_table(costs: pd.DataFrame) -> pd.DataFrame:
     table["payoff_epochs"] = [_payoff_text(v, 2) for v in table["payoff_epochs"]]
     names = {"compile_s": "compile s (first step - median)", "step_ms": "step ms (median)",
              "eager_step_ms": "eager step ms", "saving_ms": "saving ms/step", "payoff_steps": "pays off after steps",
-             "payoff_epochs": "... epochs", "graphs_compiled": "graphs compiled"}
+             "payoff_epochs": "... epochs", "graphs_compiled": "graphs compiled",
+             "inductor_cache": "Inductor caches"}
     return table.rename(columns=names).round(3)
 
 

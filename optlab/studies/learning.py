@@ -1,5 +1,8 @@
 """The learning check: train a few configurations from the same weights on the same batches, and record the
-training loss and test accuracy against steps, so that a faster configuration can be seen to learn as well."""
+training loss and test accuracy against steps, so that a faster configuration can be seen to learn as well.
+
+The training time leaves out evaluation and compilation: a step during which torch.compile built a graph counts as
+compile time (``compile_s``), not training time (``train_s``)."""
 from __future__ import annotations
 
 import itertools
@@ -12,7 +15,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from ..core import data, store
+from ..core import compiler, data, store
 from ..core.config import RunConfig
 from ..core.device import DeviceInfo, effective_config, resolve_device
 from ..core.errors import OptlabError
@@ -51,9 +54,10 @@ def learning_curves(configs: dict[str, RunConfig], info: DeviceInfo, steps: int,
                     eval_images: int, seed: int = 0, progress: bool = True) -> pd.DataFrame:
     """Train each config ``steps`` optimizer steps from the same weights; every ``eval_every`` steps record the mean
     training loss since the last record, the test accuracy on the first ``eval_images`` test images, and the
-    elapsed training time (evaluation excluded)."""
+    elapsed training time (evaluation and compilation excluded) and the compile time so far."""
     if steps < 1 or eval_every < 1 or eval_images < 1:
         raise OptlabError(f"steps, eval_every and eval_images must be positive, got {steps}, {eval_every}, {eval_images}")
+    compiler.require_compiler([effective_config(config, info)[0] for config in configs.values()], info)
     source = data.find_source()
     print(f"data source: {source.description}")
     train_set, test_set = data.datasets(source)
@@ -63,19 +67,24 @@ def learning_curves(configs: dict[str, RunConfig], info: DeviceInfo, steps: int,
         state = build_state(config, info, train_set, test_set, seed)
         batches = _endless(state.loaders["train"])
         state.model.train()
-        losses, elapsed = [], 0.0
+        losses, elapsed, compile_s = [], 0.0, 0.0
         for step in tqdm(range(1, steps + 1), desc=label, disable=not progress, file=sys.stderr, leave=False):
-            start = time.perf_counter()
+            graphs, start = compiler.compiled_graphs(), time.perf_counter()
             with backend_flags(config):
                 micro_losses = [train_step(state.model, next(batches), state.optimizer, state.scaler, config,
                                            info.device, micro) for micro in range(config.accumulation_steps)]
-            losses.append(float(torch.stack(micro_losses).float().mean()))  # a sync: elapsed covers the device's work
-            elapsed += time.perf_counter() - start
+            losses.append(float(torch.stack(micro_losses).float().mean()))  # a sync: the time covers the device's work
+            seconds = time.perf_counter() - start
+            if compiler.compiled_graphs() > graphs:
+                compile_s += seconds
+            else:
+                elapsed += seconds
             if step % eval_every == 0 or step == steps:
                 rows.append({"variant": label, "model": config.model, "step": step,
                              "images": step * config.images_per_step,
                              "train_loss": sum(losses) / len(losses),
-                             "test_accuracy": _accuracy(state, info, eval_images), "train_s": elapsed})
+                             "test_accuracy": _accuracy(state, info, eval_images), "train_s": elapsed,
+                             "compile_s": compile_s})
                 losses = []
         del state
     return pd.DataFrame(rows)

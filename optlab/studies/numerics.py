@@ -60,7 +60,8 @@ def variant_configs(model: str, profile: Profile,
     """The reference config (the registry's baseline) and every variant to compare with it, as they run here.
 
     On CUDA the registry's TF32 variant is joined by matmul-only and cuDNN-only TF32. A variant whose effective
-    config equals the reference's is left out, with a note saying why.
+    config equals the reference's, or another variant's but for the optimizer's implementation, is left out, with a
+    note saying why.
     """
     experiment = get_experiment(EXPERIMENT)
     configs = experiment.configs(model, profile, overrides={"num_workers": 0})
@@ -75,6 +76,12 @@ def variant_configs(model: str, profile: Profile,
         if ran == ran_reference and label != REPEAT_LABEL:
             why = "; ".join(n for n in config_notes if "tf32" in n) or "no knob differs on this device"
             notes.append(f"{label}: left out on {info.device.type}, it runs the reference's exact config ({why})")
+            continue
+        twin = next((other for other, c in chosen.items()
+                     if replace(c, optimizer_impl=ran.optimizer_impl) == ran), None)
+        if twin:  # the same arithmetic, another optimizer kernel: a question of speed, not of precision
+            notes.append(f"{label}: left out, it computes what {twin} computes (only the optimizer's implementation "
+                         "differs)")
             continue
         chosen[label] = ran
     return ran_reference, chosen, notes

@@ -1,0 +1,189 @@
+"""The reference run sized to a lent GPU: the plan, the budget, resuming, and failures that stay in their part."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from optlab.commands import reference
+from optlab.commands.cli import main
+from optlab.core import experiments, store
+from optlab.core.errors import OptlabError
+from optlab.core.profiles import get_profile
+from optlab.core.techniques import SEED_TECHNIQUES
+from tests.helpers import TINY
+from tests.test_experiments import AA
+
+ROOT = Path(__file__).resolve().parent.parent
+QUICK = get_profile("quick")
+
+
+def test_the_plan_has_every_part_of_every_set_in_priority_order():
+    parts = reference.plan("all", QUICK)
+    techniques = list(dict.fromkeys(p.technique for p in parts if p.technique))
+    assert techniques == [*SEED_TECHNIQUES, "precision", "data_pipeline", "optimizers", "all_together", "compile",
+                          "cuda_graphs"]
+    assert [p.set_name for p in parts] == sorted((p.set_name for p in parts), key=reference.PRIORITY.index)
+    assert {p.name for p in parts if p.module} == {f"{m} tables" for ms in reference.EXTRAS.values() for m in ms}
+    assert "autotune tables" in {p.name for p in reference.plan("seed", QUICK)}
+    assert all(p.steps > 0 for p in parts if p.technique) and all(p.estimate_s > 0 for p in parts)
+
+
+def test_no_part_needs_more_than_four_minutes_and_compiling_is_cheap_enough():
+    parts = reference.plan("all", QUICK)
+    assert max(p.estimate_s for p in parts) <= reference.PART_LIMIT_S
+    compiled = {p.model for p in parts if p.technique in ("compile", "cuda_graphs")}
+    assert compiled == {"resnet18", "mobilenet_v2"}
+
+
+def test_the_estimate_follows_the_step_time_table():
+    """One model, one variant, train only: setup, then steps at the table's time, worker start-ups per repeat."""
+    from optlab.core.registry import Experiment
+
+    one = Experiment("one", "one", "", phases=("train",), variants=(("A", {}), ("B", {})))
+    config = one.configs("resnet50", QUICK)["A"]
+    steps, seconds = reference.estimate(one, {"A": config}, QUICK)
+    per_repeat = QUICK.warmup_steps + QUICK.steps
+    assert steps == per_repeat * QUICK.repeats
+    expected = (reference.PART_SETUP_S + reference.VARIANT_SETUP_S
+                + steps * reference.TRAIN_STEP_S["resnet50"] + QUICK.repeats * reference.WORKER_STARTUP_S)
+    assert seconds == pytest.approx(expected)
+    half = reference.step_seconds(replace(config, amp_dtype="bf16"), "train")
+    assert half == pytest.approx(reference.TRAIN_STEP_S["resnet50"] / 2)
+
+
+def test_the_seed_set_fits_a_nine_minute_command_at_three_repeats():
+    seed = reference.plan("seed", QUICK.with_sizes(repeats=3))
+    assert sum(p.estimate_s for p in seed) <= 540
+
+
+def test_the_budget_runs_parts_in_order_until_the_next_does_not_fit():
+    parts = reference.plan("seed", QUICK)
+    first_two = parts[1].estimate_s + parts[2].estimate_s  # the first is recorded: the next two fit
+    table = reference.plan_table(parts, done={parts[0].name}, budget_s=first_two, cuda=True)
+    assert list(table["this run"][:4]) == ["recorded: skip", "run", "run", "left: over budget"]
+    assert set(table["this run"][3:]) == {"left: over budget"}  # it stops: nothing after the first that does not fit
+
+
+def test_plan_on_the_command_line(capsys, tmp_path):
+    assert main(["reference", "--plan", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert all(f"set {name}:" in out for name in reference.PRIORITY) and "est_h200_s" in out
+    assert not list(tmp_path.iterdir())  # nothing ran
+
+
+def test_a_budget_that_is_not_positive_is_one_line(capsys, tmp_path):
+    assert main(["reference", "--device", "cpu", "--out", str(tmp_path), "--budget", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "optlab: error: --budget must be a positive number of seconds, got 0"
+
+
+def test_a_budget_that_is_not_a_number_is_one_line(capsys, tmp_path):
+    with pytest.raises(SystemExit) as stop:
+        main(["reference", "--out", str(tmp_path), "--budget", "soon"])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and err.startswith("optlab: error: argument --budget: invalid float value: 'soon'")
+    assert "\n" not in err
+
+
+def _two_parts(set_name, profile):
+    return [reference.Part("seed", f"{name} resnet18", 1, 1.0, technique=name, model="resnet18")
+            for name in ("set_to_none", "no_grad")]
+
+
+def test_a_second_run_skips_what_is_recorded_and_a_failing_part_stays_in_its_part(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(reference, "plan", _two_parts)
+    real = experiments.run_experiment
+
+    def first_fails(name, **options):
+        if name == "set_to_none":
+            raise OptlabError("set_to_none broke")
+        return real(name, **options)
+
+    monkeypatch.setattr(reference, "run_experiment", first_fails)
+    with pytest.raises(OptlabError, match="these parts failed and have no new results: set_to_none resnet18"):
+        list(reference.run_reference(tmp_path, profile=TINY, device="cpu", progress=False))
+    assert store.load_record(tmp_path / "no_grad.json")["technique"] == "no_grad"
+    manifest = pd.read_csv(tmp_path / f"{reference.MANIFEST}.csv").set_index("part")
+    assert manifest.loc["set_to_none resnet18", "status"].startswith("failed: OptlabError: set_to_none broke")
+    assert manifest.loc["no_grad resnet18", "status"] == "ok"
+
+    monkeypatch.setattr(reference, "run_experiment", real)
+    capsys.readouterr()
+    ran = list(reference.run_reference(tmp_path, profile=TINY, device="cpu", progress=False))
+    assert [r.experiment.name for r in ran] == ["set_to_none"]  # the failed part again; the recorded one skipped
+    assert "skipped 1 part(s) already recorded" in capsys.readouterr().out
+    assert list(reference.run_reference(tmp_path, profile=TINY, device="cpu", progress=False)) == []
+
+
+def test_another_commit_or_profile_is_not_skipped(monkeypatch, tmp_path):
+    monkeypatch.setattr(reference, "plan", _two_parts)
+    parts = _two_parts("seed", TINY)
+    list(reference.run_reference(tmp_path, profile=TINY, device="cpu", progress=False))
+    key = reference.run_key(reference.resolve_device("cpu"))
+    assert reference.recorded(parts, tmp_path, key, TINY) == {p.name for p in parts}
+    assert reference.recorded(parts, tmp_path, {**key, "git_commit": "other"}, TINY) == set()
+    assert reference.recorded(parts, tmp_path, key, TINY.with_sizes(repeats=4)) == set()
+
+
+def test_a_budget_too_small_runs_nothing_and_says_what_it_left(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(reference, "plan", _two_parts)
+    assert list(reference.run_reference(tmp_path, profile=TINY, device="cpu", progress=False, budget_s=0.5)) == []
+    out = capsys.readouterr().out
+    assert "left for a later run (over --budget 0.5 s): set_to_none resnet18, no_grad resnet18" in out
+
+
+def test_resume_keeps_the_recorded_models_and_runs_the_others(tmp_path, capsys):
+    two = replace(TINY, models=("resnet18", "mobilenet_v2"))
+    first = experiments.run_experiment(AA, models=["resnet18"], profile=two, device="cpu", progress=False,
+                                       out=tmp_path, filename="aa.json")
+    both = experiments.run_experiment(AA, profile=two, device="cpu", progress=False, out=tmp_path,
+                                      filename="aa.json", resume=True)
+    assert "resumed: resnet18 already in" in capsys.readouterr().out
+    kept = both.samples[both.samples["model"] == "resnet18"].reset_index(drop=True)
+    assert kept["step_times_s"].tolist() == first.samples["step_times_s"].tolist()
+    assert set(both.samples["model"]) == {"resnet18", "mobilenet_v2"}
+    record = store.load_record(tmp_path / "aa.json")
+    assert set(record["configs"]) == {"resnet18", "mobilenet_v2"} and len(record["samples"]) == len(both.samples)
+    again = experiments.run_experiment(AA, profile=two, device="cpu", progress=False, out=tmp_path,
+                                       filename="aa.json", resume=True)
+    assert again.samples["step_times_s"].tolist() == both.samples["step_times_s"].tolist()  # nothing ran
+
+
+def test_a_run_killed_midway_leaves_valid_records(tmp_path):
+    """Kill the command once its first record is on disk: every file left must read back."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "optlab", "reference", "--profile", "smoke", "--device", "cpu", "--out",
+               str(tmp_path), "--quiet"]
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (tmp_path / "data_loading.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)  # somewhere inside the next model or part
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    records = sorted(tmp_path.glob("*.json"))
+    assert records
+    for path in records:
+        record = store.load_record(path)
+        assert {row["model"] for row in record["samples"]} <= set(record["configs"])
+        json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+
+
+@pytest.mark.parametrize("technique, model", [("set_to_none", "resnet18"), ("multiple_of_8", "mobilenet_v2")])
+def test_the_plans_step_counts_are_the_steps_a_run_takes(technique, model):
+    """multiple_of_8 on MobileNetV2 runs the seed's pair only: the plan must count what the run does."""
+    experiment = reference.get_experiment(technique)
+    planned, _ = reference.estimate(experiment, experiment.configs(model, TINY), TINY)
+    result = experiments.run_experiment(technique, models=[model], profile=TINY, device="cpu", progress=False)
+    ran = sum(len(row["warmup_times_s"]) + len(row["step_times_s"]) for _, row in result.samples.iterrows())
+    assert ran == planned
