@@ -98,12 +98,12 @@ def test_a_failing_step_is_recorded_and_the_run_goes_on(monkeypatch, tmp_path):
     """Out of memory inside one variant's training step on the first model: recorded, and everything else runs."""
     real = loops.train_step
 
-    def fail_for_b(model, batch, optimizer, scaler, config, device, micro_step):
+    def fail_for_b(model, batch, optimizer, scaler, config, device, micro_step, *rest):
         if config.amp_dtype == "bf16" and config.model == "resnet18":
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         if config.amp_dtype == "bf16" and micro_step == 1:
             raise ValueError("something else broke\nsecond line")
-        return real(model, batch, optimizer, scaler, config, device, micro_step)
+        return real(model, batch, optimizer, scaler, config, device, micro_step, *rest)
 
     monkeypatch.setattr(loops, "train_step", fail_for_b)
     experiment = Experiment("oom", "one variant fails", "", variants=(("A", {}), ("B", {"amp_dtype": "bf16"})),

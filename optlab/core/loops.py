@@ -104,12 +104,16 @@ def prefetch_to_device(batches: Iterable, config: RunConfig, device: torch.devic
         yield hand_over(pending)
 
 
-def train_step(model, batch, optimizer, scaler, config: RunConfig, device: torch.device, micro_step: int) -> torch.Tensor:
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def train_step(model, batch, optimizer, scaler, config: RunConfig, device: torch.device, micro_step: int,
+               loss_fn: LossFn = F.cross_entropy) -> torch.Tensor:
     """One micro-step; the optimizer steps every ``accumulation_steps`` micro-steps. Returns the detached loss."""
     inputs, targets = to_device(batch, config, device)
     amp_dtype = TORCH_DTYPES[config.amp_dtype]
     with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-        loss = F.cross_entropy(model(inputs), targets)
+        loss = loss_fn(model(inputs), targets)
     scaler.scale(loss / config.accumulation_steps).backward()
     if (micro_step + 1) % config.accumulation_steps == 0:
         scaler.step(optimizer)
@@ -197,10 +201,12 @@ StepContext = Callable[[int], contextlib.AbstractContextManager]
 
 
 def train_phase(model, loader, optimizer, scaler, config: RunConfig, device: torch.device,
-                steps: int | None, warmup: int, step_context: StepContext | None = None) -> PhaseResult:
+                steps: int | None, warmup: int, step_context: StepContext | None = None,
+                loss_fn: LossFn = F.cross_entropy) -> PhaseResult:
     """Time ``steps`` training micro-steps after ``warmup`` untimed ones (``steps=None``: the whole epoch).
 
-    ``step_context(micro_step)``, if given, wraps each micro-step (DDP's ``no_sync`` between optimizer steps).
+    ``step_context(micro_step)``, if given, wraps each micro-step (DDP's ``no_sync`` between optimizer steps);
+    ``loss_fn(outputs, targets)`` is the loss (cross-entropy unless a reader's own model needs another).
     """
     model.train()
     optimizer.zero_grad(set_to_none=config.set_to_none)
@@ -208,7 +214,7 @@ def train_phase(model, loader, optimizer, scaler, config: RunConfig, device: tor
 
     def step(batch, index: int) -> torch.Tensor:
         with step_context(index) if step_context else contextlib.nullcontext():
-            loss = train_step(model, batch, optimizer, scaler, config, device, index)
+            loss = train_step(model, batch, optimizer, scaler, config, device, index, loss_fn)
         if index < warmup:
             warmup_losses.append(loss)
         return loss

@@ -14,7 +14,7 @@ import math
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import pandas as pd
 import torch
@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from ..core import compiler, loops, store
 from ..core.config import RunConfig, apply_changes, changed_knobs
-from ..core.device import TORCH_DTYPES, DeviceInfo, effective_config, native_bf16, resolve_device
+from ..core.device import DeviceInfo, effective_config, native_bf16, resolve_device
 from ..core.environment import capture
 from ..core.errors import OptlabError, choice_error
 from ..core.experiments import failure_status, visit_order
@@ -213,35 +213,6 @@ def loss_change(before: Sequence[float], after: Sequence[float]) -> float:
     return math.nan if not changes or any(math.isnan(c) for c in changes) else max(changes)
 
 
-def train_phase(model, loader: Iterable, optimizer, scaler, config: RunConfig, device: torch.device, steps: int,
-                warmup: int, loss_fn: LossFn) -> loops.PhaseResult:
-    """``loops.train_phase`` with the reader's loss function: ``steps`` timed training steps after ``warmup`` untimed
-    ones, each the step of ``loops.train_step`` (one optimizer step per batch), timed by ``loops.run_timed``."""
-    model.train()
-    optimizer.zero_grad(set_to_none=config.set_to_none)
-    amp_dtype = TORCH_DTYPES[config.amp_dtype]
-    warmup_losses: list[torch.Tensor] = []
-
-    def step(batch, index: int) -> torch.Tensor:
-        inputs, targets = loops.to_device(batch, config, device)
-        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-            loss = loss_fn(model(inputs), targets)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=config.set_to_none)
-        if index < warmup:
-            warmup_losses.append(loss.detach())
-        return loss.detach()
-
-    with loops.backend_flags(config):
-        result, losses = loops.run_timed(step, loader, device, steps, warmup, resident=(model, optimizer, loader))
-    result.losses = torch.stack(losses).float().cpu().tolist()
-    result.warmup_losses = torch.stack(warmup_losses).float().cpu().tolist() if warmup_losses else []
-    result.images = len(losses) * config.images_per_step
-    return result
-
-
 @dataclass
 class _Run:
     """What every comparison of one tune run shares."""
@@ -269,8 +240,8 @@ def _warm_up(run: _Run, config: RunConfig) -> None:
     """One untimed pass of ``config``: the process's first training steps (allocator, kernel libraries, caches) run
     slower than any after, and would count against whichever config the first comparison timed first."""
     try:
-        train_phase(*_state(run, config), config, run.info.device, run.profile.steps, run.profile.warmup_steps,
-                    run.loss_fn)
+        loops.train_phase(*_state(run, config), config, run.info.device, run.profile.steps,
+                          run.profile.warmup_steps, loss_fn=run.loss_fn)
     except Exception:  # noqa: BLE001,S110  (the comparisons time this config again and record what it raises)
         pass
     gc.collect()
@@ -299,7 +270,8 @@ def _compare(run: _Run, configs: dict[str, RunConfig],
                 continue
             torch.manual_seed(run.seed + 1 + repeat)  # the same shuffling and dropout for every config
             try:
-                result = train_phase(*states[label], configs[label], device, prof.steps, prof.warmup_steps, run.loss_fn)
+                result = loops.train_phase(*states[label], configs[label], device, prof.steps, prof.warmup_steps,
+                                           loss_fn=run.loss_fn)
             except Exception as error:  # noqa: BLE001  (recorded, and the run goes on)
                 failed.add(label)
                 rows.append(failed_row(TECHNIQUE, run.name, label, max(kept, 0), "train", configs[label],
