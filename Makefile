@@ -26,8 +26,8 @@ bench: $(STAMP)
 ddp-check: $(STAMP)
 	$(PY) -m optlab.studies.distributed parity
 
-lab: $(STAMP)
-	$(VENV)/bin/jupyter lab notebooks/
+lab: $(STAMP)  # the chapters in JupyterLab; --allow-root: containers (and CI) often run as root, where Jupyter refuses
+	$(VENV)/bin/jupyter lab --allow-root notebooks/
 
 clean:
 	rm -rf _build results/runs

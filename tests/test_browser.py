@@ -1,7 +1,9 @@
-"""A real headless Chromium opens the built book: navigation, a figure, and no console errors.
+"""A real headless Chromium opens every page of the built book at 1400 px, as a reader would.
 
-Runs wherever a Chromium is installed (``.ci/run`` installs Debian's); skipped elsewhere, except under CI
-(``CI`` set), where a missing browser is a failure.
+Each page must load without a console error, show every image it links (``naturalWidth > 0``), and keep its article
+body from scrolling sideways anywhere but in code (``pre`` blocks); a screenshot of each page goes to
+``_build/screenshots/``. Runs wherever Chromium and playwright are installed (``.ci/run`` installs Debian's Chromium);
+skipped elsewhere, except under CI (``CI`` set), where either one missing is a failure.
 """
 import functools
 import http.server
@@ -14,17 +16,44 @@ import pytest
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
         "--disable-component-update", "--disable-sync"]
+VIEWPORT = {"width": 1400, "height": 900}
+# Every image of the article, loaded (lazy ones too): the sources of those that did not load.
+BROKEN_IMAGES = """async () => {
+    const images = [...document.querySelectorAll("article img")];
+    images.forEach(image => { image.loading = "eager"; });
+    await Promise.all(images.map(image => image.decode().catch(() => null)));
+    return images.filter(image => image.naturalWidth === 0).map(image => image.getAttribute("src"));
+}"""
+# Whatever scrolls sideways in the article (or the article or the page itself), code blocks aside.
+SIDEWAYS = """() => {
+    const wide = element => element.scrollWidth > element.clientWidth + 1;
+    const scrolls = element => ["auto", "scroll"].includes(getComputedStyle(element).overflowX);
+    const article = document.querySelector("article");
+    const found = [...article.querySelectorAll("*")]
+        .filter(element => scrolls(element) && wide(element) && !element.closest("pre, div.highlight"))
+        .map(element => `${element.tagName.toLowerCase()}.${[...element.classList].join(".")} `
+                        + `(${element.scrollWidth} > ${element.clientWidth} px)`);
+    if (wide(article)) found.push(`the article (${article.scrollWidth} > ${article.clientWidth} px)`);
+    if (document.documentElement.scrollWidth > window.innerWidth) found.push("the page");
+    return found;
+}"""
 
 
-@pytest.fixture(scope="module")
+def missing(message: str):
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")  # session, like the book: a missing browser fails before the build is awaited
 def browser():
     if CHROMIUM is None:
-        message = "no Chromium found (apt-get install -y chromium); .ci/run installs it"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    playwright = pytest.importorskip("playwright.sync_api")
-    with playwright.sync_playwright() as driver:
+        missing("no Chromium found (apt-get install -y chromium); .ci/run installs it")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing("playwright is not installed (it is in requirements.txt)")
+    with sync_playwright() as driver:
         launched = driver.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
         yield launched
         launched.close()
@@ -33,7 +62,11 @@ def browser():
 @pytest.fixture(scope="module")
 def site(book):
     """The built book over HTTP on a free local port, as a reader would get it."""
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(book.html))
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+    handler = functools.partial(Quiet, directory=str(book.html))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -41,8 +74,9 @@ def site(book):
 
 
 def open_page(browser, site: str, path: str):
-    """Load ``path``, refusing every request that is not for ``site``; return the page and what went wrong."""
-    context = browser.new_context()
+    """Load ``path`` at 1400 px, refusing every request that is not for ``site``; return the page and what went
+    wrong while it loaded."""
+    context = browser.new_context(viewport=VIEWPORT)
     context.route("**/*", lambda route: route.continue_() if route.request.url.startswith(site) else route.abort())
     page = context.new_page()
     problems = []
@@ -60,17 +94,24 @@ def test_index_leads_to_the_navigation(browser, site, toc_pages):
     navigation = page.locator("nav.bd-docs-nav")
     assert navigation.is_visible()
     links = navigation.locator("a").evaluate_all("links => links.map(a => a.href)")
-    missing = [name for name in toc_pages[1:] if not any(link.endswith(f"/{name}.html") for link in links)]
-    assert not missing, f"the navigation does not link {missing}"
+    not_linked = [name for name in toc_pages[1:] if not any(link.endswith(f"/{name}.html") for link in links)]
+    assert not not_linked, f"the navigation does not link {not_linked}"
     page.wait_for_load_state("networkidle")
     assert not problems, problems
 
 
-def test_a_chapter_shows_its_figure(browser, site, toc_pages):
-    chapter = next(name for name in toc_pages if name.startswith("notebooks/"))
-    page, problems = open_page(browser, site, f"{chapter}.html")
-    figure = page.locator("article img").first
-    figure.scroll_into_view_if_needed()
-    assert figure.evaluate("img => img.complete && img.naturalWidth > 0"), "the figure did not load"
-    page.wait_for_load_state("networkidle")
+def test_every_page_loads_cleanly_and_fits_the_article(browser, site, book, toc_pages):
+    shots = book.html.parent / "screenshots"
+    shutil.rmtree(shots, ignore_errors=True)
+    shots.mkdir()
+    problems = {}
+    for name in toc_pages:
+        page, found = open_page(browser, site, f"{name}.html")
+        found += [f"image did not load: {src}" for src in page.evaluate(BROKEN_IMAGES)]
+        found += [f"scrolls sideways: {what}" for what in page.evaluate(SIDEWAYS)]
+        page.wait_for_load_state("networkidle")
+        page.screenshot(path=str(shots / f"{name.replace('/', '_')}.png"), full_page=True)
+        page.context.close()
+        if found:
+            problems[name] = found
     assert not problems, problems

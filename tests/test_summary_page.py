@@ -4,8 +4,10 @@ matplotlib.use("Agg")
 
 import pandas as pd  # noqa: E402
 
-from optlab.book import summary_page  # noqa: E402
+from optlab.book import report, summary_page  # noqa: E402
 from optlab.core.techniques import SEED_TECHNIQUES  # noqa: E402
+
+LIVE_COLUMN = f"live ({report.INTERVAL})"
 
 ROW = {"technique": "set_to_none", "model": "resnet18", "phase": "train", "machine": "cpu", "profile": "smoke"}
 LIVE = pd.DataFrame([
@@ -17,24 +19,26 @@ LIVE = pd.DataFrame([
 def test_every_seed_technique_has_a_row_and_missing_records_say_not_run():
     table = summary_page.summary_table(summary_page.speedups({"live": pd.DataFrame()}))
     assert set(table.index.get_level_values("technique")) == set(SEED_TECHNIQUES)
-    assert (table["live"] == summary_page.NOT_RUN).all()
-    assert table.loc[("mixed_precision", "w mixed precision", "resnet18"), "seed V100"] == round(20.4 / 10.4, 2)
+    assert (table[LIVE_COLUMN] == summary_page.NOT_RUN).all()
+    assert table.loc[("mixed_precision", "w mixed precision", "resnet18"), "seed V100"] == "1.96"
 
 
 def test_a_live_record_fills_its_rows_with_interval_and_verdict():
     tidy = summary_page.speedups({"live": LIVE, "h200": pd.DataFrame()})
     table = summary_page.summary_table(tidy)
     row = table.loc[("set_to_none", "w gradient none", "resnet18")]
-    assert (row["live"], row["live verdict"]) == ("1.10 (1.05-1.15)", "faster")
-    assert table.loc[("set_to_none", "w gradient none", "resnet50"), "live"] == summary_page.NOT_RUN
-    assert list(table.columns) == ["seed V100", "live", "live verdict"]  # a machine without records: no column
+    assert (row[LIVE_COLUMN], row["live verdict"]) == ("1.10 (1.05–1.15)", "faster")
+    assert table.loc[("set_to_none", "w gradient none", "resnet50"), LIVE_COLUMN] == summary_page.NOT_RUN
+    assert list(table.columns) == ["seed V100", LIVE_COLUMN, "live verdict"]  # a machine without records: no column
     assert summary_page.describe({"live": LIVE}).startswith("live: 1 of 9 seed techniques (missing: channels_last")
 
 
 def test_the_figure_has_a_panel_per_model_with_points_from_every_source():
-    grid = summary_page.plot_speedups(summary_page.speedups({"live": LIVE}))
-    assert [ax.get_title() for ax in grid.axes.flat] == ["resnet18", "resnet50", "resnet101", "mobilenet_v2"]
-    assert sorted(text.get_text() for text in grid.legend.texts) == ["live", "seed V100"]
+    figure = summary_page.plot_speedups(summary_page.speedups({"live": LIVE}))
+    assert [ax.get_title() for ax in figure.axes] == ["resnet18", "resnet50", "resnet101", "mobilenet_v2"]
+    legend = [text.get_text() for text in figure.legends[0].texts]
+    assert {"live (this page's run)", "seed V100 (no interval)"} <= set(legend)
+    assert figure.axes[0].get_yticklabels()[0].get_text().startswith("data_loading · ")  # the registry's order
 
 
 BEYOND = pd.DataFrame([
@@ -54,9 +58,10 @@ def test_the_beyond_table_has_every_variant_of_every_source_in_registry_order():
     assert list(table.index.get_level_values("technique")) == ["compile", "optimizers", "optimizers"]  # no seed rows
     assert list(table.index.get_level_values("variant")[1:]) == ["SGD fused", "Adam fused"]  # the registry's order
     row = table.loc[("optimizers", "SGD fused", "resnet18", "train")]
-    assert (row["live"], row["live verdict"], row["live peak MiB"]) == ("1.20 (1.10-1.30)", "faster", 90.0)
-    assert row["h200"] == "1.20 (1.10-1.30)"
-    assert table.loc[("compile", "compile default", "resnet18", "train"), "h200"] == summary_page.NOT_RUN
+    assert (row[LIVE_COLUMN], row["live verdict"], row["live peak MiB"]) == ("1.20 (1.10–1.30)", "faster", 90.0)
+    h200 = f"h200 ({report.INTERVAL})"
+    assert row[h200] == "1.20 (1.10–1.30)"
+    assert table.loc[("compile", "compile default", "resnet18", "train"), h200] == summary_page.NOT_RUN
 
 
 def test_the_beyond_table_without_records_is_empty():

@@ -1,8 +1,12 @@
-"""What a chapter prints: the active set-up in one line, and the code each technique switches."""
+"""What a chapter calls: its set-up line, the code each technique switches, its run, and what it shows beside it."""
 from __future__ import annotations
 
+import html
 import inspect
 import re
+from dataclasses import dataclass
+
+import pandas as pd
 
 from ..core import data, loops, store, variants
 from ..core.config import RunConfig, changed_knobs
@@ -10,10 +14,13 @@ from ..core.device import resolve_device
 from ..core.registry import Experiment, get_experiment
 from ..core.experiments import ExperimentResult, run_experiment
 from ..core.profiles import Profile, get_profile
+from . import report
 
 CODE_FUNCTIONS = (loops.make_optimizer, loops.backend_flags, loops.to_device, loops.train_step, loops.eval_step, loops.prepare_model, loops.make_scaler,
                   loops.train_phase, loops.eval_phase, data.make_loader, variants.build_state,
                   RunConfig.images_per_step.fget)
+SUMMARY_PAGE = "../book/summary.html"  # from a chapter's page (notebooks/NN.html)
+LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")  # [text](url)
 
 
 def setup_line(profile: "str | Profile | None" = None, device: str = "auto") -> str:
@@ -58,3 +65,43 @@ def run(experiment: "str | Experiment", **options) -> ExperimentResult:
     """Run a chapter's comparison and keep its record in ``results/live/`` for the book's summary page."""
     experiment = get_experiment(experiment)
     return run_experiment(experiment, out=store.LIVE_DIR, filename=f"{experiment.name}.json", **options)
+
+
+@dataclass(frozen=True)
+class Note:
+    """One line for a page, with `code` and [links](url): HTML in a notebook, plain text anywhere else."""
+
+    text: str
+
+    def _repr_html_(self) -> str:
+        line = re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(self.text, quote=False))
+        return '<p class="optlab-note">' + LINK.sub(r'<a href="\2">\1</a>', line) + "</p>"
+
+    def __repr__(self) -> str:
+        return LINK.sub(r"\1", self.text)
+
+
+def built_on(result: ExperimentResult) -> Note:
+    """The line above a chapter's live results: the device that built the page, the stored GPU references of the
+    technique (or that none exists yet), and a link to the summary, where every technique stands side by side."""
+    environment, name = result.record["environment"], result.experiment.name
+    device = environment["gpu_name"] or f"{environment['device_name']} (CPU)"
+    references = report.reference_summary(name)
+    stored = (f"none yet ({report.reference_command(name)} on a GPU machine makes one)" if references is None
+              else ", ".join(sorted(set(references["machine"]))))
+    return Note(f"Live numbers on this page: {device}, {result.record['profile']['name']} profile. Stored GPU "
+                f"references of {name}: {stored}. Every technique side by side: [the summary]({SUMMARY_PAGE}).")
+
+
+def speedups(result: ExperimentResult) -> pd.DataFrame:
+    """A chapter's speed-ups for :func:`report.plot_speedups`: the live run, every stored reference, the seed's V100."""
+    return report.speedups(result.experiment, result.summary)
+
+
+def beside_references(result: ExperimentResult) -> "pd.DataFrame | Note":
+    """A technique beyond the seed: the live numbers beside every stored reference machine's, or one line saying that
+    there is none to set beside them yet."""
+    if report.reference_summary(result.experiment.name) is None:
+        return Note("Nothing to set beside the live numbers yet: no GPU machine has a stored reference of "
+                    f"{result.experiment.name} (see the line above the live results).")
+    return report.reference_comparison(result.experiment.name, live=result.summary)

@@ -1,52 +1,294 @@
-"""Tables and plots built from tidy samples and summaries, so live runs and stored records look the same."""
+"""Tables and figures built from summaries and stored records, so live runs and stored references look the same.
+
+Every table a page shows goes through :func:`html_table` (:func:`set_theme` registers it with IPython): no 0..N
+index column, three significant figures, "—" where a value is missing, and the columns that a table marks as
+details in a collapsed block. The headline figure is :func:`plot_speedups`: speed-ups on a log axis with their
+intervals, coloured by verdict, beside the seed's V100 speed-up.
+"""
 from __future__ import annotations
+
+import html
+import math
+import numbers
+import re
+import textwrap
 
 import matplotlib.pyplot as plt
 import matplotlib.ticker as ticker
+import numpy as np
 import pandas as pd
 import seaborn as sns
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from ..core import store
-from ..studies import compile_cost, cuda_graphs
+from ..core.profiles import ALL_MODELS
+from ..core.registry import PHASES, Experiment, get_experiment
 from ..core.seed import SEED_MACHINE, seed_speedups
+from ..core.summary import CLAIM, CONTROL
 from ..core.techniques import SET_NAMES, technique_set
+from ..core.timing import CONFIDENCE
+from ..studies import compile_cost, cuda_graphs
 
-TABLE_COLUMNS = {
-    "model": "model", "phase": "phase", "variant": "variant", "n": "n", "epoch_s": "epoch s (median)",
-    "epoch_iqr_s": "IQR s", "speedup": "speed-up", "ci": "95% CI", "verdict": "verdict", "peak_mem_mb": "peak MiB",
-    "images_per_s": "img/s", "tflops": "TFLOP/s",
-}
+MISSING = "—"
+SEED, LIVE = "seed V100", "live"
+KEYS = ["model", "phase", "variant"]
+INTERVAL = f"{round(100 * CONFIDENCE)} % interval"
+SPEEDUP = f"speed-up ({INTERVAL})"
+DETAILS = {"n": "repeats", "epoch_s": "epoch s (median)", "epoch_iqr_s": "IQR s", "epoch_min_s": "min s",
+           "step_ms": "step ms", "startup_s": "start-up s", "images_per_s": "img/s", "tflops": "TFLOP/s"}
+TIDY = ["model", "phase", "variant", "source", "speedup", "ci_low", "ci_high", "verdict", "role"]
+VERDICT_COLOURS = {"faster": "#0173b2", "slower": "#d55e00"}  # seaborn's colour-blind blue and vermillion
+UNCLEAR = "#949494"  # no clear difference: grey, and a hollow marker
+SOURCE_MARKERS = ("o", "s", "^", "v", "P", "X")  # the live run, then each stored reference machine
+LABEL_WIDTH = 34  # characters per line of a row label of the speed-up figure
+LONG_NAME = 24  # characters: a longer word in a table cell may break after punctuation
+WIDE = 9  # a table with more columns is set tighter (book/_static/optlab.css), to fit the article column
 
 
 def set_theme() -> None:
-    """The book's one seaborn theme."""
+    """The book's one look: seaborn's colour-blind theme for figures and, under IPython, :func:`html_table` for every
+    DataFrame a cell shows."""
     sns.set_theme(context="notebook", style="whitegrid", palette="colorblind")
+    try:
+        from IPython import get_ipython
+    except ImportError:  # the command line: no pages to render
+        return
+    shell = get_ipython()
+    if shell is not None:
+        shell.display_formatter.formatters["text/html"].for_type(pd.DataFrame, html_table)
 
 
-def comparison_table(summary: pd.DataFrame) -> pd.DataFrame:
-    """The summary as a readable table: median, spread, speed-up with its interval, verdict, memory."""
-    table = summary.copy()
-    table["ci"] = [
-        "" if pd.isna(low) else f"{low:.2f}-{high:.2f}" for low, high in zip(table["ci_low"], table["ci_high"])
-    ]
-    table = table[list(TABLE_COLUMNS)].rename(columns=TABLE_COLUMNS)
-    return table.round({"epoch s (median)": 2, "IQR s": 2, "speed-up": 2, "peak MiB": 0, "img/s": 0, "TFLOP/s": 3})
+def number(value: object) -> str:
+    """A value as a table shows it: three significant figures (whole numbers from 100 up), "—" when missing."""
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)) or value == "":
+        return MISSING
+    if not isinstance(value, numbers.Number) or isinstance(value, (bool, np.bool_)):
+        return str(value)
+    if isinstance(value, numbers.Integral):
+        return str(value)
+    value = float(value)
+    return f"{value:.0f}" if abs(value) >= 100 or not math.isfinite(value) else f"{value:.3g}"
 
 
-def plot_comparison(samples: pd.DataFrame, title: str = "", y: str = "epoch_equiv_s"):
-    """Per model, bars of every variant's epoch-equivalent time (median, error bar: interquartile range)."""
+def significant(value: float, digits: int = 3) -> float:
+    """``value`` rounded to ``digits`` significant figures (whole numbers above that)."""
+    if isinstance(value, numbers.Integral) or pd.isna(value) or value == 0 or not math.isfinite(value):
+        return value
+    return round(float(value), max(0, digits - 1 - math.floor(math.log10(abs(value)))))
+
+
+def ratio(value: float) -> str:
+    """A speed-up with three significant figures, trailing zeros kept: 1.10, 0.0250, 12.0."""
+    return f"{value:#.3g}".rstrip(".")
+
+
+def speedup_text(speedup: float, low: float, high: float) -> str:
+    """"1.23 (1.10–1.38)": a speed-up and its interval; the speed-up alone without one; "—" without either."""
+    if pd.isna(speedup):
+        return MISSING
+    if pd.isna(low) or pd.isna(high) or low == high:  # no interval, or the baseline against itself
+        return ratio(speedup)
+    return f"{ratio(speedup)} ({ratio(low)}–{ratio(high)})"
+
+
+def verdict_text(verdict: object, role: object = CLAIM) -> str:
+    """The verdict, marked where the row is an A/A control (a phase the technique cannot change): not a claim."""
+    if pd.isna(verdict) or verdict == "":
+        return MISSING
+    return f"{verdict} ({CONTROL})" if role == CONTROL and verdict != "baseline" else str(verdict)
+
+
+def html_table(frame: pd.DataFrame) -> str:
+    """``frame`` as a page shows it: named index levels as columns (an unnamed index is dropped), every value through
+    :func:`number`, and the columns named in ``frame.attrs["details"]`` in a collapsed "all columns" block that
+    repeats the ``frame.attrs["keys"]`` columns."""
+    details, keys = frame.attrs.get("details", []), frame.attrs.get("keys", [])
+    names = [name for name in frame.index.names if name is not None]
+    frame = frame.reset_index(drop=not names or any(name in frame.columns for name in names))
+    if isinstance(frame.columns, pd.MultiIndex):
+        frame.columns = [" ".join(str(part) for part in column if part != "") for column in frame.columns]
+    details = [column for column in details if column in frame]
+    shown = _html(frame[[column for column in frame if column not in details]])
+    if not details:
+        return shown
+    more = _html(frame[[column for column in keys if column in frame] + details])
+    return f'{shown}<details class="optlab-details"><summary>all columns</summary>{more}</details>'
+
+
+def _html(frame: pd.DataFrame) -> str:
+    wide = len(frame.columns) > WIDE
+    head = "".join(f"<th>{_text(column, wide)}</th>" for column in frame.columns)
+    body = "".join("<tr>" + "".join(_cell(value, wide) for value in row) + "</tr>"
+                   for row in frame.itertuples(index=False))
+    return (f'<table class="optlab-table{" wide" if wide else ""}"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{body}</tbody></table>")
+
+
+def _cell(value: object, wide: bool) -> str:
+    if isinstance(value, numbers.Number) and not isinstance(value, (bool, np.bool_)):
+        return f'<td class="num">{html.escape(number(value))}</td>'
+    return f"<td>{_text(number(value), wide)}</td>"
+
+
+def _text(value: object, wide: bool) -> str:
+    """Escaped, and breakable where a long name (an operator's) has punctuation, and in a wide table after every "_"
+    (column names such as data_wait_ms), so that the table fits the article column."""
+    mark = "\x00"  # set before escaping, written as <wbr> after
+
+    def breakable(word: str) -> str:
+        if len(word) > LONG_NAME:
+            return re.sub(r"([_.#:/(])", rf"\1{mark}", word)
+        return word.replace("_", "_" + mark) if wide else word
+
+    return html.escape(" ".join(map(breakable, str(value).split(" ")))).replace(mark, "<wbr>")
+
+
+def in_order(frame: pd.DataFrame, variants: "list[str] | tuple[str, ...]" = ()) -> pd.DataFrame:
+    """Rows in the profiles' model order, train before test, and variants in ``variants`` order (the registry's),
+    any others after them as found."""
+    ranks = {"model": [*ALL_MODELS, *frame["model"]], "phase": [*PHASES, *frame["phase"]],
+             "variant": [*variants, *frame["variant"]]}
+    ranks = {key: {value: i for i, value in enumerate(dict.fromkeys(values))} for key, values in ranks.items()}
+    return frame.sort_values(KEYS, key=lambda column: column.map(ranks[column.name]), kind="stable")
+
+
+def comparison_table(summary: pd.DataFrame, variants: "list[str] | tuple[str, ...]" = ()) -> pd.DataFrame:
+    """The summary as a reader reads it: model, phase, variant, the speed-up with its interval, the verdict and peak
+    memory first, in the registry's variant order (``variants``); repeats, times and throughput as details."""
+    rows = in_order(summary, variants)
+    roles = rows["role"] if "role" in rows else pd.Series(CLAIM, index=rows.index)
+    table = pd.DataFrame({
+        "model": rows["model"], "phase": rows["phase"], "variant": rows["variant"],
+        SPEEDUP: [speedup_text(*values) for values in zip(rows["speedup"], rows["ci_low"], rows["ci_high"])],
+        "verdict": [verdict_text(v, r) for v, r in zip(rows["verdict"], roles)],
+        "peak MiB": rows["peak_mem_mb"].map(significant),
+        **{label: rows[column].map(significant) for column, label in DETAILS.items()},
+    }).reset_index(drop=True)
+    table.attrs.update(keys=KEYS, details=list(DETAILS.values()))
+    return table
+
+
+def stack_table(steps: pd.DataFrame) -> pd.DataFrame:
+    """A cumulative stack (rows of ``summary.step_by_step``) as a reader reads it: each step's speed-up over the step
+    before it with its interval and verdict, then its speed-up over the baseline, peak memory and epoch time."""
+    return pd.DataFrame({
+        "model": steps["model"], "phase": steps["phase"], "step": steps["step"],
+        f"vs the step before ({INTERVAL})": [
+            speedup_text(*values) for values in zip(steps["vs previous"], steps["ci_low"], steps["ci_high"])],
+        "verdict": steps["verdict"].map(verdict_text), "vs the baseline": steps["vs baseline"].map(ratio),
+        "peak MiB": steps["peak_mem_mb"].map(significant), "epoch s (median)": steps["epoch_s"].map(significant),
+    })
+
+
+def speedups(experiment: "str | Experiment", live: pd.DataFrame | None = None, stored: bool = True) -> pd.DataFrame:
+    """Tidy speed-ups of every variant but the baseline, one row per source: the ``live`` summary, and with ``stored``
+    each stored reference machine's and the seed's V100 speed-up where one of ours has the same model, phase and
+    variant."""
+    experiment = get_experiment(experiment)
+    frames = [] if live is None or live.empty else [live.assign(source=LIVE)]
+    reference = reference_summary(experiment.name) if stored else None
+    if reference is not None:
+        frames += [rows.assign(source=machine) for machine, rows in reference.groupby("machine")]
+    if not frames:
+        return pd.DataFrame(columns=TIDY)
+    ours = pd.concat([frame.reindex(columns=TIDY) for frame in frames], ignore_index=True)
+    ours = ours[ours["variant"] != experiment.baseline_label].assign(role=lambda d: d["role"].fillna(CLAIM))
+    seed = seed_speedups(experiment.name).merge(ours[KEYS].drop_duplicates(), on=KEYS) if stored else pd.DataFrame()
+    if not seed.empty:
+        ours = pd.concat([seed.assign(source=SEED, role=CLAIM).reindex(columns=TIDY), ours], ignore_index=True)
+    return in_order(ours, experiment.labels).reset_index(drop=True)
+
+
+def plot_speedups(tidy: pd.DataFrame, rows: "tuple[str, ...]" = ("model", "variant"), col: str = "phase",
+                  col_wrap: int | None = None) -> Figure:
+    """The headline figure: one row per ``rows`` and one panel per ``col``; each source's speed-up with its interval
+    on a log axis, coloured by verdict (hollow: no clear difference), the seed's V100 speed-up as a black diamond,
+    and a dashed line at 1. Rows of an A/A control say so at the right edge."""
     set_theme()
-    ok = samples[samples["status"] == "ok"]
-    grid = sns.catplot(
-        data=ok, kind="bar", x="model", y=y, hue="variant", col="phase", sharey=False,
-        estimator="median", errorbar=("pi", 50), height=3.4, aspect=1.3, legend_out=False,
-    )
-    grid.set_axis_labels("", "seconds per epoch-equivalent" if y == "epoch_equiv_s" else y)
-    grid.set_titles("{col_name}")
-    sns.move_legend(grid.axes.flat[0], "upper left", bbox_to_anchor=(0, -0.15), ncol=1, frameon=False, title=None)
-    if title:
-        grid.figure.suptitle(title, y=1.03)
-    return grid
+    data = tidy.dropna(subset=["speedup"]).assign(role=lambda d: d["role"].fillna(CLAIM) if "role" in d else CLAIM)
+    data["label"] = [" · ".join(map(str, values)) for values in zip(*(data[column] for column in rows))]
+    labels, panels = list(dict.fromkeys(data["label"])), list(dict.fromkeys(data[col]))
+    measured = [source for source in dict.fromkeys(data["source"]) if source != SEED]
+    slots = ([SEED] if (data["source"] == SEED).any() else []) + measured
+    step = min(0.22, 0.8 / len(slots)) if slots else 0
+    offsets = {source: (i - (len(slots) - 1) / 2) * step for i, source in enumerate(slots)}
+    markers = dict(zip(measured, SOURCE_MARKERS))
+    ncols = min(len(panels), col_wrap or len(panels)) or 1
+    nrows = math.ceil(len(panels) / ncols) or 1
+    lines = max((len(textwrap.wrap(label, LABEL_WIDTH)) for label in labels), default=1)
+    row_height = max(0.18 * lines + 0.1, 0.13 * len(slots) + 0.08)
+    figure, axes = plt.subplots(nrows, ncols, sharex=True, sharey=True, squeeze=False, layout="constrained",
+                                figsize=(9, 1.6 + nrows * (0.5 + row_height * max(len(labels), 1))))
+    y = {label: i for i, label in enumerate(labels)}
+    for ax, panel in zip(axes.flat, panels):
+        part = data[data[col] == panel]
+        ours = part.loc[part["source"] != SEED, "role"]
+        control = not ours.empty and (ours == CONTROL).all()  # a panel of A/A controls says so once, in its title
+        _draw_panel(ax, part, y, offsets, markers, label_controls=not control)
+        ax.set_title(f"{panel} ({CONTROL}: not a claim)" if control else str(panel))
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    _speedup_axes(axes.flat[0], data, labels)
+    handles = _legend(markers, SEED in slots)
+    figure.legend(handles=handles, loc="outside upper center", ncols=len(handles) // 2, frameon=False, fontsize="small")
+    figure.supxlabel(f"speed-up: baseline time / variant time (log scale); lines: {INTERVAL}s", fontsize="medium")
+    if data.empty:
+        figure.text(0.5, 0.5, "no speed-up measured yet", ha="center", va="center")
+    return figure
+
+
+def _draw_panel(ax, part: pd.DataFrame, y: dict, offsets: dict, markers: dict, label_controls: bool) -> None:
+    ax.axvline(1.0, color="0.3", lw=1, ls="--", zorder=1)
+    for row in part.itertuples():
+        height = y[row.label] + offsets[row.source]
+        if row.source == SEED:
+            ax.scatter(row.speedup, height, marker="D", s=26, color="black", zorder=4)
+            continue
+        colour = VERDICT_COLOURS.get(row.verdict, UNCLEAR)
+        alpha = 0.5 if row.role == CONTROL else 1.0
+        if not (pd.isna(row.ci_low) or pd.isna(row.ci_high)):
+            ax.hlines(height, row.ci_low, row.ci_high, color=colour, lw=2, alpha=alpha, zorder=2)
+        ax.scatter(row.speedup, height, marker=markers[row.source], s=42, linewidths=1.5, alpha=alpha, zorder=3,
+                   facecolors=colour if row.verdict in VERDICT_COLOURS else "white", edgecolors=colour)
+    for label in dict.fromkeys(part.loc[part["role"] == CONTROL, "label"]) if label_controls else ():
+        ax.text(0.99, y[label], CONTROL, transform=ax.get_yaxis_transform(), ha="right", va="center",
+                fontsize="x-small", color="0.4", style="italic")
+
+
+def _speedup_axes(ax, data: pd.DataFrame, labels: list[str]) -> None:
+    """Row labels top to bottom, and a log x axis from the smallest to the largest value drawn (1 included)."""
+    ax.set_yticks(range(len(labels)), [textwrap.fill(label, LABEL_WIDTH) for label in labels])
+    ax.set_ylim(max(len(labels), 1) - 0.5, -0.5)
+    values = pd.concat([data["speedup"], data["ci_low"], data["ci_high"], pd.Series([1.0])]).astype(float)
+    values = values[np.isfinite(values) & (values > 0)]
+    low, high = values.min() / 1.25, values.max() * 1.25
+    ax.set_xscale("log")
+    ax.set_xlim(low, high)
+    ticks = [m * 10.0 ** e for e in range(-4, 5) for m in (1, 2, 5) if low <= m * 10.0 ** e <= high]
+    if len(ticks) > 6:  # several decades: 0.1, 1, 10 (beyond four decades, every other one: 0.01, 1, 100)
+        decades = [t for t in ticks if math.log10(t).is_integer()]
+        ticks = [t for t in decades if len(decades) <= 4 or round(math.log10(t)) % 2 == 0]
+    if len(ticks) < 3:  # a narrow range: plain steps such as 0.9, 1, 1.1
+        ticks = [t for t in ticker.MaxNLocator(5).tick_values(low, high) if low <= t <= high and t > 0]
+    ax.xaxis.set_major_locator(ticker.FixedLocator(ticks))
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.xaxis.set_minor_locator(ticker.NullLocator())
+
+
+def _legend(markers: dict, seed: bool) -> list[Line2D]:
+    """Two rows, filled column by column: the sources, then the verdicts."""
+    def mark(label: str = "", marker: str = "o", colour: str = "0.35", filled: bool = True) -> Line2D:
+        return Line2D([], [], ls="", marker=marker if label else "", ms=7, mew=1.5, color=colour, label=label,
+                      markerfacecolor=colour if filled else "white")
+    sources = [mark("live (this page's run)" if source == LIVE else source, marker)
+               for source, marker in markers.items()]
+    sources += [mark("seed V100 (no interval)", "D", "black")] if seed else []
+    verdicts = [mark("faster", colour=VERDICT_COLOURS["faster"]), mark("slower", colour=VERDICT_COLOURS["slower"]),
+                mark("no clear difference (hollow)", colour=UNCLEAR, filled=False)]
+    width = max(len(sources), len(verdicts))
+    rows = [row + [mark() for _ in range(width - len(row))] for row in (sources, verdicts)]
+    return [handle for pair in zip(*rows) for handle in pair]
 
 
 def plot_waterfall(summary: pd.DataFrame, labels: list[str], phase: str = "train"):
@@ -152,49 +394,45 @@ def plot_optimizer_steps(table: pd.DataFrame, title: str = ""):
     return grid
 
 
-def seed_comparison(technique: str, live: pd.DataFrame | None = None, reference: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The seed's V100 speed-ups beside ours: the live run and any stored reference summaries.
-
-    ``live`` and ``reference`` are summary tables (``reference`` with a ``machine`` column).
-    """
+def seed_comparison(technique: str, live: pd.DataFrame | None = None,
+                    reference: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The seed's V100 seconds and speed-ups beside ours: the ``live`` summary and each machine of ``reference`` (stored
+    summaries with a ``machine`` column), one row per model, phase and variant in the registry's variant order."""
     seed = seed_speedups(technique)
-    table = seed.rename(columns={"seconds": "V100 s", "speedup": "V100 speed-up"})[
-        ["model", "phase", "variant", "V100 s", "V100 speed-up"]
-    ]
-    sources = [("live", live)] + [
-        (machine, frame) for machine, frame in (reference.groupby("machine") if reference is not None else [])
-    ]
-    keys = ["model", "phase", "variant"]
-    for name, frame in sources:
-        if frame is None or frame.empty:
-            continue
-        ours = frame[keys + ["epoch_s", "speedup", "verdict"]].rename(
-            columns={"epoch_s": f"{name} s", "speedup": f"{name} speed-up", "verdict": f"{name} verdict"}
-        )
-        table = table.merge(ours, on=keys, how="outer")
+    table = pd.DataFrame({**{key: seed[key] for key in KEYS}, "V100 s": seed["seconds"].map(significant),
+                          "V100 speed-up": seed["speedup"].map(ratio)})
+    for name, rows in _sources(live, reference):
+        table = table.merge(_ours(name, rows), on=KEYS, how="outer")
     table.attrs["seed_machine"] = SEED_MACHINE
-    return table.round(2)
+    return in_order(table, get_experiment(technique).labels).reset_index(drop=True)
 
 
 def reference_comparison(technique: str, live: pd.DataFrame | None = None) -> pd.DataFrame:
     """A technique beyond the seed: the live speed-ups beside every stored reference machine's, one row per variant."""
-    keys = ["model", "phase", "variant"]
-    sources = [("live", live)]
-    reference = reference_summary(technique)
-    if reference is not None:
-        sources += list(reference.groupby("machine"))
-    table = None
-    for name, frame in sources:
-        if frame is None or frame.empty:
-            continue
-        ours = frame[keys + ["epoch_s", "speedup", "verdict", "peak_mem_mb"]].rename(columns={
-            "epoch_s": f"{name} s", "speedup": f"{name} speed-up", "verdict": f"{name} verdict",
-            "peak_mem_mb": f"{name} peak MiB"})
-        table = ours if table is None else table.merge(ours, on=keys, how="outer")
-    if table is None:
-        return pd.DataFrame(columns=keys)
-    table.attrs["reference_machines"] = [name for name, _ in sources[1:]]
-    return table.round(2)
+    table = pd.DataFrame(columns=KEYS)
+    for name, rows in _sources(live, reference_summary(technique)):
+        ours = _ours(name, rows, memory=True)
+        table = ours if table.empty else table.merge(ours, on=KEYS, how="outer")
+    return in_order(table, get_experiment(technique).labels).reset_index(drop=True)
+
+
+def _sources(live: pd.DataFrame | None, reference: pd.DataFrame | None) -> list[tuple[str, pd.DataFrame]]:
+    found = [(LIVE, live)] + (list(reference.groupby("machine")) if reference is not None else [])
+    return [(name, rows) for name, rows in found if rows is not None and not rows.empty]
+
+
+def _ours(name: str, rows: pd.DataFrame, memory: bool = False) -> pd.DataFrame:
+    """One source's columns: median epoch seconds, speed-up with its interval, verdict (and peak memory)."""
+    roles = rows["role"] if "role" in rows else pd.Series(CLAIM, index=rows.index)
+    columns = {key: rows[key] for key in KEYS} | {
+        f"{name} s": rows["epoch_s"].map(significant),
+        f"{name} speed-up ({INTERVAL})": [speedup_text(*values)
+                                          for values in zip(rows["speedup"], rows["ci_low"], rows["ci_high"])],
+        f"{name} verdict": [verdict_text(v, r) for v, r in zip(rows["verdict"], roles)],
+    }
+    if memory:
+        columns[f"{name} peak MiB"] = rows["peak_mem_mb"].map(significant)
+    return pd.DataFrame(columns).drop_duplicates(KEYS, keep="last")
 
 
 def reference_summary(technique: str) -> pd.DataFrame | None:
@@ -205,14 +443,18 @@ def reference_summary(technique: str) -> pd.DataFrame | None:
     return pd.concat([store.load_summaries(p) for p in paths], ignore_index=True)
 
 
+def reference_command(technique: str) -> str:
+    """The command that makes a stored GPU reference of ``technique`` (the reference set that measures it)."""
+    set_name = next((name for name in SET_NAMES if name != "all" and technique in technique_set(name)), "all")
+    return f"`python -m optlab reference --set {set_name}`"
+
 
 def reference_note(technique: str) -> str:
     """One line: which machines have a stored reference of ``technique``, or how to make one."""
     reference = reference_summary(technique)
     if reference is None:
-        set_name = next((name for name in SET_NAMES if name != "all" and technique in technique_set(name)), "all")
-        return (f"no stored GPU reference of {technique} yet: `python -m optlab reference --set {set_name}` on a GPU "
-                "machine writes one under results/reference/<machine>/")
+        return (f"no stored GPU reference of {technique} yet: {reference_command(technique)} on a GPU machine writes "
+                "one under results/reference/<machine>/")
     machines = ", ".join(f"{m} ({', '.join(sorted(set(g['profile'])))} profile)" for m, g in reference.groupby("machine"))
     return f"stored GPU reference of {technique}: {machines}"
 

@@ -5,20 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-import seaborn as sns
+from matplotlib.figure import Figure
 
 from ..core import store
 from ..core.registry import get_experiment
-from ..core.profiles import ALL_MODELS
-from .report import set_theme
 from ..core.seed import seed_speedups
+from ..core.summary import CLAIM
 from ..core.techniques import BEYOND_TECHNIQUES, SEED_TECHNIQUES
+from . import report
+from .report import LIVE, SEED, significant, speedup_text, verdict_text
 
-SEED = "seed V100"
-LIVE = "live"
 NOT_RUN = "not run"
 KEYS = ["technique", "variant", "model", "phase"]
-COLUMNS = KEYS + ["source", "speedup", "ci_low", "ci_high", "verdict"]
+COLUMNS = KEYS + ["source", "speedup", "ci_low", "ci_high", "verdict", "role"]
 
 
 def seed_rows() -> pd.DataFrame:
@@ -29,7 +28,7 @@ def seed_rows() -> pd.DataFrame:
         phase = "train" if "train" in experiment.phases else "test"
         rows = seed_speedups(name)
         rows = rows[(rows["phase"] == phase) & (rows["variant"] != experiment.baseline_label)]
-        frames.append(rows.assign(technique=name, source=SEED, verdict=""))
+        frames.append(rows.assign(technique=name, source=SEED, verdict="", role=CLAIM))
     return pd.concat(frames, ignore_index=True).reindex(columns=COLUMNS)
 
 
@@ -66,48 +65,39 @@ def speedups(found: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
     seed = seed_rows()
     frames = [seed]
     for name, summary in (sources() if found is None else found).items():
-        ours = summary.merge(seed[KEYS], on=KEYS) if not summary.empty else summary
-        frames.append(ours.assign(source=name).reindex(columns=COLUMNS))
-    return pd.concat([f for f in frames if not f.empty], ignore_index=True)
+        if not summary.empty:
+            frames.append(summary.merge(seed[KEYS], on=KEYS).assign(source=name).reindex(columns=COLUMNS))
+    tidy = pd.concat([frame for frame in frames if not frame.empty], ignore_index=True)
+    return tidy.assign(role=tidy["role"].fillna(CLAIM))
 
 
-def _measured(rows: pd.DataFrame, index: pd.MultiIndex) -> tuple[list[str], pd.Series]:
-    """One source's "speed-up (95 % interval)" texts and verdicts on ``index``; "not run" where it has no row."""
+def _measured(rows: pd.DataFrame, index: pd.MultiIndex) -> tuple[list[str], list[str]]:
+    """One source's "speed-up (interval)" texts and verdicts on ``index``; "not run" where it has no row."""
     rows = rows.drop_duplicates(KEYS, keep="last").set_index(KEYS).reindex(index)
-    texts = [NOT_RUN if pd.isna(ratio) else f"{ratio:.2f} ({low:.2f}-{high:.2f})"
-             for ratio, low, high in zip(rows["speedup"], rows["ci_low"], rows["ci_high"])]
-    return texts, rows["verdict"].fillna("")
+    texts = [NOT_RUN if pd.isna(r) else speedup_text(r, low, high)
+             for r, low, high in zip(rows["speedup"], rows["ci_low"], rows["ci_high"])]
+    return texts, [verdict_text(v, r) if not pd.isna(v) else "" for v, r in zip(rows["verdict"], rows["role"])]
 
 
 def summary_table(tidy: pd.DataFrame) -> pd.DataFrame:
-    """One row per technique, variant and model: the seed's speed-up, then each source's with its verdict."""
+    """One row per technique, variant and model: the seed's speed-up, then each source's with its interval and
+    verdict (a source without records has no columns)."""
     seed = tidy[tidy["source"] == SEED].set_index(KEYS)
-    table = seed[["speedup"]].round(2).rename(columns={"speedup": SEED})
+    table = seed[["speedup"]].map(report.ratio).rename(columns={"speedup": SEED})
     for name in [LIVE] + sorted(set(tidy["source"]) - {SEED, LIVE}):
-        table[name], table[f"{name} verdict"] = _measured(tidy[tidy["source"] == name], table.index)
+        table[f"{name} ({report.INTERVAL})"], table[f"{name} verdict"] = _measured(tidy[tidy["source"] == name],
+                                                                                table.index)
     return table.droplevel("phase")
 
 
-def plot_speedups(tidy: pd.DataFrame):
-    """Per model, each variant's speed-up from every source; the dashed line at 1 is no change."""
-    set_theme()
-    label = lambda d: d["technique"] + ": " + d["variant"]  # noqa: E731
-    data = tidy.dropna(subset=["speedup"]).assign(row=label)
-    grid = sns.catplot(data=data, kind="strip", x="speedup", y="row", hue="source", col="model",
-                       col_order=[m for m in ALL_MODELS if m in set(data["model"])], col_wrap=2,
-                       order=list(dict.fromkeys(label(tidy[tidy["source"] == SEED]))), jitter=False, dodge=True, size=6,
-                       height=4.2, aspect=1.25)
-    for ax in grid.axes.flat:
-        ax.axvline(1.0, color="0.4", lw=1, ls="--")
-    grid.set_axis_labels("", "")
-    grid.set_titles("{col_name}")
-    grid.figure.supxlabel("speed-up: baseline time / technique time", y=-0.01)
-    return grid
+def plot_speedups(tidy: pd.DataFrame) -> Figure:
+    """The summary's figure: a panel per model, a row per technique and variant, every source's speed-up."""
+    return report.plot_speedups(tidy, rows=("technique", "variant"), col="model", col_wrap=2)
 
 
 def beyond_table(found: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
     """The techniques beyond the seed, one row per technique, variant, model and phase: each source's speed-up over
-    the technique's baseline with its 95 % interval and verdict, its peak memory and its achieved TFLOP/s."""
+    the technique's baseline with its interval and verdict, its peak memory and its achieved TFLOP/s."""
     found = sources() if found is None else found
     keys = ["technique", "variant", "model", "phase"]
     table = None
@@ -118,21 +108,23 @@ def beyond_table(found: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
         if rows.empty:
             continue
         rows = rows.drop_duplicates(keys, keep="last")
+        roles = rows["role"] if "role" in rows else pd.Series(CLAIM, index=rows.index)
         ours = pd.DataFrame({
             **{key: rows[key] for key in keys},
-            name: [NOT_RUN if pd.isna(r) else f"{r:.2f} ({lo:.2f}-{hi:.2f})"
-                   for r, lo, hi in zip(rows["speedup"], rows["ci_low"], rows["ci_high"])],
-            f"{name} verdict": rows["verdict"], f"{name} peak MiB": rows["peak_mem_mb"].round(0),
-            f"{name} TFLOP/s": rows["tflops"].round(3),
+            f"{name} ({report.INTERVAL})": [NOT_RUN if pd.isna(r) else speedup_text(r, lo, hi)
+                                            for r, lo, hi in zip(rows["speedup"], rows["ci_low"], rows["ci_high"])],
+            f"{name} verdict": [verdict_text(v, r) for v, r in zip(rows["verdict"], roles)],
+            f"{name} peak MiB": rows["peak_mem_mb"].map(significant),
+            f"{name} TFLOP/s": rows["tflops"].map(significant),
         })
         table = ours if table is None else table.merge(ours, on=keys, how="outer")
     if table is None:
         return pd.DataFrame(columns=keys)
-    measured = [name for name in found if name in table]
+    measured = [column for column in table if column.endswith(f" ({report.INTERVAL})")]
     table[measured] = table[measured].fillna(NOT_RUN)
     # registry order: techniques as the chapters come, variants as each technique lists them (others last)
     rank = {(name, label): (i, j) for i, name in enumerate(BEYOND_TECHNIQUES)
             for j, label in enumerate(get_experiment(name).labels)}
     position = [rank.get((t, v), (BEYOND_TECHNIQUES.index(t), len(rank))) for t, v in zip(table["technique"], table["variant"])]
-    table = table.assign(_position=position).sort_values(["_position", "model", "phase"], kind="stable")
+    table = report.in_order(table.assign(_position=position)).sort_values("_position", kind="stable")
     return table.drop(columns="_position").set_index(keys)

@@ -9,4 +9,17 @@ registry of techniques (``registry``, filled by ``techniques``), running an expe
 Modules here import only each other, torch and the scientific stack: never ``optlab.studies``, ``optlab.book`` or
 ``optlab.commands``. Importing this package fills the registry.
 """
-from . import techniques  # noqa: F401  (fills the registry)
+import logging
+import os
+
+import torch
+
+# Two messages on stderr that only say "this machine has no GPU", which the book build (it fails on any warning or
+# error a page writes) should not pass on: torch.utils.benchmark imports torch.utils.cpp_extension, which warns "No
+# CUDA runtime is found, using CUDA_HOME=..." where a CUDA toolkit is installed (optlab builds no C++ extension); and
+# torch.profiler's kineto logs "gpuGetDeviceCount failed" at every start when a CUDA build of torch runs on a CPU.
+logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+if not torch.cuda.is_available():
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # kineto logs nothing; it reads this when a profile starts
+
+from . import techniques  # noqa: E402,F401  (fills the registry)

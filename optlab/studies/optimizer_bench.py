@@ -146,7 +146,7 @@ def parity(model: str = "resnet18", profile: "str | Profile | None" = None, devi
                          if configs[name].optimizer == config.optimizer and configs[name].optimizer_impl == "for_loop")
         diff = max(float((a - b).abs().max()) for a, b in zip(weights[label], reference))
         scale = max(float(b.abs().max()) for b in reference)
-        moved = max(float((a - b.float()).abs().max()) for a, b in zip(weights[label], base.parameters()))
+        moved = max(float((a - b.detach().float()).abs().max()) for a, b in zip(weights[label], base.parameters()))
         rows.append({"model": model, "variant": label, "optimizer": config.optimizer, "impl": config.optimizer_impl,
                      "steps": steps, "max_abs_diff": diff, "max_rel_diff": diff / scale, "max_update": moved})
     return pd.DataFrame(rows)

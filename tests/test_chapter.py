@@ -1,0 +1,35 @@
+"""What a chapter shows around its live run: the line naming the device and the stored references, and the
+comparison with those references."""
+import pandas as pd
+import pytest
+
+from optlab.book import chapter, report
+from optlab.core import store
+from optlab.core.experiments import run_experiment
+from tests.helpers import TINY
+
+
+@pytest.fixture(scope="module")
+def result():
+    return run_experiment("optimizers", models=["resnet18"], profile=TINY, device="cpu", progress=False)
+
+
+def test_without_a_reference_the_page_says_so_once_and_how_to_make_one(result, tmp_path, monkeypatch):
+    monkeypatch.setattr(store, "REFERENCE_DIR", tmp_path)
+    line = chapter.built_on(result)
+    assert "(CPU), tiny profile" in repr(line) and "none yet (`python -m optlab reference --set beyond`" in repr(line)
+    assert '<a href="../book/summary.html">the summary</a>' in line._repr_html_()
+    assert "<code>python -m optlab reference --set beyond</code>" in line._repr_html_()
+    beside = chapter.beside_references(result)
+    assert isinstance(beside, chapter.Note) and "Nothing to set beside" in repr(beside)
+
+
+def test_with_a_reference_the_page_names_it_and_sets_it_beside_the_live_numbers(result, tmp_path, monkeypatch):
+    monkeypatch.setattr(store, "REFERENCE_DIR", tmp_path)
+    record = result.record | {"environment": result.record["environment"] | {"gpu_name": "Test GPU"}}
+    store.save_record(record, tmp_path / "test-gpu", "optimizers.json")
+    assert "Stored GPU references of optimizers: Test GPU." in repr(chapter.built_on(result))
+    table = chapter.beside_references(result)
+    assert isinstance(table, pd.DataFrame) and {"live s", "Test GPU s", "Test GPU peak MiB"} <= set(table.columns)
+    assert list(table["variant"]) == [v for v in result.experiment.labels if v in set(table["variant"])]
+    assert set(report.speedups(result.experiment, result.summary)["source"]) == {report.LIVE, "Test GPU"}
