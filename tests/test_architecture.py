@@ -1,5 +1,6 @@
 """The package's layers: imports run downward only, with no circles and no borrowed underscore names."""
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,20 @@ def test_the_walk_sees_a_circle_and_an_upward_import(tmp_path):
     assert ("optlab.core.b", []) in found_a and ("optlab.book.page", []) in found_a
     assert layer("optlab.book.page") > layer("optlab.core.a")
     assert ("optlab.core.a", ["_helper"]) in found_b
+
+
+def test_the_readme_layout_names_every_module_in_its_folder():
+    readme = (PACKAGE.parent / "README.md").read_text()
+    block = readme.split("## Layout", 1)[1].split("```", 2)[1]
+    sections, current = {}, None
+    for line in block.splitlines():
+        if line.startswith("  ") and not line.startswith("   "):
+            current = line.split()[0].rstrip("/")
+        if current:
+            sections[current] = sections.get(current, "") + " " + line
+    for folder in LAYERS:
+        names = {p.stem for p in (PACKAGE / folder).glob("*.py") if p.stem != "__init__"}
+        names |= {p.name for p in (PACKAGE / folder).iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+        missing = sorted(n for n in names if not re.search(rf"\b{n}\b", sections.get(folder, "")))
+        assert not missing, f"README's Layout does not name {missing} under {folder}/"
+    assert set(sections) >= set(LAYERS), "README's Layout lacks a layer's folder"
