@@ -52,7 +52,7 @@ class Profile:
 ALL_MODELS = ("resnet18", "resnet50", "resnet101", "mobilenet_v2")
 PROFILES = {
     # smoke: two models at 1/8 width on few steps, data loaded in the main process (2-core CI machines)
-    # A paired t interval over n repeats uses t(n-1) at 99 %: 9.92 for n = 3, 5.84 for n = 4, 4.60 for n = 5. A busy
+    # A paired t interval over n repeats uses t(n-1) at 99.5 %: 14.1 for n = 3, 7.45 for n = 4, 5.60 for n = 5. A busy
     # CPU's noise needs five repeats; a GPU's is small enough for four, which keeps the seed set within 9 minutes.
     "smoke": Profile("smoke", ("resnet18", "mobilenet_v2"), batch_size=16, width=0.125, warmup_steps=1, steps=2,
                      test_steps=2, repeats=5, num_workers=0),
