@@ -79,6 +79,15 @@ def cpu_name() -> str:
     return platform.processor() or "cpu"
 
 
+# switches that only mean something with a CUDA device: on the CPU they are turned off, with the reason
+CUDA_ONLY_KNOBS = {
+    "pin_memory": "pinned pages only speed up copies to an accelerator",
+    "non_blocking": "a copy from cpu to cpu is a no-op",
+    "prefetch_to_device": "no copy to overlap: the batches are already in host memory",
+    "cudnn_benchmark": "cuDNN autotuning exists only on CUDA",
+}
+
+
 def effective_config(config: RunConfig, info: DeviceInfo) -> tuple[RunConfig, list[str]]:
     """The config as it will run on this device, and one note per knob that is skipped or changes meaning.
 
@@ -96,18 +105,10 @@ def effective_config(config: RunConfig, info: DeviceInfo) -> tuple[RunConfig, li
     if info.is_cuda:
         return config, notes
     changes: dict[str, bool] = {}
-    if config.pin_memory:
-        changes["pin_memory"] = False
-        notes.append("pin_memory: skipped on cpu (pinned pages only speed up copies to an accelerator)")
-    if config.non_blocking:
-        changes["non_blocking"] = False
-        notes.append("non_blocking: skipped on cpu (a copy from cpu to cpu is a no-op)")
-    if config.prefetch_to_device:
-        changes["prefetch_to_device"] = False
-        notes.append("prefetch_to_device: skipped on cpu (no copy to overlap: the batches are already in host memory)")
-    if config.cudnn_benchmark:
-        changes["cudnn_benchmark"] = False
-        notes.append("cudnn_benchmark: skipped on cpu (cuDNN autotuning exists only on CUDA)")
+    for knob, reason in CUDA_ONLY_KNOBS.items():
+        if getattr(config, knob):
+            changes[knob] = False
+            notes.append(f"{knob}: skipped on cpu ({reason})")
     if config.matmul_tf32 or not config.cudnn_tf32:
         changes["matmul_tf32"], changes["cudnn_tf32"] = False, True
         notes.append("matmul_tf32/cudnn_tf32: skipped on cpu (TF32 is a tensor-core format of NVIDIA GPUs)")
