@@ -19,7 +19,7 @@ import warnings
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import pandas as pd
 import torch
@@ -231,6 +231,41 @@ class IsolatedVariant:
         self.pool.shutdown()
 
 
+PhaseRunner = Callable[[str, Profile, int], PhaseResult]  # (phase, profile, phase seed) -> the phase's samples
+
+
+def interleave(runners: dict[str, PhaseRunner], configs: dict[str, RunConfig], phases: Iterable[str],
+               prof: Profile, info: DeviceInfo, technique: str, model: str, epoch_images: dict[str, int], seed: int,
+               bar: tqdm, flops: int | None = None,
+               on_result: Callable[[str, int, PhaseResult], None] | None = None) -> list[dict[str, Any]]:
+    """Every repeat of every variant and phase, taking turns in :func:`visit_order`: the tidy rows. A variant that
+    raises is recorded with :func:`failure_status` and left out of the later repeats; the others go on.
+    ``on_result(label, repeat, result)`` sees every finished phase, warm-up repeats included."""
+    rows: list[dict[str, Any]] = []
+    failed: dict[str, str] = {}
+    for repeat in range(prof.warmup_repeats + prof.repeats):
+        kept = repeat - prof.warmup_repeats
+        for label in visit_order(list(runners), repeat):
+            for phase in phases:
+                bar.update()
+                if label in failed:
+                    continue
+                try:
+                    result = runners[label](phase, prof, seed + 1 + repeat)  # the same augmentation for every variant
+                except Exception as error:  # noqa: BLE001  (recorded, and the other variants go on)
+                    failed[label] = failure_status(error)
+                    rows.append(failed_row(technique, model, label, max(kept, 0), phase, configs[label], failed[label]))
+                    if info.is_cuda:
+                        torch.cuda.empty_cache()
+                    continue
+                if on_result is not None:
+                    on_result(label, repeat, result)
+                if kept >= 0:
+                    rows.append(sample_row(technique, model, label, kept, phase, configs[label], result,
+                                           epoch_images[phase], flops))
+    return rows
+
+
 def _run_model(experiment: Experiment, model_name: str, configs: dict, prof: Profile, info: DeviceInfo,
                datasets: tuple, source: data.DataSource, download: bool, seed: int, bar: tqdm) -> list[dict[str, Any]]:
     """Every repeat of every variant and phase on one model; the variants' objects are freed at the end."""
@@ -244,26 +279,9 @@ def _run_model(experiment: Experiment, model_name: str, configs: dict, prof: Pro
         except Exception as error:  # noqa: BLE001  (recorded, and the other variants go on)
             rows += [failed_row(experiment.name, model_name, label, 0, phase, config, failure_status(error))
                      for phase in experiment.phases]
-    failed: dict[str, str] = {}
-    for repeat in range(prof.warmup_repeats + prof.repeats):
-        kept = repeat - prof.warmup_repeats
-        for label in visit_order([label for label in configs if label in variants], repeat):
-            config = configs[label][0]
-            for phase in experiment.phases:
-                bar.update()
-                if label in failed:
-                    continue
-                try:
-                    result = variants[label].run(phase, prof, seed + 1 + repeat)
-                except Exception as error:  # noqa: BLE001  (recorded, and the other variants go on)
-                    failed[label] = failure_status(error)
-                    rows.append(failed_row(experiment.name, model_name, label, kept, phase, config, failed[label]))
-                    if info.is_cuda:
-                        torch.cuda.empty_cache()
-                    continue
-                if kept >= 0:
-                    rows.append(sample_row(experiment.name, model_name, label, kept, phase, config, result,
-                                           epoch_images[phase]))
+    runners = {label: variant.run for label, variant in variants.items()}
+    rows += interleave(runners, {label: config for label, (config, _) in configs.items()}, experiment.phases, prof,
+                       info, experiment.name, model_name, epoch_images, seed, bar)
     for variant in variants.values():
         variant.close()
     del variants

@@ -27,12 +27,12 @@ from ..core.config import RunConfig, apply_changes, changed_knobs
 from ..core.device import DeviceInfo, effective_config, native_bf16, resolve_device
 from ..core.environment import capture
 from ..core.errors import OptlabError, choice_error
-from ..core.experiments import failure_status, visit_order
+from ..core.experiments import failure_status, interleave
 from ..core.flops import TRAIN_TO_FORWARD
 from ..core.limits import MAX_STEPS, check_count
 from ..core.memory import memory_kind
 from ..core.profiles import Profile, get_profile
-from ..core.samples import failed_row, sample_row
+from ..core.samples import failed_row
 from ..core.summary import summarize_runs
 from ..core.techniques import ALL_TOGETHER
 from ..core.timing import CONFIDENCE
@@ -261,30 +261,21 @@ def _compare(run: _Run, configs: dict[str, RunConfig],
             states[label] = _state(run, config)
         except Exception as error:  # noqa: BLE001  (recorded, and the run goes on)
             rows.append(failed_row(TECHNIQUE, run.name, label, 0, "train", config, failure_status(error)))
-    failed: set[str] = set()
-    for repeat in range(prof.warmup_repeats + prof.repeats):
-        kept = repeat - prof.warmup_repeats
-        for label in visit_order(list(states), repeat):
-            run.bar.update()
-            if label in failed:
-                continue
-            torch.manual_seed(run.seed + 1 + repeat)  # the same shuffling and dropout for every config
-            try:
-                result = loops.train_phase(*states[label], configs[label], device, prof.steps, prof.warmup_steps,
-                                           loss_fn=run.loss_fn)
-            except Exception as error:  # noqa: BLE001  (recorded, and the run goes on)
-                failed.add(label)
-                rows.append(failed_row(TECHNIQUE, run.name, label, max(kept, 0), "train", configs[label],
-                                       failure_status(error)))
-                if run.info.is_cuda:
-                    torch.cuda.empty_cache()
-                continue
-            if repeat == 0:
-                first_losses[label] = result.warmup_losses + result.losses
-            if kept >= 0:
-                rows.append(sample_row(TECHNIQUE, run.name, label, kept, "train", configs[label], result,
-                                       run.batches.epoch_images, flops=run.flops))
-    del states
+
+    def runner(label: str):
+        def run_phase(phase: str, profile: Profile, phase_seed: int) -> loops.PhaseResult:
+            torch.manual_seed(phase_seed)  # the same shuffling and dropout for every config
+            return loops.train_phase(*states[label], configs[label], device, profile.steps, profile.warmup_steps,
+                                     loss_fn=run.loss_fn)
+        return run_phase
+
+    def keep_first_losses(label: str, repeat: int, result: loops.PhaseResult) -> None:
+        if repeat == 0:
+            first_losses[label] = result.warmup_losses + result.losses
+
+    rows += interleave({label: runner(label) for label in states}, configs, ("train",), prof, run.info, TECHNIQUE,
+                       run.name, {"train": run.batches.epoch_images}, run.seed, run.bar, run.flops, keep_first_losses)
+    states.clear()  # free the models before the next comparison builds its own
     gc.collect()
     if any(config.compile_mode != "none" for config in configs.values()):
         torch._dynamo.reset()  # the next comparison compiles from a clean slate, with Dynamo's whole recompile limit
