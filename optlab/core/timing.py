@@ -25,9 +25,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-MIN_EFFECT = 0.02  # run-to-run variance floor (MLPerf sees about +-2.5 %): smaller speed-ups are "no clear difference"
+MIN_EFFECT = 0.02  # run-to-run variance floor (MLPerf sees about +-2.5 %): the band of no practical difference
 CONFIDENCE = 0.995  # of the interval the verdict reads: about 0.5 % of A/A comparisons exclude 1 by chance
-VERDICTS = ("faster", "slower", "no clear difference")
+FASTER, SLOWER = "faster", "slower"
+SAME = "same within 2 %"  # the whole interval inside the band of no practical difference
+UNCLEAR = "can't tell yet"  # neither: more repeats would be needed to say
+VERDICTS = (FASTER, SLOWER, SAME, UNCLEAR)
 
 
 class StepTimer:
@@ -128,7 +131,7 @@ def speed_up(
     Repeat ``r`` of both ran side by side (interleaved), so drift between repeats cancels in the per-repeat ratio.
     The speed-up is the geometric mean of those ratios, and its interval is a Student t interval on their logs with
     n - 1 degrees of freedom: as wide as n numbers allow, however many steps each repeat timed. With fewer than two
-    pairs there is no interval, and the verdict is "no clear difference".
+    pairs there is no interval, and the verdict is "can't tell yet".
     """
     baseline_s, optimized_s = np.asarray(baseline_s, dtype=float), np.asarray(optimized_s, dtype=float)
     if baseline_s.shape != optimized_s.shape:
@@ -136,10 +139,10 @@ def speed_up(
     log_ratios = np.log(baseline_s) - np.log(optimized_s)
     n = log_ratios.size
     if n == 0:
-        return SpeedUp(float("nan"), float("nan"), float("nan"), "no clear difference")
+        return SpeedUp(float("nan"), float("nan"), float("nan"), UNCLEAR)
     ratio = float(np.exp(log_ratios.mean()))
     if n < 2:
-        return SpeedUp(ratio, float("nan"), float("nan"), "no clear difference")
+        return SpeedUp(ratio, float("nan"), float("nan"), UNCLEAR)
     half_width = t_quantile((1 + confidence) / 2, n - 1) * log_ratios.std(ddof=1) / math.sqrt(n)
     low, high = float(np.exp(log_ratios.mean() - half_width)), float(np.exp(log_ratios.mean() + half_width))
     return SpeedUp(ratio, low, high, verdict(ratio, low, high, min_effect))
@@ -147,9 +150,12 @@ def speed_up(
 
 def verdict(ratio: float, low: float, high: float, min_effect: float = MIN_EFFECT) -> str:
     """"faster" or "slower" when the whole interval is on one side of 1 and the ratio is beyond ``min_effect``;
-    "no clear difference" otherwise."""
+    "same within 2 %" when the whole interval lies inside (1/(1 + min_effect), 1 + min_effect); "can't tell yet"
+    otherwise."""
     if low > 1.0 and ratio >= 1.0 + min_effect:
-        return "faster"
+        return FASTER
     if high < 1.0 and ratio <= 1.0 - min_effect:
-        return "slower"
-    return "no clear difference"
+        return SLOWER
+    if low > 1.0 / (1.0 + min_effect) and high < 1.0 + min_effect:
+        return SAME
+    return UNCLEAR
