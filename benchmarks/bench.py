@@ -25,7 +25,8 @@ from tqdm import tqdm
 from optlab.core import data
 from optlab.core.config import RunConfig
 from optlab.core.device import resolve_device
-from optlab.core.experiments import run_experiment, visit_order
+from optlab.core.experiments import run_experiment
+from optlab.core.sequential import visit_order
 from optlab.core.registry import Experiment
 from optlab.core.loops import make_optimizer, make_scaler, prepare_model, train_phase
 from optlab.core.models import build_model

@@ -27,19 +27,20 @@ from ..core.registry import PHASES, Experiment, get_experiment
 from ..core.seed import SEED_MACHINE, seed_speedups
 from ..core.summary import CLAIM, CONTROL
 from ..core.techniques import SET_NAMES, technique_set
-from ..core.timing import CONFIDENCE
+from ..core.timing import FASTER, INTERVAL, SAME, SLOWER, UNCLEAR
 from ..studies import compile_cost, cuda_graphs
 
 MISSING = "—"
 SEED, LIVE = "seed V100", "live"
 KEYS = ["model", "phase", "variant"]
-INTERVAL = f"{round(100 * CONFIDENCE)} % interval"
 SPEEDUP = f"speed-up ({INTERVAL})"
-DETAILS = {"n": "repeats", "epoch_s": "epoch s (median)", "epoch_iqr_s": "IQR s", "epoch_min_s": "min s",
+DETAILS = {"n": "n (pairs)", "epoch_s": "epoch s (median)", "epoch_iqr_s": "IQR s", "epoch_min_s": "min s",
            "step_ms": "step ms", "startup_s": "start-up s", "images_per_s": "img/s", "tflops": "TFLOP/s"}
-TIDY = ["model", "phase", "variant", "source", "speedup", "ci_low", "ci_high", "verdict", "role"]
-VERDICT_COLOURS = {"faster": "#0173b2", "slower": "#d55e00"}  # seaborn's colour-blind blue and vermillion
-UNCLEAR = "#949494"  # no clear difference: grey, and a hollow marker
+TIDY = ["model", "phase", "variant", "source", "speedup", "ci_low", "ci_high", "verdict", "role", "versus"]
+# seaborn's colour-blind blue, vermillion and green; "can't tell yet" is grey and hollow
+VERDICT_COLOURS = {FASTER: "#0173b2", SLOWER: "#d55e00", SAME: "#029e73"}
+UNCLEAR_COLOUR = "#949494"
+COMPARED_WITH = "compared with"
 SOURCE_MARKERS = ("o", "s", "^", "v", "P", "X")  # the live run, then each stored reference machine
 LABEL_WIDTH = 34  # characters per line of a row label of the speed-up figure
 LONG_NAME = 24  # characters: a longer word in a table cell may break after punctuation
@@ -158,8 +159,10 @@ def comparison_table(summary: pd.DataFrame, variants: "list[str] | tuple[str, ..
     memory first, in the registry's variant order (``variants``); repeats, times and throughput as details."""
     rows = in_order(summary, variants)
     roles = rows["role"] if "role" in rows else pd.Series(CLAIM, index=rows.index)
+    references = rows["reference"] if "reference" in rows else pd.Series(np.nan, index=rows.index)
     table = pd.DataFrame({
         "model": rows["model"], "phase": rows["phase"], "variant": rows["variant"],
+        COMPARED_WITH: [MISSING if pd.isna(r) else str(r) for r in references],
         SPEEDUP: [speedup_text(*values) for values in zip(rows["speedup"], rows["ci_low"], rows["ci_high"])],
         "verdict": [verdict_text(v, r) for v, r in zip(rows["verdict"], roles)],
         "peak MiB": rows["peak_mem_mb"].map(significant),
@@ -194,20 +197,31 @@ def speedups(experiment: "str | Experiment", live: pd.DataFrame | None = None, s
         return pd.DataFrame(columns=TIDY)
     ours = pd.concat([frame.reindex(columns=TIDY) for frame in frames], ignore_index=True)
     ours = ours[ours["variant"] != experiment.baseline_label].assign(role=lambda d: d["role"].fillna(CLAIM))
+    ours["versus"] = [versus(experiment, variant) for variant in ours["variant"]]
     seed = seed_speedups(experiment.name).merge(ours[KEYS].drop_duplicates(), on=KEYS) if stored else pd.DataFrame()
     if not seed.empty:
         ours = pd.concat([seed.assign(source=SEED, role=CLAIM).reindex(columns=TIDY), ours], ignore_index=True)
     return in_order(ours, experiment.labels).reset_index(drop=True)
 
 
+def versus(experiment: Experiment, variant: str) -> str:
+    """The reference a variant is compared with when it is not the baseline (the figure says so); else ""."""
+    reference = experiment.reference_of(variant)
+    return "" if reference == experiment.baseline_label else reference
+
+
 def plot_speedups(tidy: pd.DataFrame, rows: "tuple[str, ...]" = ("model", "variant"), col: str = "phase",
                   col_wrap: int | None = None) -> Figure:
     """The headline figure: one row per ``rows`` and one panel per ``col``; each source's speed-up with its interval
-    on a log axis, coloured by verdict (hollow: no clear difference), the seed's V100 speed-up as a black diamond,
-    and a dashed line at 1. Rows of an A/A control say so at the right edge."""
+    on a log axis, coloured by verdict (hollow grey: can't tell yet), the seed's V100 speed-up as a black diamond,
+    and a dashed line at 1. A variant compared with another variant than the baseline says so in its label; rows of
+    an A/A control say so at the right edge."""
     set_theme()
     data = tidy.dropna(subset=["speedup"]).assign(role=lambda d: d["role"].fillna(CLAIM) if "role" in d else CLAIM)
     data["label"] = [" · ".join(map(str, values)) for values in zip(*(data[column] for column in rows))]
+    if "versus" in data:
+        data["label"] = [f"{label} (vs {other})" if isinstance(other, str) and other else label
+                         for label, other in zip(data["label"], data["versus"])]
     labels, panels = list(dict.fromkeys(data["label"])), list(dict.fromkeys(data[col]))
     measured = [source for source in dict.fromkeys(data["source"]) if source != SEED]
     slots = ([SEED] if (data["source"] == SEED).any() else []) + measured
@@ -232,7 +246,7 @@ def plot_speedups(tidy: pd.DataFrame, rows: "tuple[str, ...]" = ("model", "varia
     _speedup_axes(axes.flat[0], data, labels)
     handles = _legend(markers, SEED in slots)
     figure.legend(handles=handles, loc="outside upper center", ncols=len(handles) // 2, frameon=False, fontsize="small")
-    figure.supxlabel(f"speed-up: baseline time / variant time (log scale); lines: {INTERVAL}s", fontsize="medium")
+    figure.supxlabel(f"speed-up: reference time / variant time (log scale); lines: {INTERVAL}s", fontsize="medium")
     if data.empty:
         figure.text(0.5, 0.5, "no speed-up measured yet", ha="center", va="center")
     return figure
@@ -245,7 +259,7 @@ def _draw_panel(ax, part: pd.DataFrame, y: dict, offsets: dict, markers: dict, l
         if row.source == SEED:
             ax.scatter(row.speedup, height, marker="D", s=26, color="black", zorder=4)
             continue
-        colour = VERDICT_COLOURS.get(row.verdict, UNCLEAR)
+        colour = VERDICT_COLOURS.get(row.verdict, UNCLEAR_COLOUR)
         alpha = 0.5 if row.role == CONTROL else 1.0
         if not (pd.isna(row.ci_low) or pd.isna(row.ci_high)):
             ax.hlines(height, row.ci_low, row.ci_high, color=colour, lw=2, alpha=alpha, zorder=2)
@@ -284,8 +298,8 @@ def _legend(markers: dict, seed: bool) -> list[Line2D]:
     sources = [mark("live (this page's run)" if source == LIVE else source, marker)
                for source, marker in markers.items()]
     sources += [mark("seed V100 (no interval)", "D", "black")] if seed else []
-    verdicts = [mark("faster", colour=VERDICT_COLOURS["faster"]), mark("slower", colour=VERDICT_COLOURS["slower"]),
-                mark("no clear difference (hollow)", colour=UNCLEAR, filled=False)]
+    verdicts = [mark(verdict, colour=colour) for verdict, colour in VERDICT_COLOURS.items()]
+    verdicts += [mark(f"{UNCLEAR} (hollow)", colour=UNCLEAR_COLOUR, filled=False)]
     width = max(len(sources), len(verdicts))
     rows = [row + [mark() for _ in range(width - len(row))] for row in (sources, verdicts)]
     return [handle for pair in zip(*rows) for handle in pair]

@@ -79,11 +79,18 @@ def _measured(rows: pd.DataFrame, index: pd.MultiIndex) -> tuple[list[str], list
     return texts, [verdict_text(v, r) if not pd.isna(v) else "" for v, r in zip(rows["verdict"], rows["role"])]
 
 
+def compared_with(index: pd.MultiIndex) -> list[str]:
+    """The variant each row's speed-up is measured against, from the registry (levels ``technique``, ``variant``)."""
+    pairs = zip(index.get_level_values("technique"), index.get_level_values("variant"))
+    return [get_experiment(technique).reference_of(variant) for technique, variant in pairs]
+
+
 def summary_table(tidy: pd.DataFrame) -> pd.DataFrame:
     """One row per technique, variant and model: the seed's speed-up, then each source's with its interval and
     verdict (a source without records has no columns)."""
     seed = tidy[tidy["source"] == SEED].set_index(KEYS)
     table = seed[["speedup"]].map(report.ratio).rename(columns={"speedup": SEED})
+    table.insert(0, report.COMPARED_WITH, compared_with(table.index))
     for name in [LIVE] + sorted(set(tidy["source"]) - {SEED, LIVE}):
         table[f"{name} ({report.INTERVAL})"], table[f"{name} verdict"] = _measured(tidy[tidy["source"] == name],
                                                                                 table.index)
@@ -120,6 +127,7 @@ def beyond_table(found: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
         table = ours if table is None else table.merge(ours, on=keys, how="outer")
     if table is None:
         return pd.DataFrame(columns=keys)
+    table.insert(len(keys), report.COMPARED_WITH, compared_with(table.set_index(keys).index))
     measured = [column for column in table if column.endswith(f" ({report.INTERVAL})")]
     table[measured] = table[measured].fillna(NOT_RUN)
     # registry order: techniques as the chapters come, variants as each technique lists them (others last)

@@ -9,6 +9,7 @@ from typing import Sequence
 import pandas as pd
 
 from ..core.errors import OptlabError
+from ..core.profiles import Profile
 
 DEFAULT_RUN_DIR = Path("results") / "runs"
 
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--batch-size", type=_whole_number, help="images per batch (default: the profile's)")
     run.add_argument("--num-workers", type=_whole_number, help="DataLoader workers for the common config")
     run.add_argument("--steps", type=_whole_number, help="timed steps per repeat, train and test (default: the profile's)")
-    run.add_argument("--repeats", type=_whole_number, help="timed repeats per variant (default: the profile's)")
+    _add_repeats(run)
     run.add_argument("--distributed", action="store_true",
                      help="one process per device with DistributedDataParallel; start it with "
                           "torchrun --nproc-per-node N -m optlab run TECHNIQUE --distributed")
@@ -59,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="print every part with its steps and estimated H200 seconds, and run nothing")
     reference.add_argument("--budget", type=float, metavar="SECONDS",
                            help="run parts in priority order until the next would not fit in SECONDS")
-    reference.add_argument("--repeats", type=_whole_number, help="timed repeats per variant (default: the profile's)")
+    _add_repeats(reference)
 
     tune = commands.add_parser("tune", help="the stack of techniques, one step at a time, on your own model")
     tune.add_argument("--model", required=True, metavar="PACKAGE.MODULE:CALLABLE",
@@ -70,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--num-classes", type=_whole_number, required=True, help="classes of the synthetic labels")
     tune.add_argument("--batch-size", type=_whole_number, help="samples per batch (default: the profile's)")
     tune.add_argument("--steps", type=_whole_number, help="timed steps per repeat (default: the profile's)")
+    _add_repeats(tune)
     tune.add_argument("--optimizer", default="sgd", help="sgd (default) or adam")
     tune.add_argument("--profile", help="smoke, quick or auto (default: $OPTLAB_PROFILE or auto)")
     tune.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
@@ -84,6 +86,27 @@ def _add_common(command: argparse.ArgumentParser, default_out: Path) -> None:
     command.add_argument("--out", type=Path, default=default_out, help=f"results folder (default: {default_out})")
     command.add_argument("--download", action="store_true", help="download CIFAR-10 into $OPTLAB_DATA first")
     command.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _add_repeats(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--repeats", type=_whole_number,
+                         help="the minimum of timed repeats per variant (default: the profile's)")
+    command.add_argument("--max-repeats", type=_whole_number,
+                         help="the cap: more repeats, in pairs, while any answer is unclear (default: the profile's)")
+    command.add_argument("--time-budget", type=float, metavar="SECONDS",
+                         help="no new pair of repeats once one model's comparison would pass SECONDS "
+                              "(default: the profile's)")
+
+
+def _sized_profile(args: argparse.Namespace) -> "str | Profile | None":
+    """The profile as named, or a copy with the steps and repeats the user typed."""
+    from ..core.device import resolve_device
+    from ..core.profiles import get_profile
+
+    sizes = (getattr(args, "steps", None), args.repeats, args.max_repeats, args.time_budget)
+    if all(size is None for size in sizes):
+        return args.profile
+    return get_profile(args.profile, resolve_device(args.device).is_cuda).with_sizes(*sizes)
 
 
 def _print_table(summary: pd.DataFrame) -> None:
@@ -102,16 +125,11 @@ def _list() -> None:
 
 def _run(args: argparse.Namespace) -> None:
     from ..studies.distributed import run_distributed
-    from ..core.device import resolve_device
     from ..core.experiments import run_experiment
-    from ..core.profiles import get_profile
 
     overrides = {k: v for k, v in {"batch_size": args.batch_size, "num_workers": args.num_workers}.items() if v is not None}
     run = run_distributed if args.distributed else run_experiment
-    profile = args.profile
-    if args.steps is not None or args.repeats is not None:
-        profile = get_profile(args.profile, resolve_device(args.device).is_cuda).with_sizes(args.steps, args.repeats)
-    result = run(args.technique, models=args.models, profile=profile, device=args.device,
+    result = run(args.technique, models=args.models, profile=_sized_profile(args), device=args.device,
                  overrides=overrides, out=args.out, progress=not args.quiet, download=args.download)
     if result is not None:  # a distributed run returns its result on rank 0 only
         _print_table(result.summary)
@@ -136,7 +154,7 @@ def _tune(args: argparse.Namespace) -> None:
     shape = parse_shape(args.input_shape)
     model_fn = model_from_spec(args.model, parse_kwargs(args.kwargs))
     result = tune(model_fn, input_shape=shape, num_classes=args.num_classes, batch_size=args.batch_size,
-                  device=args.device, profile=args.profile, steps=args.steps, optimizer=args.optimizer,
+                  device=args.device, profile=_sized_profile(args), steps=args.steps, optimizer=args.optimizer,
                   name=args.model, out=args.out, progress=not args.quiet)
     with pd.option_context("display.width", 250, "display.max_columns", 20, "display.max_colwidth", 70):
         print(result.table().to_string(index=False))

@@ -15,6 +15,7 @@ import functools
 import gc
 import multiprocessing
 import sys
+import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from .models import validate_names
 from .profiles import Profile, get_profile
 from .registry import Experiment, get_experiment
 from .samples import failed_row, sample_row
+from .sequential import StoppingRule, visit_order
 from .summary import summarize_runs
 from .variants import VariantState, build_state
 
@@ -58,13 +60,6 @@ class ExperimentResult:
 def cached_datasets(source: data.DataSource, download: bool = False) -> tuple:
     """The train and test data sets, built once per process (a reference run calls many experiments)."""
     return data.datasets(source, download)
-
-
-def visit_order(labels: list[str], repeat: int) -> list[str]:
-    """The order in which ``repeat`` visits the variants: the list rotated by ``repeat`` (A B, B A; A B C, B C A,
-    C A B), so that over as many repeats as variants each variant takes each slot once."""
-    shift = repeat % len(labels) if labels else 0
-    return labels[shift:] + labels[:shift]
 
 
 def run_phase(state: VariantState, phase: str, profile: Profile, info: DeviceInfo) -> PhaseResult:
@@ -137,7 +132,7 @@ def run_experiment(
 
     def record_of(rows: list[dict[str, Any]]) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
         samples = pd.DataFrame(rows)
-        summary = summarize_runs(samples, experiment.baseline_label, experiment.control_phases)
+        summary = summarize_runs(samples, experiment.baseline_label, experiment.control_phases, experiment.comparisons)
         old = previous or {"configs": {}, "effective_configs": {}, "notes": []}
         record = store.make_record(
             experiment=experiment, profile=prof, environment=environment,
@@ -146,17 +141,21 @@ def run_experiment(
             effective=old["effective_configs"] | {m: {label: c.to_dict() for label, (c, _) in cfgs.items()}
                                                   for m, cfgs in effective.items()},
             notes=sorted(set(old["notes"]) | set(notes)), memory_kind=memory_kind(info.device), samples=samples,
-            summary=summary,
+            summary=summary, rounds=old.get("rounds", {}) | rounds,
         )
         return samples, summary, record
 
     path = None
     to_run = [m for m in chosen if m not in done]
+    rounds: dict[str, dict[str, Any]] = {}
     total = sum(len(effective[m]) for m in to_run) * (prof.warmup_repeats + prof.repeats) * len(experiment.phases)
     bar = tqdm(total=total, desc=experiment.name, disable=not progress, file=sys.stderr, leave=False)
     for model_name in to_run:
-        rows += _run_model(experiment, model_name, effective[model_name], prof, info, datasets, source, download,
-                           seed, bar)
+        ran = _run_model(experiment, model_name, effective[model_name], prof, info, datasets, source, download,
+                         seed, bar)
+        rows += ran.rows
+        rounds[model_name] = {"repeats": ran.repeats, "stopped": ran.stopped}
+        print(f"{model_name}: {ran.repeats} repeats, stopped {ran.stopped}")
         if out_dir is not None:  # after every model: a run killed later keeps what it finished
             path = store.save_record(record_of(rows)[2], out_dir, filename)
     bar.close()
@@ -234,41 +233,81 @@ class IsolatedVariant:
 PhaseRunner = Callable[[str, Profile, int], PhaseResult]  # (phase, profile, phase seed) -> the phase's samples
 
 
+@dataclass
+class Rounds:
+    """What :func:`interleave` did: the tidy rows, how many timed rounds it ran and why it stopped."""
+
+    rows: list[dict[str, Any]]
+    repeats: int
+    stopped: str  # "every answer clear", "at the cap of N repeats", "at the time budget", "fixed number of repeats"
+
+
+def stopping_rule(prof: Profile, comparisons: dict[str, str], claim_phases: Iterable[str]) -> StoppingRule:
+    """The profile's rule for adding rounds, waiting for the ``comparisons`` (variant -> reference) in
+    ``claim_phases``."""
+    return StoppingRule(prof.repeats, prof.max_repeats, prof.time_budget_s, dict(comparisons), tuple(claim_phases))
+
+
 def interleave(runners: dict[str, PhaseRunner], configs: dict[str, RunConfig], phases: Iterable[str],
                prof: Profile, info: DeviceInfo, technique: str, model: str, epoch_images: dict[str, int], seed: int,
-               bar: tqdm, flops: int | None = None,
-               on_result: Callable[[str, int, PhaseResult], None] | None = None) -> list[dict[str, Any]]:
-    """Every repeat of every variant and phase, taking turns in :func:`visit_order`: the tidy rows. A variant that
-    raises is recorded with :func:`failure_status` and left out of the later repeats; the others go on.
-    ``on_result(label, repeat, result)`` sees every finished phase, warm-up repeats included."""
+               bar: tqdm, rule: StoppingRule, flops: int | None = None,
+               on_result: Callable[[str, int, PhaseResult], None] | None = None) -> Rounds:
+    """Rounds of every variant and phase, each round in :func:`sequential.visit_order`, until ``rule`` stops them:
+    the tidy rows. A variant that raises is recorded with :func:`failure_status` and left out of the later rounds;
+    the others go on. ``on_result(label, repeat, result)`` sees every finished phase, warm-up repeats included."""
     rows: list[dict[str, Any]] = []
     failed: dict[str, str] = {}
-    for repeat in range(prof.warmup_repeats + prof.repeats):
-        kept = repeat - prof.warmup_repeats
-        for label in visit_order(list(runners), repeat):
+    phases = tuple(phases)
+    rule.start()
+    round_index, kept = 0, 0
+    while True:
+        kept = round_index - prof.warmup_repeats
+        started = time.perf_counter()
+        for slot, label in enumerate(visit_order(list(runners), max(kept, 0))):
             for phase in phases:
                 bar.update()
                 if label in failed:
                     continue
                 try:
-                    result = runners[label](phase, prof, seed + 1 + repeat)  # the same augmentation for every variant
+                    result = runners[label](phase, prof, seed + 1 + round_index)  # the same augmentation for all
                 except Exception as error:  # noqa: BLE001  (recorded, and the other variants go on)
                     failed[label] = failure_status(error)
-                    rows.append(failed_row(technique, model, label, max(kept, 0), phase, configs[label], failed[label]))
+                    rows.append(failed_row(technique, model, label, max(kept, 0), phase, configs[label], failed[label])
+                                | {"slot": slot})
                     if info.is_cuda:
                         torch.cuda.empty_cache()
                     continue
                 if on_result is not None:
-                    on_result(label, repeat, result)
+                    on_result(label, round_index, result)
                 if kept >= 0:
                     rows.append(sample_row(technique, model, label, kept, phase, configs[label], result,
-                                           epoch_images[phase], flops))
-    return rows
+                                           epoch_images[phase], flops) | {"slot": slot})
+        round_index += 1
+        if kept < 0:
+            continue
+        rule.round_done(time.perf_counter() - started)
+        if rule.stop_after(kept + 1, rows):
+            break
+        if bar.total is not None:
+            bar.total += len(runners) * len(phases)
+    repeats = kept + 1
+    return Rounds(rows, repeats, stop_reason(rule, repeats, rows))
+
+
+def stop_reason(rule: StoppingRule, repeats: int, rows: list[dict[str, Any]]) -> str:
+    """Why the rounds stopped after ``repeats``, in words."""
+    if rule.max_repeats == rule.min_repeats:
+        return f"fixed at {repeats} repeats"
+    if rule.settled(rows):
+        return "every answer clear"
+    if repeats >= rule.max_repeats:
+        return f"at the cap of {rule.max_repeats} repeats"
+    return f"at the time budget of {rule.time_budget_s:g} s"
 
 
 def _run_model(experiment: Experiment, model_name: str, configs: dict, prof: Profile, info: DeviceInfo,
-               datasets: tuple, source: data.DataSource, download: bool, seed: int, bar: tqdm) -> list[dict[str, Any]]:
-    """Every repeat of every variant and phase on one model; the variants' objects are freed at the end."""
+               datasets: tuple, source: data.DataSource, download: bool, seed: int, bar: tqdm) -> Rounds:
+    """Every round of every variant and phase on one model; the variants' objects are freed at the end."""
     rows: list[dict[str, Any]] = []
     variants: dict[str, LocalVariant | IsolatedVariant] = {}
     epoch_images = {"train": len(datasets[0]), "test": len(datasets[1])}
@@ -280,8 +319,11 @@ def _run_model(experiment: Experiment, model_name: str, configs: dict, prof: Pro
             rows += [failed_row(experiment.name, model_name, label, 0, phase, config, failure_status(error))
                      for phase in experiment.phases]
     runners = {label: variant.run for label, variant in variants.items()}
-    rows += interleave(runners, {label: config for label, (config, _) in configs.items()}, experiment.phases, prof,
-                       info, experiment.name, model_name, epoch_images, seed, bar)
+    claims = [phase for phase in experiment.phases if phase not in experiment.control_phases]
+    comparisons = {label: ref for label, ref in experiment.comparisons.items() if label in configs and ref in configs}
+    ran = interleave(runners, {label: config for label, (config, _) in configs.items()}, experiment.phases, prof,
+                     info, experiment.name, model_name, epoch_images, seed, bar,
+                     stopping_rule(prof, comparisons, claims))
     for variant in variants.values():
         variant.close()
     del variants
@@ -290,4 +332,4 @@ def _run_model(experiment: Experiment, model_name: str, configs: dict, prof: Pro
         torch._dynamo.reset()  # drop this model's compiled code: each model gets Dynamo's whole recompile limit
     if info.is_cuda:
         torch.cuda.empty_cache()
-    return rows
+    return Rounds(rows + ran.rows, ran.repeats, ran.stopped)

@@ -10,6 +10,7 @@ from .errors import OptlabError
 
 WORKERS_PER_CORE = 4  # DataLoader workers beyond this only queue for the same cores
 MAX_REPEATS = 100  # a paired t interval hardly narrows past this; more is a typo, not a plan
+MAX_TIME_BUDGET_S = 86_400  # seconds one model's comparison may take: a day
 MAX_STEPS = 100_000  # timed steps per repeat (the train set holds 50,000 images: batch 1 would need 50,000)
 
 

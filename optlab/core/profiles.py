@@ -1,11 +1,12 @@
 """Run sizes: ``smoke`` for CPU CI, ``quick`` for a GPU, ``full`` for the seed's protocol; ``auto`` picks one."""
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, replace
 
-from .errors import choice_error
-from .limits import MAX_REPEATS, MAX_STEPS, check_count
+from .errors import OptlabError, choice_error
+from .limits import MAX_REPEATS, MAX_STEPS, MAX_TIME_BUDGET_S, check_count
 
 PROFILE_ENV = "OPTLAB_PROFILE"
 
@@ -21,7 +22,9 @@ class Profile:
     warmup_steps: int  # untimed steps at the start of every repeat (after the loader's start-up is timed)
     steps: int | None  # timed training steps per repeat; None: the whole epoch
     test_steps: int | None
-    repeats: int  # timed repeats per variant, interleaved, the order rotating from repeat to repeat
+    repeats: int  # the minimum of timed repeats (rounds) per variant, interleaved in a counterbalanced order
+    max_repeats: int | None = None  # more rounds, in pairs, while any answer is unclear, up to this cap (None: repeats)
+    time_budget_s: float = math.inf  # no new pair of rounds once one model's comparison would pass this many seconds
     warmup_repeats: int = 0  # whole repeats run first and discarded (the seed's excluded first epoch)
     num_workers: int = 4  # the seed's base DataLoader workers; techniques that study workers set their own
 
@@ -30,14 +33,34 @@ class Profile:
         for name, steps in (("steps", self.steps), ("test steps", self.test_steps)):
             if steps is not None:
                 check_count(name, steps, 1, MAX_STEPS, "timed steps per repeat")
-        check_count("repeats", self.repeats, 1, MAX_REPEATS, "a paired interval hardly narrows past that")
+        check_count("repeats", self.repeats, 2, MAX_REPEATS, "a paired interval needs two and hardly narrows past that")
+        if self.max_repeats is None:
+            object.__setattr__(self, "max_repeats", self.repeats)
+        check_count("maximum repeats", self.max_repeats, self.repeats, MAX_REPEATS,
+                    f"at least the minimum of {self.repeats} repeats")
+        if not (0 < self.time_budget_s <= MAX_TIME_BUDGET_S or math.isinf(self.time_budget_s)):
+            raise OptlabError(f"time budget must be between 0 and {MAX_TIME_BUDGET_S:,} seconds (a day) a model, "
+                              f"got {self.time_budget_s}")
         check_count("warm-up repeats", self.warmup_repeats, 0, MAX_REPEATS, "discarded repeats")
         check_count("batch size", self.batch_size, 1, MAX_STEPS, "images per batch")
 
-    def with_sizes(self, steps: int | None = None, repeats: int | None = None) -> "Profile":
-        """A copy with other timed steps (train and test) or repeats, as a user typed them; checked like any profile."""
-        changes = {"steps": steps, "test_steps": steps, "repeats": repeats}
-        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+    def with_sizes(self, steps: int | None = None, repeats: int | None = None, max_repeats: int | None = None,
+                   time_budget_s: float | None = None) -> "Profile":
+        """A copy with other timed steps (train and test), minimum or maximum repeats or time budget, as a user typed
+        them; checked like any profile. A minimum above the profile's cap raises the cap with it."""
+        changes = {"steps": steps, "test_steps": steps, "repeats": repeats, "max_repeats": max_repeats,
+                   "time_budget_s": time_budget_s}
+        changes = {k: v for k, v in changes.items() if v is not None}
+        if repeats is not None and max_repeats is None:
+            changes["max_repeats"] = max(repeats, self.max_repeats or repeats)
+        return replace(self, **changes)
+
+    def describe_repeats(self) -> str:
+        """How many repeats: "4 repeats", or "4-12 repeats (more while an answer is unclear, 150 s a model)"."""
+        if self.max_repeats == self.repeats:
+            return f"{self.repeats} repeats"
+        budget = "" if math.isinf(self.time_budget_s) else f", at most {self.time_budget_s:g} s a model"
+        return f"{self.repeats}-{self.max_repeats} repeats (more while an answer is unclear{budget})"
 
     def describe(self, models: "tuple[str, ...] | None" = None) -> str:
         """One line: the profile's name and sizes, with the ``models`` a run actually uses."""
@@ -45,20 +68,24 @@ class Profile:
         return (
             f"profile {self.name}: models {', '.join(models or self.models)}; batch {self.batch_size}; width {self.width}; "
             f"{self.num_workers} workers; "
-            f"{steps}; {self.repeats} repeats" + (f" after {self.warmup_repeats} discarded" if self.warmup_repeats else "")
+            f"{steps}; {self.describe_repeats()}"
+            + (f" after {self.warmup_repeats} discarded" if self.warmup_repeats else "")
         )
 
 
 ALL_MODELS = ("resnet18", "resnet50", "resnet101", "mobilenet_v2")
 PROFILES = {
+    # At least 4 repeats, then pairs of rounds while an answer is unclear, up to 12: in simulation (tests/
+    # test_sequential.py) that calls a true 5 % gain at 2 % noise "faster", and a true 1.00 at 1 % noise "same within
+    # 2 %", in over 80 % of runs. The time budgets keep a model's comparison within a CI notebook's (smoke) and a
+    # reference part's (quick) share of time.
     # smoke: two models at 1/8 width on few steps, data loaded in the main process (2-core CI machines)
-    # A paired t interval over n repeats uses t(n-1) at 99.5 %: 14.1 for n = 3, 7.45 for n = 4, 5.60 for n = 5. A busy
-    # CPU's noise needs five repeats; a GPU's is small enough for four, which keeps the seed set within 9 minutes.
     "smoke": Profile("smoke", ("resnet18", "mobilenet_v2"), batch_size=16, width=0.125, warmup_steps=1, steps=2,
-                     test_steps=2, repeats=5, num_workers=0),
-    "quick": Profile("quick", ALL_MODELS, batch_size=128, width=1.0, warmup_steps=3, steps=10, test_steps=6, repeats=4),
+                     test_steps=2, repeats=4, max_repeats=12, time_budget_s=8.0, num_workers=0),
+    "quick": Profile("quick", ALL_MODELS, batch_size=128, width=1.0, warmup_steps=3, steps=10, test_steps=6, repeats=4,
+                     max_repeats=12, time_budget_s=150.0),
     "full": Profile("full", ALL_MODELS, batch_size=128, width=1.0, warmup_steps=0, steps=None, test_steps=None,
-                    repeats=4, warmup_repeats=1),
+                    repeats=4, max_repeats=8, warmup_repeats=1),
 }
 PROFILE_CHOICES = ("auto",) + tuple(PROFILES)
 

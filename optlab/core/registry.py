@@ -32,6 +32,7 @@ class Experiment:
     models: tuple[str, ...] | None = None  # the profile's models to run by default (None: all of them)
     variant_models: dict[str, tuple[str, ...]] = field(default_factory=dict)  # label -> the only models it runs on
     isolate_variants: bool = False  # each variant in a fresh process of its own (state that lives per process)
+    references: dict[str, str] = field(default_factory=dict)  # label -> the variant it is compared with (baseline)
 
     def __post_init__(self) -> None:
         if len(self.variants) < 2:
@@ -39,6 +40,10 @@ class Experiment:
         bad = set(self.phases) - set(PHASES)
         if bad:
             raise choice_error("phase", sorted(bad)[0], PHASES)
+        for label, reference in self.references.items():
+            if label not in self.labels or reference not in self.labels or label == reference:
+                raise OptlabError(f"experiment {self.name!r}: {label!r} cannot be compared with {reference!r}; "
+                                  f"both must be two of its variants: {', '.join(self.labels)}")
 
     @property
     def labels(self) -> list[str]:
@@ -47,6 +52,15 @@ class Experiment:
     @property
     def baseline_label(self) -> str:
         return self.variants[0][0]
+
+    def reference_of(self, label: str) -> str:
+        """The variant ``label`` is compared with: its own reference where the entry names one, else the baseline."""
+        return self.references.get(label, self.baseline_label)
+
+    @property
+    def comparisons(self) -> dict[str, str]:
+        """Every variant but the baseline, mapped to the variant it is compared with."""
+        return {label: self.reference_of(label) for label in self.labels[1:]}
 
     @property
     def control_phases(self) -> tuple[str, ...]:
@@ -70,9 +84,14 @@ class Experiment:
         return {label: apply_changes(common, changes) for label, changes in self.variants
                 if model in self.variant_models.get(label, (model,))}
 
-    def with_variants(self, *variants: tuple[str, dict[str, Any]], name: str | None = None) -> "Experiment":
-        """A copy with other variants (a chapter's own comparison), keeping everything else."""
-        return replace(self, name=name or self.name, variants=tuple(variants))
+    def with_variants(self, *variants: tuple[str, dict[str, Any]], name: str | None = None,
+                      references: dict[str, str] | None = None) -> "Experiment":
+        """A copy with other variants (a chapter's own comparison), keeping everything else; the references kept are
+        those whose two variants are both still there, unless ``references`` are given."""
+        labels = {label for label, _ in variants}
+        kept = {k: v for k, v in self.references.items() if k in labels and v in labels}
+        return replace(self, name=name or self.name, variants=tuple(variants),
+                       references=kept if references is None else references)
 
     def for_phases(self, *phases: str) -> "Experiment":
         """A copy that times only ``phases`` (a CPU chapter that cannot afford every phase)."""

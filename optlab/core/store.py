@@ -14,7 +14,7 @@ import pandas as pd
 
 from .errors import OptlabError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: four verdicts, a reference per variant, repeats until the answers are clear
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REFERENCE_DIR = REPO_ROOT / "results" / "reference"
 LIVE_ENV = "OPTLAB_LIVE_DIR"
@@ -23,7 +23,7 @@ LIVE_DIR = Path(os.environ.get(LIVE_ENV) or REPO_ROOT / "results" / "live")
 
 
 def make_record(*, experiment, profile, environment, configs, effective, notes, memory_kind, samples: pd.DataFrame,
-                summary: pd.DataFrame) -> dict[str, Any]:
+                summary: pd.DataFrame, rounds: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Everything a run knows: the experiment, every knob, the environment, the raw samples and the summaries."""
     return {
         "schema_version": SCHEMA_VERSION,
@@ -32,6 +32,7 @@ def make_record(*, experiment, profile, environment, configs, effective, notes, 
         "section": experiment.section,
         "baseline": experiment.baseline_label,
         "variants": {label: changes for label, changes in experiment.variants},
+        "references": experiment.comparisons,
         "phases": list(experiment.phases),
         "profile": profile_record(profile),
         "environment": environment,
@@ -39,6 +40,7 @@ def make_record(*, experiment, profile, environment, configs, effective, notes, 
         "effective_configs": effective,
         "notes": notes,
         "memory_kind": memory_kind,
+        "rounds": rounds or {},  # per model: how many repeats ran and why they stopped
         "samples": _records(samples),
         "summary": _records(summary),
     }
@@ -46,7 +48,7 @@ def make_record(*, experiment, profile, environment, configs, effective, notes, 
 
 def profile_record(profile) -> dict[str, Any]:
     """A profile as a record stores it."""
-    return vars(profile) | {"models": list(profile.models)}
+    return _clean(vars(profile) | {"models": list(profile.models)})
 
 
 def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ NON_BLOCKING = register(Experiment(
                 "wait. Overlapping the copy with computation needs it on a side stream, one batch ahead.",
     variants=(("w/o non_blocking", {"non_blocking": False}), ("w non_blocking", {"non_blocking": True}),
               ("w non_blocking, prefetched on a side stream", {"non_blocking": True, "prefetch_to_device": True})),
+    references={"w non_blocking, prefetched on a side stream": "w non_blocking"},  # the prefetch alone
 ))
 
 _FACTORS = (
@@ -39,6 +40,7 @@ MULTIPLE_OF_8 = register(Experiment(
     variants=(("base model", {}), ("rec model (channels-1 batch+1)", {"model_variant": "rec", "batch_offset": 1}),
               *_FACTORS),
     variant_models={label: ("resnet18", "resnet50") for label, _ in _FACTORS},
+    references={"channels-1, fp16": "base model, fp16", "batch+1, fp16": "base model, fp16"},  # each factor under fp16
 ))
 
 MIXED_PRECISION = register(Experiment(
@@ -143,6 +145,7 @@ PRECISION = register(Experiment(
         ("fp16 autocast, fused SGD", {"amp_dtype": "fp16", "optimizer_impl": "fused"}),
         ("bf16 autocast", {"amp_dtype": "bf16"}),
     ),
+    references={"fp16 autocast, fused SGD": "fp16 autocast"},  # the fused step alone: the scaler's host sync
 ))
 
 OPTIMIZERS = register(Experiment(
@@ -157,6 +160,7 @@ OPTIMIZERS = register(Experiment(
         ("Adam foreach", {"optimizer": "adam", "optimizer_impl": "foreach"}),
         ("Adam fused", {"optimizer": "adam", "optimizer_impl": "fused"}),
     ),
+    references={"Adam foreach": "Adam for-loop", "Adam fused": "Adam for-loop"},  # each implementation of one optimizer
 ))
 
 DATA_PIPELINE = register(Experiment(

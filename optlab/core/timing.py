@@ -5,15 +5,18 @@ synchronize; on the CPU it is ``time.perf_counter``. Samples are summarised as `
 median and IQR over raw samples, never a lone mean.
 
 A comparison is judged on its repeats, not its steps. The steps within one repeat share that repeat's conditions
-(clock, caches, what else the machine runs), so they are not independent draws: resampling them, or the three
-repeats as if they were many, gives an interval far narrower than three numbers allow, and about 6 % of A/A
-comparisons came out "faster" or "slower" that way. Instead each repeat gives one epoch-equivalent time per
-variant; the variants of a repeat ran side by side (their order rotating from repeat to repeat), so each repeat
-gives one paired ratio, and the interval is Student's t on the logs of those ratios, with n - 1 degrees of freedom.
-The verdict asks for a 99.5 % interval that excludes 1 and a speed-up beyond 2 %: about 0.5 % of A/A comparisons
-pass the first test by chance under normal noise (a 99 % interval gave 1.0-1.3 % in simulation, too close to the 1 %
-target), and fewer under the heavier tails of real timings. ``benchmarks/bench.py`` measures the live
-A/A rate and ``tests/test_timing.py`` bounds it over simulated noise.
+(clock, caches, what else the machine runs), so they are not independent draws: resampling them gives an interval far
+narrower than a few repeats allow. Instead each repeat gives one epoch-equivalent time per variant; the variants of a
+repeat ran side by side, so each repeat gives one paired ratio, and the interval is Student's t on the logs of those
+ratios, with n - 1 degrees of freedom.
+
+A run looks at its intervals more than once (``optlab.core.sequential`` adds repeats while any answer is unclear), so
+each look spends a fixed share of the error rate: ``ERROR_RATE`` split evenly over at most ``MAX_LOOKS`` looks (a
+Bonferroni split), which makes every interval a ``CONFIDENCE`` interval. One interval gives four answers:
+"faster" or "slower" when it lies wholly on one side of 1 and the speed-up is beyond ``MIN_EFFECT``; "same within
+2 %" when it lies wholly inside (1/1.02, 1.02), which is Schuirmann's two one-sided tests for equivalence; "can't
+tell yet" otherwise. ``book/methodology.md`` gives the error rates and the power; ``tests/test_sequential.py`` checks
+them over simulated noise, and ``benchmarks/bench.py`` measures the live A/A rate.
 """
 from __future__ import annotations
 
@@ -26,11 +29,22 @@ import numpy as np
 import torch
 
 MIN_EFFECT = 0.02  # run-to-run variance floor (MLPerf sees about +-2.5 %): the band of no practical difference
-CONFIDENCE = 0.995  # of the interval the verdict reads: about 0.5 % of A/A comparisons exclude 1 by chance
+ERROR_RATE = 0.005  # two-sided, over all the looks of a run: at most 1 in 200 A/A comparisons says faster or slower
+MAX_LOOKS = 5  # a run looks at its intervals at most this often
+CONFIDENCE = 1 - ERROR_RATE / MAX_LOOKS  # of every interval a verdict reads: 99.9 %
 FASTER, SLOWER = "faster", "slower"
 SAME = "same within 2 %"  # the whole interval inside the band of no practical difference
 UNCLEAR = "can't tell yet"  # neither: more repeats would be needed to say
 VERDICTS = (FASTER, SLOWER, SAME, UNCLEAR)
+CLEAR = (FASTER, SLOWER, SAME)  # the answers that end a run's repeats
+
+
+def percent(fraction: float) -> str:
+    """``fraction`` as a percentage with as many digits as it needs and no more: 0.999 -> "99.9 %", 0.995 -> "99.5 %"."""
+    return f"{round(100 * fraction, 6):g} %"
+
+
+INTERVAL = f"{percent(CONFIDENCE)} interval"  # how tables, figures and pages name the interval
 
 
 class StepTimer:
@@ -123,6 +137,7 @@ def t_quantile(probability: float, df: int) -> float:
 def speed_up(
     baseline_s: "list[float] | np.ndarray",
     optimized_s: "list[float] | np.ndarray",
+    slot_shifts: "list[float] | np.ndarray | None" = None,
     confidence: float = CONFIDENCE,
     min_effect: float = MIN_EFFECT,
 ) -> SpeedUp:
@@ -130,8 +145,11 @@ def speed_up(
 
     Repeat ``r`` of both ran side by side (interleaved), so drift between repeats cancels in the per-repeat ratio.
     The speed-up is the geometric mean of those ratios, and its interval is a Student t interval on their logs with
-    n - 1 degrees of freedom: as wide as n numbers allow, however many steps each repeat timed. With fewer than two
-    pairs there is no interval, and the verdict is "can't tell yet".
+    n - 1 degrees of freedom: as wide as n numbers allow, however many steps each repeat timed. ``slot_shifts`` (how
+    many slots later ``optimized`` ran than ``baseline`` in each repeat) lets the interval take out an effect of the
+    slot: the log ratio is regressed on the shift, and the speed-up and its interval are those at a shift of 0, with
+    n - 2 degrees of freedom (mirrored rounds make the shifts sum to 0, so the point estimate is the same). With fewer
+    than two pairs there is no interval, and the verdict is "can't tell yet".
     """
     baseline_s, optimized_s = np.asarray(baseline_s, dtype=float), np.asarray(optimized_s, dtype=float)
     if baseline_s.shape != optimized_s.shape:
@@ -140,12 +158,30 @@ def speed_up(
     n = log_ratios.size
     if n == 0:
         return SpeedUp(float("nan"), float("nan"), float("nan"), UNCLEAR)
-    ratio = float(np.exp(log_ratios.mean()))
     if n < 2:
-        return SpeedUp(ratio, float("nan"), float("nan"), UNCLEAR)
-    half_width = t_quantile((1 + confidence) / 2, n - 1) * log_ratios.std(ddof=1) / math.sqrt(n)
-    low, high = float(np.exp(log_ratios.mean() - half_width)), float(np.exp(log_ratios.mean() + half_width))
+        return SpeedUp(float(np.exp(log_ratios.mean())), float("nan"), float("nan"), UNCLEAR)
+    centre, standard_error, df = _log_ratio_estimate(log_ratios, slot_shifts)
+    half_width = t_quantile((1 + confidence) / 2, df) * standard_error
+    ratio = float(np.exp(centre))
+    low, high = float(np.exp(centre - half_width)), float(np.exp(centre + half_width))
     return SpeedUp(ratio, low, high, verdict(ratio, low, high, min_effect))
+
+
+def _log_ratio_estimate(log_ratios: np.ndarray, slot_shifts) -> tuple[float, float, int]:
+    """The mean log ratio, its standard error and degrees of freedom; at a slot shift of 0 when the shifts vary
+    and leave at least one degree of freedom."""
+    n = log_ratios.size
+    shifts = None if slot_shifts is None else np.asarray(slot_shifts, dtype=float)
+    if shifts is not None and shifts.shape != log_ratios.shape:
+        raise ValueError(f"one slot shift per pair needed: {shifts.size} shifts for {n} pairs")
+    spread = 0.0 if shifts is None else float(((shifts - shifts.mean()) ** 2).sum())
+    if shifts is None or n < 3 or spread == 0.0:
+        return float(log_ratios.mean()), float(log_ratios.std(ddof=1) / math.sqrt(n)), n - 1
+    slope = float(((shifts - shifts.mean()) * (log_ratios - log_ratios.mean())).sum() / spread)
+    intercept = float(log_ratios.mean() - slope * shifts.mean())
+    residuals = log_ratios - intercept - slope * shifts
+    sigma = math.sqrt(float((residuals ** 2).sum()) / (n - 2))
+    return intercept, sigma * math.sqrt(1 / n + shifts.mean() ** 2 / spread), n - 2
 
 
 def verdict(ratio: float, low: float, high: float, min_effect: float = MIN_EFFECT) -> str:

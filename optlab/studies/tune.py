@@ -27,7 +27,7 @@ from ..core.config import RunConfig, apply_changes, changed_knobs
 from ..core.device import DeviceInfo, effective_config, native_bf16, resolve_device
 from ..core.environment import capture
 from ..core.errors import OptlabError, choice_error
-from ..core.experiments import failure_status, interleave
+from ..core.experiments import failure_status, interleave, stopping_rule
 from ..core.flops import TRAIN_TO_FORWARD
 from ..core.limits import MAX_STEPS, check_count
 from ..core.memory import memory_kind
@@ -35,7 +35,7 @@ from ..core.profiles import Profile, get_profile
 from ..core.samples import failed_row
 from ..core.summary import summarize_runs
 from ..core.techniques import ALL_TOGETHER
-from ..core.timing import CONFIDENCE
+from ..core.timing import FASTER, INTERVAL
 from .compile_cost import LOSS_RTOL
 from .tune_inputs import (MAX_BATCH_SIZE, Batches, LossFn, ModelFn, Probe, build_model, dataset_batches,
                           loader_batches, model_name, probe, synthetic_batches)
@@ -43,7 +43,6 @@ from .tune_inputs import (MAX_BATCH_SIZE, Batches, LossFn, ModelFn, Probe, build
 START = "starting point"
 FINAL = "recommended"
 TECHNIQUE = "tune"
-CI = f"{round(100 * CONFIDENCE)}% CI"
 AFRESH = "all kept steps, against the starting point"
 STEP_COLUMNS = ["step", "decision", "speedup", "ci_low", "ci_high", "verdict", "loss_change", "loss_tolerance",
                 "before_ms", "after_ms", "reason"]
@@ -84,11 +83,11 @@ class TuneResult:
         """The steps as a reader sees them: speed-up over the configuration before the step, its interval and
         verdict, the change of the first two losses, the median step times, the decision and the reason."""
         table = self.steps.copy()
-        table[CI] = ["" if pd.isna(low) else f"{low:.2f}-{high:.2f}"
+        table[INTERVAL] = ["" if pd.isna(low) else f"{low:.2f}-{high:.2f}"
                            for low, high in zip(table["ci_low"], table["ci_high"])]
         table["loss change"] = [percent(change) for change in table["loss_change"]]
         table = table.rename(columns={"speedup": "speed-up", "before_ms": "ms before", "after_ms": "ms after"})
-        columns = ["step", "speed-up", CI, "verdict", "loss change", "ms before", "ms after", "decision",
+        columns = ["step", "speed-up", INTERVAL, "verdict", "loss change", "ms before", "ms after", "decision",
                    "reason"]
         return table[columns].astype({"speed-up": float, "ms before": float, "ms after": float}) \
             .round({"speed-up": 2, "ms before": 1, "ms after": 1}).astype(object).fillna("")
@@ -108,14 +107,14 @@ class TuneResult:
         if not self.kept:
             return ("recommendation: keep your configuration; no step of the stack was clearly faster on this model "
                     "at this size")
-        steps, interval = ", ".join(self.kept), f"{CI} {self.ci_low:.2f}-{self.ci_high:.2f}"
-        if self.verdict == "faster":
+        steps, interval = ", ".join(self.kept), f"{INTERVAL} {self.ci_low:.2f}-{self.ci_high:.2f}"
+        if self.verdict == FASTER:
             head = (f"recommendation: {steps}: {self.speedup:.2f}x faster than the starting point ({interval}; "
                     "measured afresh, all together)")
         else:
             head = (f"recommendation, not confirmed: {steps} each looked faster than the step before, but measured "
                     f"afresh, all together, against the starting point: {self.speedup:.2f}x ({interval}): "
-                    f"{self.verdict}. More timed steps or repeats (steps=, the quick profile) would tell")
+                    f"{self.verdict}. More timed steps or repeats (steps=, max_repeats=, the quick profile) would tell")
         lines = [head, "the lines to add to your training:"]
         return "\n".join(lines + [f"    {line}" for line in self.code])
 
@@ -195,7 +194,7 @@ def decide(verdict: str, change: float, tolerance: float, before_failed: str = "
         return "not decided", f"the configuration before it failed: {before_failed}"
     if after_failed:
         return "failed", after_failed
-    if verdict != "faster":
+    if verdict != FASTER:
         return "not kept", ""
     if not change <= tolerance:  # NaN too
         return "not kept: loss changed", (f"faster, but its first losses moved by {percent(change) or 'nan'}, "
@@ -273,8 +272,11 @@ def _compare(run: _Run, configs: dict[str, RunConfig],
         if repeat == 0:
             first_losses[label] = result.warmup_losses + result.losses
 
+    first, *others = configs
+    rule = stopping_rule(prof, {label: first for label in others}, ("train",))
     rows += interleave({label: runner(label) for label in states}, configs, ("train",), prof, run.info, TECHNIQUE,
-                       run.name, {"train": run.batches.epoch_images}, run.seed, run.bar, run.flops, keep_first_losses)
+                       run.name, {"train": run.batches.epoch_images}, run.seed, run.bar, rule, run.flops,
+                       keep_first_losses).rows
     states.clear()  # free the models before the next comparison builds its own
     gc.collect()
     if any(config.compile_mode != "none" for config in configs.values()):
@@ -328,7 +330,7 @@ def _print_header(run: _Run, facts: Probe, loss_tolerance: float | None) -> None
     print(f"optlab tune {run.name}: {facts.parameters / 1e6:.3g} M parameters, "
           f"{facts.forward_flops_per_image / 1e9:.3g} GFLOP per sample forward")
     print(f"profile {prof.name}: batch {prof.batch_size}; {prof.warmup_steps} warm-up + {prof.steps} timed steps; "
-          f"{prof.repeats} repeats per configuration, taking turns")
+          f"{prof.describe_repeats()} per configuration, taking turns")
     print(f"device: {run.info.describe()}")
     print(f"data: {run.batches.description}")
     tolerance = (percent(loss_tolerance) if loss_tolerance is not None else
