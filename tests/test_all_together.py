@@ -36,7 +36,7 @@ def test_step_by_step_compares_each_step_with_the_one_before():
     assert list(table.index) == ["b", "c"]
     assert table.loc["b", "vs previous"] == pytest.approx(2.0, rel=0.02) and table.loc["b", "verdict"] == "faster"
     assert table.loc["c", "vs previous"] == pytest.approx(1.0, rel=0.02)
-    assert table.loc["c", "verdict"] == "no clear difference"
+    assert table.loc["c", "verdict"] == "can't tell yet"
     assert table.loc["c", "vs baseline"] == pytest.approx(2.0, rel=0.02)
 
 

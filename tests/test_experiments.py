@@ -58,20 +58,14 @@ def test_tidy_rows_one_per_model_variant_repeat_phase(aa_result):
 
 def test_runs_interleave_and_alternate_the_order(aa_result):
     order = aa_result.samples.loc[aa_result.samples["phase"] == "train", "variant"].tolist()
-    assert order == ["A", "A again", "A again", "A", "A", "A again"][:2 * TINY.repeats]
+    assert order == ["A", "A again", "A again", "A", "A again", "A"][:2 * TINY.repeats]  # mirrored pairs of rounds
+    slots = aa_result.samples.loc[aa_result.samples["phase"] == "train", "slot"].tolist()
+    assert slots == [0, 1, 0, 1, 0, 1][:2 * TINY.repeats]
 
 
-def test_visit_order_puts_every_variant_in_every_slot():
-    labels = ["a", "b", "c"]
-    orders = [experiments.visit_order(labels, repeat) for repeat in range(3)]
-    for slot in range(3):
-        assert sorted(order[slot] for order in orders) == labels
-    assert all(sorted(order) == labels for order in orders)
-
-
-def test_a_a_run_is_no_clear_difference(aa_result):
+def test_a_a_run_claims_no_difference(aa_result):
     verdicts = aa_result.summary.loc[aa_result.summary["variant"] == "A again", "verdict"]
-    assert list(verdicts) == ["no clear difference"] * 2
+    assert set(verdicts) <= {"same within 2 %", "can't tell yet"} and len(verdicts) == 2
 
 
 def test_a_a_sides_compute_the_same_losses(aa_result):

@@ -17,8 +17,9 @@ ABSURD = [10**5 + 1, 10**7, 10**12]
 @pytest.mark.parametrize("flag, limit", [
     ("--num-workers", "at most 8 (4 per CPU core, 2 cores here)"),
     ("--batch-size", "at most 10000 (the test set holds 10,000 images)"),
-    ("--steps", "at most 100000"),
-    ("--repeats", "at most 100"),
+    ("--steps", "at most 100000 ("),
+    ("--repeats", "at most 100 ("),
+    ("--max-repeats", "at most 100 ("),
 ])
 def test_absurd_sizes_end_at_once_with_the_limit(flag, limit, value, capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(limits, "cpu_cores", lambda: 2)
@@ -34,7 +35,7 @@ def test_absurd_sizes_end_at_once_with_the_limit(flag, limit, value, capsys, mon
     (["--batch-size", "abc"], "argument --batch-size: expected a whole number, got 'abc'"),
     (["--num-workers", "1.5"], "argument --num-workers: expected a whole number, got '1.5'"),
     (["--steps", "0"], "steps must be at least 1, got 0"),
-    (["--repeats", "-3"], "repeats must be at least 1, got -3"),
+    (["--repeats", "-3"], "repeats must be at least 2, got -3"),
     (["--batch-size", "0"], "batch_size must be at least 1, got 0"),
     (["--num-workers", "-2"], "num_workers must be at least 0, got -2"),
     (["--colour", "red"], "unrecognized arguments: --colour red"),
@@ -80,5 +81,21 @@ def test_parity_check_sizes_are_bounded(options, message):
 
 
 def test_profiles_refuse_absurd_sizes_from_the_python_api():
-    with pytest.raises(OptlabError, match="repeats 1000000 is more than this run can use: at most 100"):
+    with pytest.raises(OptlabError, match=r"repeats 1000000 is more than this run can use: at most 100 \("):
         get_profile("smoke").with_sizes(repeats=10**6)
+
+
+@pytest.mark.parametrize("field", ["repeats", "max_repeats"])
+def test_the_repeat_limit_is_exact(field):
+    """100 is allowed and 101 is not: the boundary itself, not a prefix of a longer number."""
+    assert getattr(get_profile("smoke").with_sizes(**{field: 100}), field) == 100
+    with pytest.raises(OptlabError, match=r"101 is more than this run can use: at most 100 \("):
+        get_profile("smoke").with_sizes(**{field: 101})
+
+
+def test_a_cap_below_the_minimum_and_a_bad_time_budget_are_refused():
+    with pytest.raises(OptlabError, match="maximum repeats must be at least 6, got 4"):
+        get_profile("smoke").with_sizes(repeats=6, max_repeats=4)
+    for budget in (0, -1.0, 10**6):
+        with pytest.raises(OptlabError, match="time budget must be between 0 and 86,400 seconds"):
+            get_profile("smoke").with_sizes(time_budget_s=budget)

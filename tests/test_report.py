@@ -48,7 +48,9 @@ def test_numbers_are_written_with_three_significant_figures_and_a_dash_when_miss
 def test_comparison_table_puts_the_decision_first_in_the_registrys_order(result):
     shuffled = result.summary.sample(frac=1, random_state=1)
     table = report.comparison_table(shuffled, LABELS)
-    assert list(table.columns[:6]) == ["model", "phase", "variant", report.SPEEDUP, "verdict", "peak MiB"]
+    assert list(table.columns[:7]) == ["model", "phase", "variant", "compared with", "speed-up (99.9 % interval)",
+                                       "verdict", "peak MiB"]
+    assert list(table["compared with"]) == ["—", LABELS[0]] * 2
     assert table.attrs["details"] == list(report.DETAILS.values()) and set(table.attrs["details"]) <= set(table)
     assert list(table["phase"]) == ["train", "train", "test", "test"] and list(table["variant"]) == LABELS * 2
     control = table[(table["phase"] == "test") & (table["variant"] == LABELS[1])]
@@ -82,7 +84,9 @@ FIGURE_ROWS = pd.DataFrame([
     {"model": "resnet18", "phase": "train", "variant": "v", "source": "H200", "speedup": 2.0, "ci_low": 1.8,
      "ci_high": 2.2, "verdict": "faster", "role": "claim"},
     {"model": "resnet18", "phase": "test", "variant": "v", "source": report.LIVE, "speedup": 1.01, "ci_low": 0.9,
-     "ci_high": 1.1, "verdict": "no clear difference", "role": CONTROL},
+     "ci_high": 1.1, "verdict": "can't tell yet", "role": CONTROL},
+    {"model": "resnet18", "phase": "train", "variant": "w", "source": report.LIVE, "speedup": 1.0, "ci_low": 0.99,
+     "ci_high": 1.01, "verdict": "same within 2 %", "role": "claim", "versus": "v"},
 ])
 
 
@@ -94,14 +98,19 @@ def test_the_speedup_figure_shows_intervals_the_seed_mark_verdicts_and_controls(
     points = [c for c in train.collections if isinstance(c, PathCollection)]
     faces = sorted(tuple(c.get_facecolor()[0].round(2)) for c in points)
     assert (0, 0, 0, 1) in faces, "no seed mark"
-    assert {tuple(matplotlib.colors.to_rgba(report.VERDICT_COLOURS[v]))[:3] for v in ("faster", "slower")} <= \
-        {tuple(face[:3]) for face in (tuple(c.get_facecolor()[0]) for c in points)}
-    assert len([c for c in train.collections if isinstance(c, LineCollection)]) == 2  # live and H200 intervals
+    fills = {tuple(face[:3]) for face in (tuple(c.get_facecolor()[0]) for c in points)}
+    assert {tuple(matplotlib.colors.to_rgba(report.VERDICT_COLOURS[v]))[:3]
+            for v in ("faster", "slower", "same within 2 %")} <= fills, "three filled colours"
+    assert len({tuple(matplotlib.colors.to_rgba(c))[:3] for c in report.VERDICT_COLOURS.values()}) == 3
+    assert len([c for c in train.collections if isinstance(c, LineCollection)]) == 3  # live (twice) and H200
     hollow = [c for c in test.collections if isinstance(c, PathCollection)]
-    assert [tuple(c.get_facecolor()[0][:3]) for c in hollow] == [(1, 1, 1)], "no clear difference is hollow"
+    assert [tuple(c.get_facecolor()[0][:3]) for c in hollow] == [(1, 1, 1)], "can't tell yet is hollow"
     assert CONTROL in test.get_title() and CONTROL not in train.get_title()
+    assert "resnet18 · w (vs v)" in [t.get_text().replace("\n", " ") for t in train.get_yticklabels()]
     legend = [text.get_text() for text in figure.legends[0].texts]
-    assert {"seed V100 (no interval)", "faster", "slower", "no clear difference (hollow)", "H200"} <= set(legend)
+    assert {"seed V100 (no interval)", "faster", "slower", "same within 2 %", "can't tell yet (hollow)",
+            "H200"} <= set(legend)
+    assert figure.get_supxlabel().endswith("lines: 99.9 % intervals")
 
 
 def test_seed_comparison_keeps_the_registrys_variant_order(result, stored):
@@ -119,7 +128,8 @@ def test_reference_summary_is_none_without_stored_runs():
 
 def test_the_stack_table_reads_each_step_against_the_one_before():
     steps = pd.DataFrame([{"model": "resnet18", "phase": "train", "step": "+ channels_last", "epoch_s": 55.23,
-                           "vs previous": 1.31, "ci_low": 0.853, "ci_high": 2.0, "verdict": "no clear difference",
+                           "vs previous": 1.31, "ci_low": 0.853, "ci_high": 2.0, "verdict": "can't tell yet",
                            "vs baseline": 1.25, "peak_mem_mb": 2951.2}])
     assert list(report.stack_table(steps).iloc[0]) == [
-        "resnet18", "train", "+ channels_last", "1.31 (0.853–2.00)", "no clear difference", "1.25", 2951.0, 55.2]
+        "resnet18", "train", "+ channels_last", "1.31 (0.853–2.00)", "can't tell yet", "1.25", 2951.0, 55.2]
+    assert list(report.stack_table(steps).columns)[3] == "vs the step before (99.9 % interval)"

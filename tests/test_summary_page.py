@@ -7,7 +7,7 @@ import pandas as pd  # noqa: E402
 from optlab.book import report, summary_page  # noqa: E402
 from optlab.core.techniques import SEED_TECHNIQUES  # noqa: E402
 
-LIVE_COLUMN = f"live ({report.INTERVAL})"
+LIVE_COLUMN = "live (99.9 % interval)"  # the literal label: not built from the code's constant
 
 ROW = {"technique": "set_to_none", "model": "resnet18", "phase": "train", "machine": "cpu", "profile": "smoke"}
 LIVE = pd.DataFrame([
@@ -29,7 +29,7 @@ def test_a_live_record_fills_its_rows_with_interval_and_verdict():
     row = table.loc[("set_to_none", "w gradient none", "resnet18")]
     assert (row[LIVE_COLUMN], row["live verdict"]) == ("1.10 (1.05–1.15)", "faster")
     assert table.loc[("set_to_none", "w gradient none", "resnet50"), LIVE_COLUMN] == summary_page.NOT_RUN
-    assert list(table.columns) == ["seed V100", LIVE_COLUMN, "live verdict"]  # a machine without records: no column
+    assert list(table.columns) == ["compared with", "seed V100", LIVE_COLUMN, "live verdict"]  # no records: no column
     assert summary_page.describe({"live": LIVE}).startswith("live: 1 of 9 seed techniques (missing: channels_last")
 
 
@@ -45,11 +45,11 @@ BEYOND = pd.DataFrame([
     {**ROW, "technique": "optimizers", "variant": "SGD for-loop", "speedup": 1.0, "ci_low": 1.0, "ci_high": 1.0,
      "verdict": "baseline", "peak_mem_mb": 100.0, "tflops": 0.01},
     {**ROW, "technique": "optimizers", "variant": "Adam fused", "speedup": 1.1, "ci_low": 1.0, "ci_high": 1.2,
-     "verdict": "no clear difference", "peak_mem_mb": 95.0, "tflops": 0.011},
+     "verdict": "can't tell yet", "peak_mem_mb": 95.0, "tflops": 0.011},
     {**ROW, "technique": "optimizers", "variant": "SGD fused", "speedup": 1.2, "ci_low": 1.1, "ci_high": 1.3,
      "verdict": "faster", "peak_mem_mb": 90.0, "tflops": 0.012},
     {**ROW, "technique": "compile", "variant": "compile default", "speedup": 0.9, "ci_low": 0.7, "ci_high": 1.1,
-     "verdict": "no clear difference", "peak_mem_mb": 80.0, "tflops": 0.009},
+     "verdict": "can't tell yet", "peak_mem_mb": 80.0, "tflops": 0.009},
 ])
 
 
@@ -59,7 +59,9 @@ def test_the_beyond_table_has_every_variant_of_every_source_in_registry_order():
     assert list(table.index.get_level_values("variant")[1:]) == ["SGD fused", "Adam fused"]  # the registry's order
     row = table.loc[("optimizers", "SGD fused", "resnet18", "train")]
     assert (row[LIVE_COLUMN], row["live verdict"], row["live peak MiB"]) == ("1.20 (1.10–1.30)", "faster", 90.0)
-    h200 = f"h200 ({report.INTERVAL})"
+    assert row["compared with"] == "SGD for-loop"
+    assert table.loc[("optimizers", "Adam fused", "resnet18", "train"), "compared with"] == "Adam for-loop"
+    h200 = "h200 (99.9 % interval)"
     assert row[h200] == "1.20 (1.10–1.30)"
     assert table.loc[("compile", "compile default", "resnet18", "train"), h200] == summary_page.NOT_RUN
 
