@@ -1,21 +1,25 @@
-"""`make bench`: three figures, each measured live on this machine.
+"""`make bench`: four figures, each measured live on this machine, each from paired repeats with its interval.
 
-1. Harness overhead: optlab's measured training loop against a plain hand-written loop, same model and batches
-   (target: at most 1.03).
+1. Harness overhead: optlab's measured training loop against a plain hand-written loop, same model and batches,
+   timed in mirrored rounds (target: at most 1.03).
 2. Stand-in data cost: the stand-in's per-image loading against torchvision's own CIFAR10 ``__getitem__`` over
-   identical arrays (target: between 0.8 and 1.25).
-3. A/A false verdicts: the same configuration timed against itself through the registry's API (smoke profile,
-   ResNet18 and MobileNetV2, train and test), ``A_A_RUNS`` times; how many of those comparisons got a verdict other
-   than "no clear difference" (target: at most 1 %), and whether the variant in the second slot of a repeat tends to
-   be faster (the order effect that rotating the order cancels).
+   identical arrays, in mirrored rounds (target: between 0.8 and 1.25).
+3. A/A false verdicts: the same configuration timed against itself, four copies, through the registry's API
+   and its sequential rule (smoke profile, ResNet18 and MobileNetV2, train and test), a few hundred comparisons; how
+   many said "faster" or "slower" (target: at most 1 %), with the one-sided 95 % upper bound of that rate, and
+   whether the variant in the second slot of a round tends to be faster.
+4. Live power: a small real difference (a batch of 16 + 3 images against 16, per image, ResNet18 training), its
+   long-run effect from many repeats, and how often the profile's own sequential run calls it "faster".
 """
 from __future__ import annotations
 
 import contextlib
 import io
+import math
 import statistics
 import sys
 import time
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -30,10 +34,16 @@ from optlab.core.sequential import visit_order
 from optlab.core.registry import Experiment
 from optlab.core.loops import make_optimizer, make_scaler, prepare_model, train_phase
 from optlab.core.models import build_model
+from optlab.core.profiles import get_profile
+from optlab.core.timing import FASTER, INTERVAL, SLOWER, VERDICTS, speed_up
 
-ROUNDS = 5
-A_A_RUNS = 30  # x 2 models x 2 phases = 120 comparisons, about 2-4 minutes on 2 cores
-A_A = Experiment("a_a", "the same configuration twice", "", variants=(("A", {}), ("A again", {})))
+ROUNDS = 10  # mirrored rounds for the two ratios
+A_A_RUNS = 25  # x 2 models x 2 phases x 3 comparisons = 300
+POWER_RUNS = 10
+A_A = Experiment("a_a", "the same configuration four times", "",
+                 variants=(("A", {}), ("A again", {}), ("A a third time", {}), ("A a fourth time", {})))
+EXTRA_IMAGES = Experiment("extra_images", "16 + 3 images per batch against 16", "", phases=("train",),
+                          variants=(("batch 16", {}), ("batch 16 + 3", {"batch_offset": 3})))
 
 
 def plain_loop(model, batches, optimizer, device) -> float:
@@ -51,7 +61,29 @@ def plain_loop(model, batches, optimizer, device) -> float:
     return (time.perf_counter() - start) / len(batches)
 
 
-def harness_overhead(steps: int = 12, warmup: int = 2) -> float:
+def mirrored(first: Callable[[], float], second: Callable[[], float], rounds: int = ROUNDS) -> tuple[list, list, list]:
+    """Both measurements in mirrored rounds (A B, B A, ...): their values and the second's slot shift per round."""
+    a, b, shifts = [], [], []
+    for index in range(rounds):
+        order = visit_order(["a", "b"], index)
+        values = {label: (first if label == "a" else second)() for label in order}
+        a.append(values["a"])
+        b.append(values["b"])
+        shifts.append(order.index("b") - order.index("a"))
+    return a, b, shifts
+
+
+def report_ratio(name: str, numerator: list, denominator: list, shifts: list, low: float, high: float) -> None:
+    """``numerator / denominator`` with its interval, and whether the whole interval is within [low, high]."""
+    result = speed_up(numerator, denominator, shifts)  # speed_up(a, b) is a / b
+    inside = low <= result.low and result.high <= high
+    outside = result.high < low or result.low > high
+    status = "within target" if inside else "OUTSIDE TARGET" if outside else "interval reaches past the target"
+    print(f"  ratio {result.ratio:.3f} ({INTERVAL} {result.low:.3f}-{result.high:.3f}, {len(numerator)} pairs)  "
+          f"{status}")
+
+
+def harness_overhead(steps: int = 12, warmup: int = 2) -> None:
     info = resolve_device("auto")
     config = RunConfig(batch_size=16, width=0.125, num_workers=0, pin_memory=False)
     generator = torch.Generator().manual_seed(0)
@@ -63,70 +95,105 @@ def harness_overhead(steps: int = 12, warmup: int = 2) -> float:
     plain_model = prepare_model(build_model("resnet18", width=0.125), config, info.device)
     ours_optimizer, plain_optimizer = make_optimizer(ours_model, config), make_optimizer(plain_model, config)
     scaler = make_scaler(config, info.device)
-    ours, plain = [], []
-    for _ in range(ROUNDS):  # interleaved: A B A B
+
+    def ours() -> float:
         result = train_phase(ours_model, batches, ours_optimizer, scaler, config, info.device, steps, warmup)
-        ours.append(statistics.fmean(result.step_times_s))
+        return statistics.fmean(result.step_times_s)
+
+    def plain() -> float:
         plain_loop(plain_model, batches[:warmup], plain_optimizer, info.device)
-        plain.append(plain_loop(plain_model, batches[warmup:], plain_optimizer, info.device))
-    print(f"  optlab loop  {1e3 * statistics.median(ours):8.2f} ms/step   (median of {ROUNDS})")
-    print(f"  plain loop   {1e3 * statistics.median(plain):8.2f} ms/step")
-    return statistics.median(ours) / statistics.median(plain)
+        return plain_loop(plain_model, batches[warmup:], plain_optimizer, info.device)
+
+    a, b, shifts = mirrored(ours, plain)
+    print(f"  optlab loop  {1e3 * statistics.median(a):8.2f} ms/step   (median of {ROUNDS})")
+    print(f"  plain loop   {1e3 * statistics.median(b):8.2f} ms/step")
+    report_ratio("overhead", a, b, shifts, 0.0, 1.03)
 
 
 def per_image_seconds(dataset, count: int) -> float:
+    torch.manual_seed(0)
     start = time.perf_counter()
     for index in range(count):
         dataset[index]
     return (time.perf_counter() - start) / count
 
 
-def standin_cost(count: int = 2000) -> float:
+def standin_cost(count: int = 1000) -> None:
     standin = data.StandInCIFAR10(True, data.train_transform())
     reference = CIFAR10.__new__(CIFAR10)  # torchvision's class over the same arrays, without files on disk
     reference.data, reference.targets = standin.data, standin.targets
     reference.transform, reference.target_transform = data.train_transform(), None
-    ours, theirs = [], []
-    for _ in range(ROUNDS):
-        torch.manual_seed(0)
-        ours.append(per_image_seconds(standin, count))
-        torch.manual_seed(0)
-        theirs.append(per_image_seconds(reference, count))
-    print(f"  stand-in            {1e6 * statistics.median(ours):8.1f} us/image   (median of {ROUNDS})")
-    print(f"  torchvision CIFAR10 {1e6 * statistics.median(theirs):8.1f} us/image")
-    return statistics.median(ours) / statistics.median(theirs)
+    a, b, shifts = mirrored(lambda: per_image_seconds(standin, count), lambda: per_image_seconds(reference, count))
+    print(f"  stand-in            {1e6 * statistics.median(a):8.1f} us/image   (median of {ROUNDS})")
+    print(f"  torchvision CIFAR10 {1e6 * statistics.median(b):8.1f} us/image")
+    report_ratio("stand-in cost", a, b, shifts, 0.8, 1.25)
 
 
-def a_a_false_verdicts(runs: int = A_A_RUNS) -> tuple[int, int, float]:
-    """False verdicts among ``runs`` A/A experiments' comparisons, and the share of repeats whose second slot was faster."""
-    false, total, second_faster, pairs = 0, 0, 0, 0
+def upper_bound(false: int, total: int, confidence: float = 0.95) -> float:
+    """The one-sided Clopper-Pearson upper bound of a rate seen ``false`` times in ``total``: the rate at which
+    seeing at most ``false`` has probability 1 - ``confidence``."""
+    def at_most(p: float) -> float:
+        return sum(math.comb(total, k) * p ** k * (1 - p) ** (total - k) for k in range(false + 1))
+    low, high = false / total, 1.0
+    for _ in range(60):  # bisection: at_most falls as p rises
+        middle = (low + high) / 2
+        low, high = (middle, high) if at_most(middle) > 1 - confidence else (low, middle)
+    return high
+
+
+def quiet_run(experiment: Experiment, seed: int, profile="smoke", models=None):
+    with contextlib.redirect_stdout(io.StringIO()):
+        return run_experiment(experiment, profile=profile, models=models, device="cpu", seed=seed, progress=False)
+
+
+def a_a_false_verdicts(runs: int = A_A_RUNS) -> tuple[int, int, float, float]:
+    """False verdicts among the A/A comparisons of ``runs`` experiments with four copies of one configuration, the
+    share of rounds whose second slot was faster than the first, and the mean repeats a model took."""
+    false, total, second_faster, pairs, repeats = 0, 0, 0, 0, []
     for seed in tqdm(range(runs), desc="A/A runs", file=sys.stderr, leave=False):
-        with contextlib.redirect_stdout(io.StringIO()):
-            result = run_experiment(A_A, profile="smoke", device="cpu", seed=seed, progress=False)
-        compared = result.summary[result.summary["variant"] == "A again"]
-        false += int((compared["verdict"] != "no clear difference").sum())
+        result = quiet_run(A_A, seed)
+        compared = result.summary[result.summary["verdict"] != "baseline"]
+        false += int(compared["verdict"].isin([FASTER, SLOWER]).sum())
         total += len(compared)
+        repeats += [r["repeats"] for r in result.record["rounds"].values()]
         for _, group in result.samples.groupby(["model", "phase", "repeat"]):
-            first, second = visit_order(A_A.labels, int(group["repeat"].iloc[0]))
-            times = group.set_index("variant")["epoch_equiv_s"]
-            second_faster += int(times[second] < times[first])
+            times = group.sort_values("slot")["epoch_equiv_s"].to_numpy()
+            second_faster += int(times[1] < times[0])
             pairs += 1
-    return false, total, second_faster / pairs
+    return false, total, second_faster / pairs, statistics.fmean(repeats)
+
+
+def live_power(runs: int = POWER_RUNS) -> None:
+    prof = get_profile("smoke")
+    long_run = quiet_run(EXTRA_IMAGES, 1000, prof.with_sizes(repeats=24, max_repeats=24), ["resnet18"])
+    row = long_run.summary.set_index("variant").loc["batch 16 + 3"]
+    print(f"  long run ({int(row['n'])} pairs): {row['speedup']:.3f} ({INTERVAL} {row['ci_low']:.3f}-"
+          f"{row['ci_high']:.3f})")
+    verdicts, repeats = [], []
+    for seed in tqdm(range(runs), desc="power runs", file=sys.stderr, leave=False):
+        result = quiet_run(EXTRA_IMAGES, seed, models=["resnet18"])
+        verdicts.append(result.summary.set_index("variant").loc["batch 16 + 3", "verdict"])
+        repeats.append(result.record["rounds"]["resnet18"]["repeats"])
+    counts = ", ".join(f"{v} {verdicts.count(v)}" for v in VERDICTS if verdicts.count(v))
+    print(f"  the smoke profile's own run, {runs} times: {counts}; repeats: mean {statistics.fmean(repeats):.1f}")
 
 
 def main() -> None:
     print(f"device: {resolve_device('auto').describe()}; torch threads: {torch.get_num_threads()}")
     print("harness overhead (optlab loop / plain loop), target <= 1.03:")
-    overhead = harness_overhead()
-    print(f"  ratio {overhead:.3f}  {'within target' if overhead <= 1.03 else 'OVER TARGET'}")
+    harness_overhead()
     print("stand-in data cost (stand-in / torchvision CIFAR10 per image), target 0.8-1.25:")
-    cost = standin_cost()
-    print(f"  ratio {cost:.3f}  {'within target' if 0.8 <= cost <= 1.25 else 'OUTSIDE TARGET'}")
-    print(f"A/A comparisons ({A_A_RUNS} runs of the same configuration against itself, smoke profile), target <= 1 %:")
-    false, total, second_faster = a_a_false_verdicts()
-    print(f"  second slot faster in {100 * second_faster:.0f} % of repeats (50 %: no order effect)")
-    print(f"A/A false verdicts: {false}/{total} ({100 * false / total:.1f} %)  "
-          f"{'within target' if false <= 0.01 * total else 'OVER TARGET'}")
+    standin_cost()
+    print(f"A/A comparisons ({A_A_RUNS} runs of four copies of one configuration, smoke profile, sequential rule), "
+          "target <= 1 %:")
+    false, total, second_faster, mean_repeats = a_a_false_verdicts()
+    print(f"  second slot faster in {100 * second_faster:.0f} % of rounds (50 %: no order effect); "
+          f"mean repeats per model {mean_repeats:.1f}")
+    bound = upper_bound(false, total)
+    print(f"A/A false verdicts: {false}/{total} ({100 * false / total:.1f} %; one-sided 95 % upper bound "
+          f"{100 * bound:.1f} %)  {'within target' if false <= 0.01 * total else 'OVER TARGET'}")
+    print("live power: a batch of 16 + 3 images against 16 (ResNet18 training, per image):")
+    live_power()
 
 
 if __name__ == "__main__":

@@ -242,10 +242,10 @@ class Rounds:
     stopped: str  # "every answer clear", "at the cap of N repeats", "at the time budget", "fixed number of repeats"
 
 
-def stopping_rule(prof: Profile, comparisons: dict[str, str], claim_phases: Iterable[str]) -> StoppingRule:
-    """The profile's rule for adding rounds, waiting for the ``comparisons`` (variant -> reference) in
-    ``claim_phases``."""
-    return StoppingRule(prof.repeats, prof.max_repeats, prof.time_budget_s, dict(comparisons), tuple(claim_phases))
+def stopping_rule(prof: Profile, comparisons: dict[str, str], phases: Iterable[str]) -> StoppingRule:
+    """The profile's rule for adding rounds, waiting for the ``comparisons`` (variant -> reference) in ``phases``
+    (A/A control phases too: an answer there says whether the machine is calm enough to tell 2 %)."""
+    return StoppingRule(prof.repeats, prof.max_repeats, prof.time_budget_s, dict(comparisons), tuple(phases))
 
 
 def interleave(runners: dict[str, PhaseRunner], configs: dict[str, RunConfig], phases: Iterable[str],
@@ -319,11 +319,10 @@ def _run_model(experiment: Experiment, model_name: str, configs: dict, prof: Pro
             rows += [failed_row(experiment.name, model_name, label, 0, phase, config, failure_status(error))
                      for phase in experiment.phases]
     runners = {label: variant.run for label, variant in variants.items()}
-    claims = [phase for phase in experiment.phases if phase not in experiment.control_phases]
     comparisons = {label: ref for label, ref in experiment.comparisons.items() if label in configs and ref in configs}
     ran = interleave(runners, {label: config for label, (config, _) in configs.items()}, experiment.phases, prof,
                      info, experiment.name, model_name, epoch_images, seed, bar,
-                     stopping_rule(prof, comparisons, claims))
+                     stopping_rule(prof, comparisons, experiment.phases))
     for variant in variants.values():
         variant.close()
     del variants

@@ -6,7 +6,7 @@ middle slot (a slot effect that grows or shrinks along the round cancels in ever
 each of ``k`` variants has sat in every slot equally often.
 
 After the minimum number of rounds, and then after every pair, the run *looks*: it computes every comparison's
-interval and verdict (:func:`optlab.core.timing.speed_up`). It stops when every comparison that makes a claim has a
+interval and verdict (:func:`optlab.core.timing.speed_up`). It stops when every comparison has a
 clear answer (faster, slower, same within 2 %), when the next pair of rounds would pass the cap on repeats, or when
 it would pass the time budget. A run looks at most ``MAX_LOOKS`` times (looks are spread evenly between the minimum
 and the cap when the cap allows more), and every look reads a ``CONFIDENCE`` interval, so the chance that any look
@@ -72,13 +72,13 @@ def all_clear(verdicts: Iterable[str]) -> bool:
 class StoppingRule:
     """When a run of rounds stops: ``min_repeats`` always, more in pairs while a claim is unclear, at most
     ``max_repeats``, and no new pair once ``time_budget_s`` would be passed. ``comparisons`` maps each variant to
-    its reference; only ``claim_phases`` are waited for (an A/A control phase is reported, not waited for)."""
+    its reference, waited for in ``phases``."""
 
     min_repeats: int
     max_repeats: int
     time_budget_s: float = math.inf
     comparisons: dict[str, str] = field(default_factory=dict)
-    claim_phases: tuple[str, ...] = ("train", "test")
+    phases: tuple[str, ...] = ("train", "test")
     looks: list[int] = field(init=False)
     _started: float = field(init=False, default=0.0)
     _round_s: list[float] = field(init=False, default_factory=list)
@@ -114,5 +114,5 @@ class StoppingRule:
         return time.perf_counter() - self._started + forecast > self.time_budget_s
 
     def settled(self, rows: list[dict[str, Any]]) -> bool:
-        """Every comparison in a claim phase has a clear answer (failed variants have none to wait for)."""
-        return all_clear(pair_verdicts(pd.DataFrame(rows), self.comparisons, self.claim_phases).values())
+        """Every comparison has a clear answer (failed variants have none to wait for)."""
+        return all_clear(pair_verdicts(pd.DataFrame(rows), self.comparisons, self.phases).values())
