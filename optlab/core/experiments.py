@@ -1,6 +1,6 @@
 """Running an experiment: its variants interleaved on every model of a profile, timed, summarised and stored.
 
-The variants take turns within each repeat, and the order rotates from one repeat to the next (A B, then B A), so
+The variants take turns within each round, in mirrored pairs of rounds (A B, then B A; see ``sequential``), so
 that drift hits every variant alike and no variant always runs in the same slot. ``run_experiment`` returns a tidy
 DataFrame (one row per model, variant, repeat and phase), a summary table and the stored record; the record is
 rewritten after each model, so a run killed midway keeps every model it finished, and ``resume=True`` runs only the

@@ -1,7 +1,7 @@
 """``optlab tune``: the book's stack of techniques, one step at a time, measured on the reader's own model.
 
 Each step of the all-together stack is tried on top of the configuration kept so far, timed against it (the two
-take turns, in an order that rotates from repeat to repeat) and kept only if it was clearly faster and left its
+take turns, in mirrored rounds until the answer is clear) and kept only if it was clearly faster and left its
 first two training losses where they were. A step that does not apply to this device, model or data is skipped with
 the reason. The kept steps are then measured afresh, all together, against the starting point: they were chosen for
 being faster, so the product of their own speed-ups would flatter them.
