@@ -91,7 +91,8 @@ def open_page(browser, site: str, path: str):
                   else route.abort())
     page = context.new_page()
     problems = []
-    page.on("console", lambda message: problems.append(f"console {message.type}: {message.text}")
+    page.on("console", lambda message: problems.append(f"console {message.type}: {message.text} "
+                                                       f"({message.location.get('url')})")
             if message.type == "error" else None)
     page.on("pageerror", lambda error: problems.append(f"uncaught: {error}"))
     page.on("requestfailed", lambda request: problems.append(f"request failed: {request.url}"))
@@ -215,8 +216,12 @@ def test_the_summary_offers_one_archive_of_every_record(browser, site, book, toc
 
 
 def test_a_missing_page_gets_the_styled_404_page_that_leads_back_to_the_contents(browser, site, toc_pages):
+    missing = f"{site}notebooks/no_such_chapter.html"
     page, problems = open_page(browser, site, "notebooks/no_such_chapter.html")
     page.wait_for_load_state("networkidle")
+    own_status = f"console error: Failed to load resource: the server responded with a status of 404 (Not Found) ({missing})"
+    assert own_status in problems, "the missing page was not answered with status 404"
+    problems.remove(own_status)  # the page's own status, as GitHub Pages sends it; its assets must all load
     assert "Page not found" in page.title() + page.locator("article").inner_text()
     sheets = page.evaluate("() => [...document.styleSheets].filter(s => s.href && s.cssRules.length).length")
     assert sheets >= 3, "the 404 page's style sheets did not load"
