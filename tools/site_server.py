@@ -48,10 +48,10 @@ class SiteHandler(http.server.SimpleHTTPRequestHandler):
 
     def translate_path(self, path: str) -> str:
         route = urllib.parse.unquote(urllib.parse.urlsplit(path).path)
-        if not route.startswith(self.prefix):
-            return str(Path(self.directory) / "\0outside")  # no such file: answered with the 404 page
-        inside = posixpath.normpath("/" + route[len(self.prefix):])
-        target = Path(self.directory, *[part for part in inside.split("/") if part not in ("", ".", "..")])
+        normal = posixpath.normpath(route) + ("/" if route.endswith("/") else "")
+        if not normal.startswith(self.prefix):
+            return str(Path(self.directory) / ".outside-the-site")  # no such file: answered with the 404 page
+        target = Path(self.directory, *[part for part in normal[len(self.prefix):].split("/") if part])
         return str(target) + ("/" if route.endswith("/") else "")
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
