@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test book bench lab ddp-check clean
+.PHONY: install test book serve bench lab ddp-check clean
 
 install: $(STAMP)
 
@@ -19,6 +19,9 @@ test: $(STAMP)
 book: $(STAMP)
 	rm -rf _build/.doctrees _build/html _build/jupyter_execute results/live  # start clean: every page from this build
 	$(VENV)/bin/jupyter-book build . -W -n --keep-going
+
+serve: $(STAMP)  # preview _build/html under the sub-path GitHub Pages serves it at (tools/site_server.py)
+	$(PY) tools/site_server.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench.py

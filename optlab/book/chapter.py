@@ -15,6 +15,7 @@ from ..core.registry import Experiment, get_experiment
 from ..core.experiments import ExperimentResult, run_experiment
 from ..core.profiles import Profile, get_profile
 from . import report
+from .downloads import Downloads, downloads
 
 CODE_FUNCTIONS = (loops.make_optimizer, loops.backend_flags, loops.to_device, loops.train_step, loops.eval_step, loops.prepare_model, loops.make_scaler,
                   loops.train_phase, loops.eval_phase, data.make_loader, variants.build_state,
@@ -81,16 +82,31 @@ class Note:
         return LINK.sub(r"\1", self.text)
 
 
-def built_on(result: ExperimentResult) -> Note:
+@dataclass(frozen=True)
+class Notes:
+    """Several things shown as one output, one after the other."""
+
+    parts: tuple["Note | Downloads", ...]
+
+    def _repr_html_(self) -> str:
+        return "".join(part._repr_html_() for part in self.parts)
+
+    def __repr__(self) -> str:
+        return "\n".join(map(repr, self.parts))
+
+
+def built_on(result: ExperimentResult) -> Notes:
     """The line above a chapter's live results: the device that built the page, the stored GPU references of the
-    technique (or that none exists yet), and a link to the summary, where every technique stands side by side."""
+    technique (or that none exists yet), and a link to the summary, where every technique stands side by side; then
+    the records behind the page, to download (:func:`downloads`)."""
     environment, name = result.record["environment"], result.experiment.name
     device = environment["gpu_name"] or f"{environment['device_name']} (CPU)"
     references = report.reference_summary(name)
     stored = (f"none yet ({report.reference_command(name)} on a GPU machine makes one)" if references is None
               else ", ".join(sorted(set(references["machine"]))))
-    return Note(f"Live numbers on this page: {device}, {result.record['profile']['name']} profile. Stored GPU "
+    line = Note(f"Live numbers on this page: {device}, {result.record['profile']['name']} profile. Stored GPU "
                 f"references of {name}: {stored}. Every technique side by side: [the summary]({SUMMARY_PAGE}).")
+    return Notes((line, downloads(name, live=result.path)))
 
 
 def speedups(result: ExperimentResult) -> pd.DataFrame:

@@ -93,7 +93,7 @@ PROFILE_CHOICES = ("auto",) + tuple(PROFILES)
 def get_profile(name: "str | Profile | None" = None, cuda: bool = False) -> Profile:
     """The profile ``name``, else ``$OPTLAB_PROFILE``, else ``auto``: ``quick`` on CUDA and ``smoke`` on the CPU.
 
-    A :class:`Profile` object is returned as it is (custom sizes for tests and chapters)."""
+    A :class:`~optlab.core.profiles.Profile` object is returned as it is (custom sizes for tests and chapters)."""
     if isinstance(name, Profile):
         return name
     chosen = name or os.environ.get(PROFILE_ENV) or "auto"
