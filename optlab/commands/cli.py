@@ -94,11 +94,11 @@ def _add_common(command: argparse.ArgumentParser, default_out: Path) -> None:
     command.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def _print_table(summary: pd.DataFrame) -> None:
+def _print_table(summary: pd.DataFrame, samples: pd.DataFrame | None = None) -> None:
     from ..book.report import comparison_table
 
-    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 40):
-        print(comparison_table(summary).drop(columns=["img/s", "TFLOP/s"]).to_string(index=False))
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 80):
+        print(comparison_table(summary, samples=samples).drop(columns=["img/s", "TFLOP/s"]).to_string(index=False))
 
 
 def _list() -> None:
@@ -122,7 +122,7 @@ def _run(args: argparse.Namespace) -> None:
     result = run(args.technique, models=args.models, profile=profile, device=args.device,
                  overrides=overrides, out=args.out or args.default_out, progress=not args.quiet, download=args.download)
     if result is not None:  # a distributed run returns its result on rank 0 only
-        _print_table(result.summary)
+        _print_table(result.summary, result.samples)
 
 
 def _reference(args: argparse.Namespace) -> None:
@@ -138,7 +138,7 @@ def _reference(args: argparse.Namespace) -> None:
     for result in run_reference(out, set_name=args.set or "seed", profile=args.profile, device=args.device,
                                 progress=not args.quiet, download=args.download, budget_s=args.budget,
                                 repeats=args.repeats, archive=args.archive):
-        _print_table(result.summary)
+        _print_table(result.summary, result.samples)
 
 
 def _tune(args: argparse.Namespace) -> None:
