@@ -166,3 +166,58 @@ def test_the_parity_command_prints_the_difference(monkeypatch, capsys):
 def test_a_parity_check_of_one_process_is_refused(capsys):
     assert distributed.main(["parity", "--nproc", "1"]) == 2
     assert capsys.readouterr().err.strip() == "optlab: error: parity check: nproc must be at least 2, got 1"
+
+
+@pytest.fixture
+def two_fake_gpus(monkeypatch):
+    """torch.cuda with two GPUs; the devices made current are recorded, and asking for the current device (which
+    would open a context on GPU 0) fails the test."""
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: pytest.fail("current_device() asked before LOCAL_RANK"))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: f"GPU {index}")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    return chosen
+
+
+@pytest.mark.parametrize("requested", ["auto", "cuda", "cuda:0"])
+def test_each_rank_selects_its_local_rank_before_any_other_cuda_call(two_fake_gpus, monkeypatch, requested):
+    from optlab.studies.distributed.group import rank_device
+
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    info = rank_device(requested, 1)
+    assert two_fake_gpus == [1] and info.device == torch.device("cuda", 1) and info.name == "GPU 1"
+
+
+def test_plain_cuda_under_torchrun_means_the_local_ranks_gpu(two_fake_gpus, monkeypatch):
+    from optlab.core.device import resolve_device
+
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert resolve_device("cuda").device == torch.device("cuda", 1) and two_fake_gpus == [1]
+
+
+def test_the_ddp_loop_rotates_the_variants_as_every_other_run_does():
+    from optlab.core.experiments import visit_order
+
+    order = list(distributed.training.visits(["A", "B", "C"], 4))
+    assert order == [(0, "A"), (0, "B"), (0, "C"), (1, "B"), (1, "C"), (1, "A"), (2, "C"), (2, "A"), (2, "B"),
+                     (3, "A"), (3, "B"), (3, "C")]
+    assert [label for repeat, label in order if repeat == 1] == visit_order(["A", "B", "C"], 1)
+
+
+def test_the_merged_phase_keeps_every_ranks_memory_and_graph_counts():
+    def rank(peak, resident, graphs, skips, cache):
+        return PhaseResult(0.1, [0.01, 0.01], 0.03, peak, warmup_times_s=[0.5], graphs_compiled=graphs,
+                                 inductor_cache=cache, resident_mem_mb=resident, cudagraph_skips=skips,
+                                 graph_pool_mb=peak / 10)
+
+    ranks = [rank(100.0, 40.0, 3, 0, "cold"), rank(120.0, 44.0, 3, 1, "warm")]
+    merged = distributed.training.merge_ranks(ranks)
+    assert (merged.peak_mem_mb, merged.resident_mem_mb, merged.graphs_compiled, merged.cudagraph_skips) == \
+        (120.0, 44.0, 3, 1)
+    assert merged.inductor_cache == "mixed" and merged.graph_pool_mb == 12.0
+    columns = distributed.training.rank_columns(ranks)
+    assert columns["rank_peak_mem_mb"] == [100.0, 120.0] and columns["rank_resident_mem_mb"] == [40.0, 44.0]
+    assert columns["rank_graphs_compiled"] == [3, 3] and columns["rank_cudagraph_skips"] == [0, 1]

@@ -4,7 +4,7 @@ from optlab.core.environment import capture, report
 
 def test_environment_has_every_promised_field():
     env = capture(resolve_device("cpu"), "stand-in", "smoke")
-    for key in ["python", "torch", "cuda", "cudnn", "gpu_name", "driver", "cpu_count", "torch_threads",
+    for key in ["python", "torch", "cuda", "cudnn", "gpu_name", "gpu_state", "cpu_count", "torch_threads",
                 "data_source", "profile", "git_commit", "date"]:
         assert key in env
     assert env["torch_threads"] >= 1 and env["profile"] == "smoke" and env["data_source"] == "stand-in"

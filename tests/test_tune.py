@@ -303,3 +303,55 @@ def test_cli_prints_the_table_and_the_recommendation(monkeypatch, capsys):
     assert out.startswith("optlab tune tests.test_tune:TinyCNN: ") and "profile smoke" in out and "device: cpu" in out
     assert "speed-up" in out and "99.9 % interval" in out and "decision" in out and "needs a C++ compiler" in out
     assert "recommendation" in out
+
+
+class _FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_synthetic_batches_on_cuda_are_pinned_once_and_their_copy_is_charged_to_each_step(monkeypatch):
+    """With a fake clock: a copy to the GPU costs 2 ms of host time (pinned, non_blocking) and a step 1 ms. Every
+    config that copies is timed at 3 ms a step; data on the device at 1 ms: "+ data on device" is credited with
+    the pinned copy alone, not with a pageable blocking copy that no real pinned loader would pay."""
+    from optlab.core import loops
+    from optlab.core.config import RunConfig
+    from optlab.studies import tune_inputs
+
+    clock, copies, pins = _FakeClock(), [], []
+    real_to, real_pin = torch.Tensor.to, torch.Tensor.pin_memory
+
+    def pin_memory(self):
+        pinned = self.clone()
+        pins.append(pinned.data_ptr())
+        return pinned
+
+    def to(self, *args, **kwargs):
+        if args and isinstance(args[0], torch.device) and args[0].type == "cuda":
+            copies.append((self.untyped_storage().data_ptr() in pins, kwargs.get("non_blocking", False)))
+            clock.now += 0.001  # inputs and targets: 2 ms a batch
+            return self
+        return real_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    monkeypatch.setattr(time, "perf_counter", clock)
+    batches = tune_inputs.synthetic_batches((3, 4, 4), 10, batch_size=2, steps_per_run=4, seed=0)
+    cuda = torch.device("cuda")
+
+    def step_ms(config):
+        def step(batch, index):
+            clock.now += 0.001
+        result, _ = loops.run_timed(step, batches.loader(config, cuda), torch.device("cpu"), steps=3, warmup=1)
+        return [round(1e3 * s, 6) for s in result.step_times_s]
+
+    copying = RunConfig(num_workers=0, pin_memory=False)
+    assert step_ms(copying) == [3.0, 3.0, 3.0] and step_ms(copying) == [3.0, 3.0, 3.0]
+    assert len(pins) == 2  # inputs and targets, pinned once for every config
+    assert copies and all(pinned and non_blocking for pinned, non_blocking in copies)
+    copies.clear()
+    assert step_ms(RunConfig(num_workers=0, pin_memory=False, data_on_device=True)) == [1.0, 1.0, 1.0]
+    assert len(copies) == 2  # the whole pool once, before the timed steps

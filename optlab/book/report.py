@@ -35,7 +35,9 @@ SEED, LIVE = "seed V100", "live"
 KEYS = ["model", "phase", "variant"]
 SPEEDUP = f"speed-up ({INTERVAL})"
 DETAILS = {"n": "n (pairs)", "epoch_s": "epoch s (median)", "epoch_iqr_s": "IQR s", "epoch_min_s": "min s",
-           "step_ms": "step ms", "startup_s": "start-up s", "images_per_s": "img/s", "tflops": "TFLOP/s"}
+           "step_ms": "step ms", "startup_s": "start-up s", "images_per_s": "img/s", "tflops": "TFLOP/s",
+           "first_peak_mem_mb": "first repeat's peak MiB"}
+GRAPHS_SKIPPED = "CUDA graphs skipped: timed as plain compile"
 TIDY = ["model", "phase", "variant", "source", "speedup", "ci_low", "ci_high", "verdict", "role", "versus"]
 # seaborn's colour-blind blue, vermillion and green; "can't tell yet" is grey and hollow
 VERDICT_COLOURS = {FASTER: "#0173b2", SLOWER: "#d55e00", SAME: "#029e73"}
@@ -154,19 +156,34 @@ def in_order(frame: pd.DataFrame, variants: "list[str] | tuple[str, ...]" = ()) 
     return frame.sort_values(KEYS, key=lambda column: column.map(ranks[column.name]), kind="stable")
 
 
-def comparison_table(summary: pd.DataFrame, variants: "list[str] | tuple[str, ...]" = ()) -> pd.DataFrame:
+def graphs_skipped(samples: pd.DataFrame | None) -> set[tuple[str, str, str]]:
+    """The (model, phase, variant) rows whose compiled model was meant to replay CUDA graphs and Inductor skipped
+    them (a mutated input, a CPU tensor): those rows timed plain compiled code."""
+    if samples is None or "cudagraph_skips" not in samples:
+        return set()
+    skipped = samples[samples["cudagraph_skips"].fillna(0) > 0]
+    return set(skipped[KEYS].itertuples(index=False, name=None))
+
+
+def comparison_table(summary: pd.DataFrame, variants: "list[str] | tuple[str, ...]" = (),
+                     samples: pd.DataFrame | None = None) -> pd.DataFrame:
     """The summary as a reader reads it: model, phase, variant, the speed-up with its interval, the verdict and peak
-    memory first, in the registry's variant order (``variants``); repeats, times and throughput as details."""
+    memory first (the repeats after the first; the first repeat's one-off peak is a detail), in the registry's variant
+    order (``variants``); repeats, times and throughput as details. With the run's ``samples``, a row whose CUDA
+    graphs Inductor skipped says so beside its verdict (:data:`GRAPHS_SKIPPED`)."""
     rows = in_order(summary, variants)
     roles = rows["role"] if "role" in rows else pd.Series(CLAIM, index=rows.index)
     references = rows["reference"] if "reference" in rows else pd.Series(np.nan, index=rows.index)
+    skipped = graphs_skipped(samples)
+    verdicts = [verdict_text(v, r) for v, r in zip(rows["verdict"], roles)]
     table = pd.DataFrame({
         "model": rows["model"], "phase": rows["phase"], "variant": rows["variant"],
         COMPARED_WITH: [MISSING if pd.isna(r) else str(r) for r in references],
         SPEEDUP: [speedup_text(*values) for values in zip(rows["speedup"], rows["ci_low"], rows["ci_high"])],
-        "verdict": [verdict_text(v, r) for v, r in zip(rows["verdict"], roles)],
+        "verdict": [f"{verdict} ({GRAPHS_SKIPPED})" if key in skipped else verdict
+                    for verdict, key in zip(verdicts, rows[KEYS].itertuples(index=False, name=None))],
         "peak MiB": rows["peak_mem_mb"].map(significant),
-        **{label: rows[column].map(significant) for column, label in DETAILS.items()},
+        **{label: rows[column].map(significant) if column in rows else MISSING for column, label in DETAILS.items()},
     }).reset_index(drop=True)
     table.attrs.update(keys=KEYS, details=list(DETAILS.values()))
     return table

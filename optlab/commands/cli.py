@@ -12,6 +12,7 @@ from ..core.errors import OptlabError
 from ..core.profiles import Profile
 
 DEFAULT_RUN_DIR = Path("results") / "runs"
+REFERENCE_OUT = Path("results") / "reference" / "this-machine"
 
 
 def _whole_number(text: str) -> int:
@@ -52,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "priority order; parts already recorded under --out for this machine, torch version and commit "
                     "are skipped. Records are stamped with the git commit of the checkout, or with "
                     "$OPTLAB_GIT_COMMIT where the copy has no .git (set it to the commit the copy was made from).")
-    _add_common(reference, default_out=Path("results") / "reference" / "this-machine")
+    _add_common(reference, default_out=REFERENCE_OUT)
     reference.add_argument("--set", help="which techniques: seed (the default for a run), beyond, compile "
                                          "(torch.compile and CUDA graphs), stack (all together) or all (the default "
                                          "for --plan)")
@@ -61,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     reference.add_argument("--budget", type=float, metavar="SECONDS",
                            help="run parts in priority order until the next would not fit in SECONDS")
     _add_repeats(reference)
+    reference.add_argument("--archive", type=Path, metavar="PATH.tar.gz",
+                           help="when the run ends, however it ends, pack everything in --out (records, tables, "
+                                "reference-parts.csv, reference.log) into this one compressed file")
+    reference.add_argument("--unpack", type=Path, metavar="PATH.tar.gz",
+                           help="run nothing: merge an archive that --archive wrote into --out (default: "
+                                "results/reference/<the folder it was packed from>)")
 
     tune = commands.add_parser("tune", help="the stack of techniques, one step at a time, on your own model")
     tune.add_argument("--model", required=True, metavar="PACKAGE.MODULE:CALLABLE",
@@ -83,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_common(command: argparse.ArgumentParser, default_out: Path) -> None:
     command.add_argument("--profile", help="smoke, quick, full or auto (default: $OPTLAB_PROFILE or auto)")
     command.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    command.add_argument("--out", type=Path, default=default_out, help=f"results folder (default: {default_out})")
+    command.add_argument("--out", type=Path, help=f"results folder (default: {default_out})")
+    command.set_defaults(default_out=default_out)
     command.add_argument("--download", action="store_true", help="download CIFAR-10 into $OPTLAB_DATA first")
     command.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -98,22 +106,24 @@ def _add_repeats(command: argparse.ArgumentParser) -> None:
                               "(default: the profile's)")
 
 
-def _sized_profile(args: argparse.Namespace) -> "str | Profile | None":
-    """The profile as named, or a copy with the steps and repeats the user typed."""
+def _sized_profile(args: argparse.Namespace, cuda: bool | None = None) -> "str | Profile | None":
+    """The profile as named, or a copy with the steps and repeats the user typed (``auto`` read for ``cuda``, or
+    for the device the run asks for)."""
     from ..core.device import resolve_device
     from ..core.profiles import get_profile
 
     sizes = (getattr(args, "steps", None), args.repeats, args.max_repeats, args.time_budget)
     if all(size is None for size in sizes):
         return args.profile
-    return get_profile(args.profile, resolve_device(args.device).is_cuda).with_sizes(*sizes)
+    cuda = resolve_device(args.device).is_cuda if cuda is None else cuda
+    return get_profile(args.profile, cuda).with_sizes(*sizes)
 
 
-def _print_table(summary: pd.DataFrame) -> None:
+def _print_table(summary: pd.DataFrame, samples: pd.DataFrame | None = None) -> None:
     from ..book.report import comparison_table
 
-    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 40):
-        print(comparison_table(summary).drop(columns=["img/s", "TFLOP/s"]).to_string(index=False))
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 80):
+        print(comparison_table(summary, samples=samples).drop(columns=["img/s", "TFLOP/s"]).to_string(index=False))
 
 
 def _list() -> None:
@@ -130,21 +140,26 @@ def _run(args: argparse.Namespace) -> None:
     overrides = {k: v for k, v in {"batch_size": args.batch_size, "num_workers": args.num_workers}.items() if v is not None}
     run = run_distributed if args.distributed else run_experiment
     result = run(args.technique, models=args.models, profile=_sized_profile(args), device=args.device,
-                 overrides=overrides, out=args.out, progress=not args.quiet, download=args.download)
+                 overrides=overrides, out=args.out or args.default_out, progress=not args.quiet, download=args.download)
     if result is not None:  # a distributed run returns its result on rank 0 only
-        _print_table(result.summary)
+        _print_table(result.summary, result.samples)
 
 
 def _reference(args: argparse.Namespace) -> None:
-    from .reference import describe_plan, run_reference
+    from .reference import describe_plan, run_reference, unpack
 
-    if args.plan:
-        print(describe_plan(args.set or "all", args.profile, args.device, args.out, args.budget, args.repeats))
+    if args.unpack is not None:
+        print(unpack(args.unpack, args.out))
         return
-    for result in run_reference(args.out, set_name=args.set or "seed", profile=args.profile, device=args.device,
+    out = args.out or args.default_out
+    profile = _sized_profile(args, cuda=True if args.plan else None)
+    if args.plan:
+        print(describe_plan(args.set or "all", profile, args.device, out, args.budget))
+        return
+    for result in run_reference(out, set_name=args.set or "seed", profile=profile, device=args.device,
                                 progress=not args.quiet, download=args.download, budget_s=args.budget,
-                                repeats=args.repeats):
-        _print_table(result.summary)
+                                archive=args.archive):
+        _print_table(result.summary, result.samples)
 
 
 def _tune(args: argparse.Namespace) -> None:

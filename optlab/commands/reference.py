@@ -1,31 +1,45 @@
-"""The reference run, sized to a lent GPU's minutes and resumable across sessions.
+"""The GPU reference run: part by part, within a time budget, resumable by any number of shorter runs.
 
-A *part* is one model of one technique (it adds that model to ``OUT/<technique>.json``) or one study's extra tables
-(``OUT/<table>.csv``, CUDA only). Parts run in a fixed priority order: the nine seed techniques and their tables,
-then precision, the data pipeline and the optimizers with theirs, the all-together stack, and the compiling
-techniques. ``--plan`` prints every part with its steps and its estimated H200 seconds (:func:`estimate`, from the
-step-time table below); ``--budget`` runs parts until the next would not fit. A part already recorded under ``OUT``
-by this machine, torch version and commit in this profile is skipped, so each lent session adds what is missing:
-a technique's record says which models it holds, and ``reference-parts.csv`` lists every part that ran.
+A *part* is one model of one technique (it adds that model to ``<out>/<technique>.json``) or one study's extra
+tables (``<out>/<table>.csv``, CUDA only). Parts run in a fixed priority order: the nine seed techniques and their
+tables, then precision, the data pipeline and the optimizers with theirs, the all-together stack, and the compiling
+techniques. ``--plan`` prints every part with its steps and its estimated seconds: measured by an earlier run on the
+same GPU where ``reference-parts.csv`` has it (:func:`measured_seconds`), else from the H200 step-time table below
+(:func:`estimate`); ``--budget`` runs parts until the next would not fit. A part already recorded under ``<out>`` by
+this machine, torch version and commit in this profile is skipped, so each run adds what is missing: a technique's
+record says which models it holds, and ``reference-parts.csv`` lists every part that ran, with the GPU's clocks,
+power and throttling at its start and end.
+
+``--archive PATH`` packs the folder into one tar.gz when the run ends, however it ends; ``--unpack PATH`` merges
+such an archive into ``results/reference/<machine>/``. A disk that fills up, or an output folder that can no longer
+be written, stops the run at once with one line; a part that fails for its own reasons is recorded and the run
+goes on.
 """
 from __future__ import annotations
 
+import math
+
+import contextlib
 import datetime as dt
+import errno
 import importlib
+import io
+import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterable, Iterator
 
 import pandas as pd
 import torch
 
-from ..core import store
+from ..core import archive as archives, store
 from ..core.config import RunConfig
 from ..core.device import DeviceInfo, resolve_device
 from ..core.environment import git_commit
 from ..core.errors import OptlabError
+from ..core.gpu_state import read_state, throttled
 from ..core.experiments import ExperimentResult, run_experiment
 from ..core.profiles import Profile, get_profile
 from ..core.registry import Experiment, get_experiment
@@ -40,12 +54,16 @@ EXTRAS = {
     "stack": ("profiling", "learning"),  # profiling's "after" configuration compiles
     "compile": (),
 }
-MANIFEST = "reference-parts"  # OUT/reference-parts.csv: every part that ran, with its key, status and seconds
+MANIFEST = "reference-parts"  # <out>/reference-parts.csv: every part that ran, with its key, status and seconds
+LOG = "reference.log"  # <out>/reference.log: what every run printed, one run after the other
+TABLE_GPU = "H200"  # the GPU the step-time table is for
 
-# Estimated H200 seconds. A training step at batch 128, full width, eager fp32 (TF32 convolutions): the issue's
-# survey of public numbers, not yet measured here. The rest: the loader's per-image cost measured on the 2-core CI
-# machine, and guesses for compilation and set-up, to be replaced by the first GPU run's reference-parts.csv.
-TRAIN_STEP_S = {"resnet18": 0.012, "resnet50": 0.035, "resnet101": 0.060, "mobilenet_v2": 0.010}
+# Estimated H200 seconds, used for a part until a run on the same GPU has measured it. A training step at batch 128,
+# full width, eager fp32 (TF32 convolutions), from the FLOPs: a CIFAR ResNet18 step is 0.43 TFLOP (6 x 0.555 GMAC x
+# 128 images), ResNet50 1.0 and ResNet101 1.9; at about 70 TFLOP/s, a conservative 14 % of the H200's dense TF32
+# peak, that is 6, 14 and 28 ms. MobileNetV2's depthwise convolutions are memory-bound: 10 ms, as surveyed. The
+# rest: the loader's per-image cost measured on the 2-core CI machine, and guesses for compilation and set-up.
+TRAIN_STEP_S = {"resnet18": 0.006, "resnet50": 0.014, "resnet101": 0.028, "mobilenet_v2": 0.010}
 AMP_FACTOR = 0.5  # fp16 or bf16 autocast: half the step
 EVAL_FACTOR = 1 / 3  # an evaluation step is a forward pass, about a third of a training step
 MIN_STEP_S = 0.002  # a step launches hundreds of kernels: never faster than this
@@ -74,6 +92,7 @@ class Part:
     model: str | None = None
     module: str | None = None  # a study whose run_reference writes tables
     needs_cuda: bool = False
+    estimate_from: str = "table"  # "table", or "measured (<machine folder>)" where an earlier run timed the part
 
 
 def step_seconds(config: RunConfig, phase: str) -> float:
@@ -87,9 +106,17 @@ def step_seconds(config: RunConfig, phase: str) -> float:
     return compute + loading if config.num_workers == 0 else max(compute, loading / config.num_workers)
 
 
-def estimate(experiment: Experiment, configs: dict[str, RunConfig], profile: Profile) -> tuple[int, float]:
-    """Steps and estimated H200 seconds of one model's run of ``experiment``: every variant, repeat and phase."""
-    repeats = profile.warmup_repeats + profile.repeats
+def runs_per_variant(profile: Profile) -> int:
+    """How many times a part may run each variant in ``profile``: its discarded repeats and the cap on its timed
+    ones (a run adds repeats while an answer is unclear, so the plan counts the most it may take)."""
+    return profile.warmup_repeats + profile.max_repeats
+
+
+def estimate(experiment: Experiment, configs: dict[str, RunConfig], profile: Profile,
+             repeats: int | None = None) -> tuple[int, float]:
+    """Steps and estimated H200 seconds of one model's run of ``experiment``: every variant, repeat and phase.
+    ``repeats``: runs per variant (default: :func:`runs_per_variant` of ``profile``)."""
+    repeats = runs_per_variant(profile) if repeats is None else repeats
     steps, seconds = 0, PART_SETUP_S
     for config in configs.values():
         seconds += VARIANT_SETUP_S + (FRESH_PROCESS_S if experiment.isolate_variants else 0)
@@ -104,6 +131,9 @@ def estimate(experiment: Experiment, configs: dict[str, RunConfig], profile: Pro
             seconds += per_repeat * repeats * step_seconds(config, phase) + startups * WORKER_STARTUP_S
             if config.compile_mode != "none":
                 seconds += COMPILE_S[phase] * COMPILE_FACTOR[config.compile_mode]
+    if repeats > profile.warmup_repeats + profile.repeats and math.isfinite(profile.time_budget_s):
+        _, minimum = estimate(experiment, configs, profile, profile.warmup_repeats + profile.repeats)
+        seconds = min(seconds, minimum + profile.time_budget_s)  # no pair of rounds starts past the time budget
     return steps, seconds
 
 
@@ -113,8 +143,38 @@ def set_names(set_name: str) -> tuple[str, ...]:
     return PRIORITY if set_name == "all" else (set_name,)
 
 
-def plan(set_name: str, profile: Profile) -> list[Part]:
-    """Every part of ``set_name`` (``all``: of every set) in priority order, with steps and H200 estimates."""
+def measured_seconds(gpu: str | None, profile: Profile, folders: Iterable[Path]) -> dict[str, tuple[float, str]]:
+    """Seconds that earlier runs measured per part on GPU ``gpu`` (None: any H200, the table's GPU) in ``profile``,
+    from the ``reference-parts.csv`` of ``folders``: a technique's part scaled to ``profile``'s repeats, a study's
+    tables as they were. The latest ok row of each part wins; each value comes with the folder that measured it."""
+    frames = [_manifest(folder).assign(folder=folder.name) for folder in folders if (folder / f"{MANIFEST}.csv").is_file()]
+    frames = [frame for frame in frames if {"device_name", "status", "profile", "seconds"} <= set(frame)]
+    if not frames:
+        return {}
+    rows = pd.concat(frames, ignore_index=True)
+    machine = rows["device_name"] == gpu if gpu else rows["device_name"].str.contains(TABLE_GPU, case=False, na=False)
+    rows = rows[machine & (rows["status"] == "ok") & (rows["profile"] == profile.name)]
+    rows = rows.sort_values("finished", kind="stable") if "finished" in rows else rows
+    found = {}
+    for row in rows.to_dict(orient="records"):
+        seconds, then = float(row["seconds"]), pd.to_numeric(row.get("repeats"), errors="coerce")
+        if not row["part"].endswith(" tables") and pd.notna(then) and then > 0:
+            seconds *= runs_per_variant(profile) / then
+        found[row["part"]] = (seconds, row["folder"])
+    return found
+
+
+def reference_folders(out: str | Path | None) -> list[Path]:
+    """Where earlier runs' parts lists are looked for: every machine under ``results/reference``, and ``out``."""
+    folders = [store.REFERENCE_DIR / name for name in store.reference_machines()]
+    if out is not None and Path(out).is_dir() and Path(out).resolve() not in {f.resolve() for f in folders}:
+        folders.append(Path(out))
+    return folders
+
+
+def plan(set_name: str, profile: Profile, measured: dict[str, tuple[float, str]] | None = None) -> list[Part]:
+    """Every part of ``set_name`` (``all``: of every set) in priority order, with steps and estimates: ``measured``
+    seconds (:func:`measured_seconds`) where a part has them, else the H200 table's."""
     parts = []
     for name in set_names(set_name):
         order = TECHNIQUE_ORDER.get(name, ())
@@ -127,7 +187,9 @@ def plan(set_name: str, profile: Profile) -> list[Part]:
                                   needs_cuda=experiment.needs_cuda))
         parts += [Part(name, f"{module} tables", 0, TABLE_S[module], module=module, needs_cuda=True)
                   for module in EXTRAS[name]]
-    return parts
+    measured = measured or {}
+    return [replace(part, estimate_s=measured[part.name][0], estimate_from=f"measured ({measured[part.name][1]})")
+            if part.name in measured else part for part in parts]
 
 
 def run_key(info: DeviceInfo) -> dict[str, str]:
@@ -159,9 +221,29 @@ def recorded(parts: list[Part], folder: Path, key: dict[str, str], profile: Prof
     return done
 
 
-def _note_part(folder: Path, part: Part, key: dict[str, str], profile: Profile, status: str, seconds: float) -> None:
+GPU_COLUMNS = ("sm_clock_mhz", "mem_clock_mhz", "power_draw_w", "temperature_c", "throttle_reasons")
+
+
+def gpu_columns(start: dict[str, Any], end: dict[str, Any]) -> dict[str, Any]:
+    """A part's row of GPU state: clocks, power draw, temperature and throttle reasons at its start and end, the
+    power limit, and ``throttled`` (yes where either showed a power cap, a thermal or hardware slowdown); on the CPU
+    only the note that there is none."""
+    if "gpu_state" in start:
+        return {"gpu_state": start["gpu_state"]}
+    row: dict[str, Any] = {}
+    for key in GPU_COLUMNS:
+        row[f"{key}_start"], row[f"{key}_end"] = start.get(key), end.get(key)
+    row["power_limit_w"] = start.get("power_limit_w")
+    row["throttled"] = "yes" if throttled(start.get("throttle_reasons")) or throttled(end.get("throttle_reasons")) \
+        else "no"
+    return row
+
+
+def _note_part(folder: Path, part: Part, key: dict[str, str], profile: Profile, status: str, seconds: float,
+               gpu: dict[str, Any]) -> None:
     row = {"part": part.name, "set": part.set_name, "status": status, "seconds": round(seconds, 1),
-           "estimate_s": round(part.estimate_s, 1), **key, "profile": profile.name,
+           "estimate_s": round(part.estimate_s, 1), "estimate_from": part.estimate_from, **key,
+           "profile": profile.name, "repeats": runs_per_variant(profile), **gpu,
            "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     manifest = _manifest(folder)
     manifest = manifest[manifest["part"] != part.name] if not manifest.empty else None
@@ -181,30 +263,40 @@ def plan_table(parts: list[Part], done: set[str], budget_s: float | None, cuda: 
         else:
             action, spent = "run", spent + part.estimate_s
         rows.append({"set": part.set_name, "part": part.name, "steps": part.steps,
-                     "est_h200_s": round(part.estimate_s, 1), "this run": action})
+                     "est_s": round(part.estimate_s, 1), "estimate from": part.estimate_from, "this run": action})
     return pd.DataFrame(rows)
 
 
-def reference_profile(profile: str | Profile | None, cuda: bool, repeats: int | None) -> Profile:
-    """The run's profile (``auto``: quick on CUDA), with ``repeats`` instead of its own if given."""
-    prof = get_profile(profile, cuda)
-    return prof if repeats is None else prof.with_sizes(repeats=repeats)
+def reference_profile(profile: str | Profile | None, cuda: bool, repeats: int | None = None,
+                      max_repeats: int | None = None, time_budget_s: float | None = None) -> Profile:
+    """The run's profile (``auto``: quick on CUDA), with the minimum and cap of repeats and the time budget given."""
+    return get_profile(profile, cuda).with_sizes(repeats=repeats, max_repeats=max_repeats, time_budget_s=time_budget_s)
+
+
+def target_gpu(info: DeviceInfo) -> str | None:
+    """The GPU whose measured seconds a plan uses: this one on CUDA; elsewhere None (any H200, the table's GPU)."""
+    return info.name if info.is_cuda else None
 
 
 def describe_plan(set_name: str = "all", profile: str | Profile | None = None, device: str = "auto",
                   out: str | Path | None = None, budget_s: float | None = None, repeats: int | None = None) -> str:
-    """The plan of ``set_name`` as printed text: every part, then each set's total in minutes."""
+    """The plan of ``set_name`` as printed text: every part with where its estimate came from, then each set's
+    total in minutes."""
     info = resolve_device(device)
     prof = reference_profile(profile, True, repeats)  # the reference's profile on a GPU: quick, unless one is named
-    parts = plan(set_name, prof)
+    gpu = target_gpu(info)
+    parts = plan(set_name, prof, measured_seconds(gpu, prof, reference_folders(out)))
     done = recorded(parts, Path(out), run_key(info), prof) if out is not None and Path(out).is_dir() else set()
     table = plan_table(parts, done, budget_s, info.is_cuda)
-    totals = table.groupby("set", sort=False)["est_h200_s"].agg(["count", "sum"])
-    lines = [f"reference plan, profile {prof.name}, estimated seconds on one H200 (step times: "
-             "optlab/commands/reference.py)", table.to_string(index=False), ""]
+    totals = table.groupby("set", sort=False)["est_s"].agg(["count", "sum"])
+    lines = [f"reference plan, profile {prof.name}: estimated seconds on {gpu or f'one {TABLE_GPU}'}, measured by an "
+             f"earlier run on it where a results/reference/<machine>/{MANIFEST}.csv has the part, else from the "
+             f"{TABLE_GPU} step-time table (optlab/commands/reference.py)", table.to_string(index=False), ""]
     lines += [f"set {name}: {int(row['count'])} parts, {row['sum'] / 60:.1f} min" for name, row in totals.iterrows()]
-    lines.append(f"all listed: {table['est_h200_s'].sum() / 60:.1f} min; the command would run "
-                 f"{table['est_h200_s'][table['this run'] == 'run'].sum() / 60:.1f} min of it"
+    measured = sum(part.estimate_from != "table" for part in parts)
+    lines.append(f"estimates: {measured} part(s) measured, {len(parts) - measured} from the table")
+    lines.append(f"all listed: {table['est_s'].sum() / 60:.1f} min; the command would run "
+                 f"{table['est_s'][table['this run'] == 'run'].sum() / 60:.1f} min of it"
                  + (f" within --budget {budget_s:g} s" if budget_s is not None else ""))
     lines += [f"warning: {part.name} may need more than {PART_LIMIT_S} s" for part in parts
               if part.estimate_s > PART_LIMIT_S]
@@ -221,25 +313,123 @@ def _run_part(part: Part, folder: Path, prof: Profile, device: str, progress: bo
                           progress=progress, download=download, filename=f"{part.technique}.json", resume=True)
 
 
+FULL = (errno.ENOSPC, errno.EDQUOT)  # the disk (or the quota) is full
+UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)  # read-only, or not ours to write
+
+
+def _folder_writable(folder: Path) -> bool:
+    try:
+        store.writable_dir(folder)
+    except OptlabError:
+        return False
+    return True
+
+
+def output_problem(error: BaseException, folder: Path) -> OSError | None:
+    """The OSError behind ``error`` that means no more results can be written to ``folder``: a full disk or quota
+    anywhere, or a permission or read-only error while ``folder`` itself cannot be written any more. None when the
+    error is the part's own."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and (seen.errno in FULL or (seen.errno in UNWRITABLE
+                                                                 and not _folder_writable(folder))):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def stop_line(problem: OSError, folder: Path, part: Part, kept: int) -> str:
+    """The one line a run ends with when ``folder`` can no longer be written."""
+    where = f" ({problem.filename})" if problem.filename else ""
+    return (f"cannot write results to {store.display_path(folder)}: {problem.strerror or problem}{where}; stopped "
+            f"at part {part.name}, and the {kept} part(s) this run finished are kept there. Free some space (or pass "
+            "--out with a folder you can write to) and run the same command again: it skips every part already "
+            "recorded")
+
+
+class _Tee(io.TextIOBase):
+    """Text written to several streams at once: the terminal, and the run's log."""
+
+    def __init__(self, *streams: Any) -> None:
+        super().__init__()
+        self.streams = streams
+
+    def write(self, text: str) -> int:
+        for stream in self.streams:
+            stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for stream in self.streams:
+            stream.flush()
+
+
+def finish(folder: Path, log: str, archive: str | Path | None) -> str | None:
+    """Append this run's ``log`` to ``folder``'s, and with ``archive``, pack the folder into it (the log included even
+    where the folder could not take it). Returns what went wrong, in one line, or None."""
+    path = folder / LOG
+    try:
+        text = (path.read_text() if path.is_file() else "") + log
+    except OSError:
+        text = log
+    with contextlib.suppress(OSError):  # a folder that cannot take the log has already stopped the run, saying so
+        store.atomic_write_text(path, text)
+    if archive is None:
+        return None
+    try:
+        written, members = archives.pack(folder, archive, extra={LOG: text.encode()})
+    except OSError as error:
+        return (f"the archive {str(archive)!r} could not be written ({error.strerror or error}); the results are in "
+                f"{store.display_path(folder)}")
+    print(f"archive: {written} ({len(members)} files, {written.stat().st_size / 1024:.0f} KiB); unpack it with "
+          f"python -m optlab reference --unpack {written}")
+    return None
+
+
 def run_reference(out: str | Path, set_name: str = "seed", profile: str | Profile | None = None,
                   device: str = "auto", progress: bool = True, download: bool = False, budget_s: float | None = None,
-                  repeats: int | None = None) -> Iterator[ExperimentResult]:
+                  repeats: int | None = None, archive: str | Path | None = None) -> Iterator[ExperimentResult]:
     """Run every part of the set not yet recorded under ``out``, in priority order; with ``budget_s``, stop before
     the first part whose estimate would not fit in what is left. Yields each technique part's result.
 
     A part that fails, an OptlabError included, is reported and the run goes on; the end names every part that
-    failed or was left.
+    failed or was left. A full disk, or an output folder that can no longer be written, stops the run at once.
+    What the run prints is appended to ``out/reference.log``; with ``archive``, the folder is packed into that
+    tar.gz however the run ends.
     """
     started = time.monotonic()
     if budget_s is not None and not budget_s > 0:
         raise OptlabError(f"--budget must be a positive number of seconds, got {budget_s:g}")
+    folder = store.writable_dir(out)
+    log = io.StringIO()
+    ended = False
+    try:
+        with contextlib.redirect_stdout(_Tee(sys.stdout, log)):
+            print(f"optlab reference --set {set_name}, into {store.display_path(folder)}, started "
+                  f"{dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}")
+            yield from _run_parts(folder, set_name, profile, device, progress, download, budget_s, repeats, started,
+                                  log)
+        ended = True
+    except BaseException as error:
+        log.write(f"stopped: {type(error).__name__}: {error}\n")
+        raise
+    finally:
+        problem = finish(folder, log.getvalue(), archive)
+        if problem and ended:
+            raise OptlabError(problem)
+        if problem:
+            print(f"optlab: error: {problem}", file=sys.stderr)
+
+
+def _run_parts(folder: Path, set_name: str, profile: str | Profile | None, device: str, progress: bool,
+               download: bool, budget_s: float | None, repeats: int | None, started: float,
+               log: io.StringIO) -> Iterator[ExperimentResult]:
     info = resolve_device(device)
     prof = reference_profile(profile, info.is_cuda, repeats)
-    parts = plan(set_name, prof)
-    folder = store.writable_dir(out)
+    parts = plan(set_name, prof, measured_seconds(target_gpu(info), prof, reference_folders(folder)))
     key = run_key(info)
     done = recorded(parts, folder, key, prof)
-    failures, left, skipped = [], [], []
+    failures, left, skipped, finished = [], [], [], 0
     for index, part in enumerate(parts):
         if part.name in done:
             skipped.append(part.name)
@@ -251,22 +441,43 @@ def run_reference(out: str | Path, set_name: str = "seed", profile: str | Profil
         if budget_s is not None and elapsed + part.estimate_s > budget_s:
             left = [p for p in parts[index:] if p.name not in done and (info.is_cuda or not p.needs_cuda)]
             break
-        print(f"part {part.name} ({part.set_name}; about {part.estimate_s:.0f} s on an H200)")
-        part_start = time.monotonic()
+        source = "measured" if part.estimate_from != "table" else f"on an {TABLE_GPU}"
+        print(f"part {part.name} ({part.set_name}; about {part.estimate_s:.0f} s, {source})")
+        part_start, gpu_start = time.monotonic(), read_state(info.device)
         try:
             result = _run_part(part, folder, prof, device, progress, download)
             status = "ok"
         except Exception as error:  # noqa: BLE001  (an OptlabError too: this part failed, the others go on)
+            problem = output_problem(error, folder)
+            if problem is not None:
+                raise OptlabError(stop_line(problem, folder, part, finished)) from error
             result, status = None, f"failed: {type(error).__name__}: {error}".splitlines()[0][:200]
             failures.append(part.name)
             traceback.print_exc()
-        _note_part(folder, part, key, prof, status, time.monotonic() - part_start)
+            log.write(traceback.format_exc())
+        try:
+            _note_part(folder, part, key, prof, status, time.monotonic() - part_start,
+                       gpu_columns(gpu_start, read_state(info.device)))
+        except OSError as error:
+            problem = output_problem(error, folder)
+            if problem is None:
+                raise
+            raise OptlabError(stop_line(problem, folder, part, finished)) from error
+        finished += status == "ok"
         if result is not None:
             yield result
     print(f"reference: {time.monotonic() - started:.0f} s; skipped {len(skipped)} part(s) already recorded under "
           f"{store.display_path(folder)}")
     if left:
         print(f"left for a later run (over --budget {budget_s:g} s): {', '.join(p.name for p in left)} "
-              f"(about {sum(p.estimate_s for p in left) / 60:.1f} min on an H200)")
+              f"(about {sum(p.estimate_s for p in left) / 60:.1f} min)")
     if failures:
         raise OptlabError(f"these parts failed and have no new results: {', '.join(failures)}")
+
+
+def unpack(path: str | Path, out: str | Path | None = None) -> str:
+    """Merge an archive that ``--archive`` wrote into ``out`` (default: ``results/reference/<its folder>``); the
+    line to print."""
+    folder, members = archives.unpack(path, out)
+    return (f"unpacked {len(members)} files into {store.display_path(folder)}, merged with what was there; commit "
+            "that folder, or run the reference with --out on it to add the parts still missing")

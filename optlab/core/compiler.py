@@ -96,6 +96,14 @@ def require_compiler(configs: Iterable[RunConfig], info: DeviceInfo) -> None:
     )
 
 
+GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the compile modes in which Inductor replays CUDA graphs
+
+
+def uses_cuda_graphs(config: RunConfig) -> bool:
+    """Whether ``config``'s compiled model replays CUDA graphs (where Inductor does not skip them)."""
+    return config.compile_mode in GRAPH_MODES
+
+
 def _counters() -> dict | None:
     dynamo_utils = sys.modules.get("torch._dynamo.utils")  # not imported: nothing was ever compiled
     return dynamo_utils.counters if dynamo_utils is not None else None

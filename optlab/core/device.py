@@ -43,7 +43,7 @@ def resolve_device(requested: str = "auto") -> DeviceInfo:
                 f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); use --device cpu or auto"
             )
         device = torch.device(requested)
-        index = device.index if device.index is not None else torch.cuda.current_device()
+        index = device.index if device.index is not None else default_cuda_index()
         if index >= torch.cuda.device_count():
             raise OptlabError(f"device {requested!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
         torch.cuda.set_device(index)  # streams, events, synchronize and the memory counters follow the current device
@@ -51,6 +51,13 @@ def resolve_device(requested: str = "auto") -> DeviceInfo:
         dtypes = ("none", "fp16") + (("bf16",) if torch.cuda.is_bf16_supported() else ())
         return DeviceInfo(device, torch.cuda.get_device_name(index), dtypes)
     return DeviceInfo(torch.device("cpu"), cpu_name(), ("none", "fp16", "bf16"))
+
+
+def default_cuda_index() -> int:
+    """The GPU a plain ``cuda`` means: ``LOCAL_RANK``'s under torchrun (read before any CUDA call, so that no rank
+    creates a context on GPU 0 first), else the current device."""
+    local_rank = os.environ.get("LOCAL_RANK")
+    return int(local_rank) if local_rank is not None and local_rank.isdigit() else torch.cuda.current_device()
 
 
 def native_bf16(info: DeviceInfo) -> bool:

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from .device import DeviceInfo, cpu_name
+from .gpu_state import read_state
 
 
 def _run(command: list[str]) -> str | None:
@@ -27,9 +28,10 @@ def git_commit() -> str:
 
 
 def capture(info: DeviceInfo, data_source: str, profile: str) -> dict[str, object]:
-    """Python, torch, CUDA, cuDNN, GPU, driver, CPU, threads, data source, profile, commit and date."""
+    """Python, torch, CUDA, cuDNN, GPU, CPU, threads, data source, profile, commit and date, then the GPU's state
+    (:func:`gpu_state.read_state`: driver, clocks, power, temperature, throttling, persistence and MIG mode; on the
+    CPU one line saying there is none)."""
     cuda = info.is_cuda
-    driver = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]) if cuda else None
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -38,7 +40,6 @@ def capture(info: DeviceInfo, data_source: str, profile: str) -> dict[str, objec
         "device": str(info.device),
         "device_name": info.name,
         "gpu_name": info.name if cuda else None,
-        "driver": driver.splitlines()[0] if driver else None,
         "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
@@ -47,6 +48,7 @@ def capture(info: DeviceInfo, data_source: str, profile: str) -> dict[str, objec
         "git_commit": git_commit(),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "hostname": platform.node(),
+        **read_state(info.device),
     }
 
 

@@ -35,6 +35,8 @@ class PhaseResult:
     graphs_compiled: int = 0  # graphs torch.compile built during this pass (warm-up included)
     inductor_cache: str | None = None  # when it compiled: "cold", "warm" or "mixed" (compiler.cache_state)
     resident_mem_mb: float = 0.0  # the variant's own tensors on the device when the pass began
+    cudagraph_skips: int = 0  # graphs Inductor compiled for CUDA-graph replay but ran without (compiler.cache_counts)
+    graph_pool_mb: float = 0.0  # captured graphs' private pool, counted in peak_mem_mb (count_graph_pool)
     pid: int = field(default_factory=os.getpid)  # the process that ran the pass
 
 
@@ -194,7 +196,17 @@ def run_timed(step, loader, device, steps, warmup, resident: Iterable[object] = 
                          warmup_times_s=intervals[:warmup], graphs_compiled=graphs, resident_mem_mb=resident_mb)
     if graphs:
         result.inductor_cache = compiler.cache_state(cache["cache hits"], cache["cache misses"])
+    result.cudagraph_skips = cache["cudagraph skips"]
     return result, outputs
+
+
+def count_graph_pool(result: PhaseResult, config: RunConfig, device: torch.device) -> PhaseResult:
+    """For a config that replays CUDA graphs on CUDA: their private pool (:func:`memory.graph_pool_mb`), which a
+    replay uses without allocating, added to the phase's peak and kept apart in ``graph_pool_mb``."""
+    if device.type == "cuda" and compiler.uses_cuda_graphs(config):
+        result.graph_pool_mb = memory.graph_pool_mb(device)
+        result.peak_mem_mb += result.graph_pool_mb
+    return result
 
 
 StepContext = Callable[[int], contextlib.AbstractContextManager]
@@ -222,6 +234,7 @@ def train_phase(model, loader, optimizer, scaler, config: RunConfig, device: tor
     prefetch = config if config.prefetch_to_device else None
     with backend_flags(config):
         result, losses = run_timed(step, loader, device, steps, warmup, (model, optimizer, loader), prefetch)
+    count_graph_pool(result, config, device)
     result.losses = torch.stack(losses).float().cpu().tolist()
     result.warmup_losses = torch.stack(warmup_losses).float().cpu().tolist() if warmup_losses else []
     result.images = len(losses) * config.images_per_step
@@ -236,6 +249,7 @@ def eval_phase(model, loader, config: RunConfig, device: torch.device, steps: in
     with backend_flags(config):
         result, correct = run_timed(lambda batch, i: eval_step(model, batch, config, device), loader, device, steps,
                                     warmup, (model, loader), prefetch)
+    count_graph_pool(result, config, device)
     result.correct = int(torch.stack(correct).sum())
     result.images = len(correct) * config.images_per_step
     return result

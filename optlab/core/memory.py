@@ -61,6 +61,18 @@ def phase_peak_mb(device: torch.device, start_bytes: int, resident: float) -> fl
     return rss / 2**20 if sys.platform == "darwin" else rss / 2**10
 
 
+def graph_pool_mb(device: torch.device) -> float:
+    """MiB the allocator holds in private memory pools on ``device``: the pools of captured CUDA graphs (Inductor's
+    reduce-overhead graphs share one per device). A replay reads and writes that memory without allocating, so the
+    phase's peak never sees it. 0 on the CPU."""
+    if device.type != "cuda":
+        return 0.0
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    pooled = sum(segment["total_size"] for segment in torch.cuda.memory_snapshot()
+                 if segment.get("device") == index and tuple(segment.get("segment_pool_id", (0, 0))) != (0, 0))
+    return pooled / 2**20
+
+
 def memory_kind(device: torch.device) -> str:
     """What a record's peak memory means on ``device``, in the words the record stores."""
     if device.type == "cuda":

@@ -56,5 +56,7 @@ def sample_row(technique: str, model: str, label: str, repeat: int, phase: str, 
         "warmup_losses": result.warmup_losses,
         "graphs_compiled": result.graphs_compiled,
         "inductor_cache": result.inductor_cache,
+        "cudagraph_skips": result.cudagraph_skips,
+        "graph_pool_mb": result.graph_pool_mb,
         "pid": result.pid,
     }

@@ -85,10 +85,15 @@ def writable_dir(path: str | Path) -> Path:
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write to a temporary file beside ``path``, flush it to disk, then rename it over ``path``."""
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_bytes(path: Path, content: bytes) -> None:
+    """:func:`atomic_write_text` for bytes."""
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(content)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temp, path)

@@ -167,7 +167,8 @@ def skip_reason(changes: dict[str, Any], info: DeviceInfo, batches: Batches, fac
             return "needs the whole data set as one tensor on the GPU; yours comes through a DataLoader"
     elif changes.get("num_workers", 0) > 0 or changes.get("pin_memory"):
         if batches.kind == "synthetic":
-            return "synthetic batches are made once, in memory: nothing to load (pass data= to time your loading)"
+            return ("synthetic batches are made once, in memory (pinned and copied non_blocking on CUDA): nothing to "
+                    "load (pass data= to time your loading)")
         if batches.kind == "loader":
             return "your DataLoader keeps its own workers and pinning (pass its dataset to time these)"
     if changes.get("amp_dtype") == "bf16" and not native_bf16(info):

@@ -70,6 +70,15 @@ def check_world_size(local_world_size: int, cuda: bool) -> None:
         check_count("processes per node", local_world_size, 1, cores, f"one per CPU core, {cores} here")
 
 
+def rank_device(device: str, local_rank: int) -> DeviceInfo:
+    """This rank's device: ``cuda:LOCAL_RANK`` for ``auto`` on a machine with CUDA and for any ``cuda`` or ``cuda:N``
+    (made current before any other CUDA call, so no rank opens a context on GPU 0 first), else ``device``."""
+    base = device.split(":")[0]
+    if base == "cuda" or (base == "auto" and torch.cuda.is_available()):
+        return resolve_device(f"cuda:{local_rank}")
+    return resolve_device(device)
+
+
 @contextlib.contextmanager
 def process_group(device: str = "auto") -> Iterator[Group]:
     """Join the job torchrun started and leave it on exit: NCCL on CUDA, where each process takes the GPU of its
@@ -79,11 +88,8 @@ def process_group(device: str = "auto") -> Iterator[Group]:
         raise OptlabError(f"a distributed run must be started by torchrun ({', '.join(missing)} not set); launch it as "
                           "torchrun --nproc-per-node N -m optlab run TECHNIQUE --distributed")
     local_rank = int(os.environ["LOCAL_RANK"])
-    info = resolve_device(device)
+    info = rank_device(device, local_rank)
     check_world_size(int(os.environ["LOCAL_WORLD_SIZE"]), info.is_cuda)
-    if info.is_cuda:
-        info = resolve_device(f"cuda:{local_rank}")
-        torch.cuda.set_device(info.device)
     backend = "nccl" if info.is_cuda else "gloo"
     # Two groups: the default one, for joining the job, waits as long as a slow start may take; the timed work's
     # collectives (DDP's all-reduce, the per-phase barrier and gathers) give up after OPTLAB_DDP_TIMEOUT_S.

@@ -12,7 +12,7 @@ import sys
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -28,7 +28,7 @@ from ...core.config import RunConfig, apply_changes
 from ...core.device import DeviceInfo, effective_config
 from ...core.environment import capture
 from ...core.errors import OptlabError
-from ...core.experiments import ExperimentResult
+from ...core.experiments import ExperimentResult, visit_order
 from ...core.memory import memory_kind
 from ...core.models import build_model, validate_names
 from ...core.profiles import Profile, get_profile
@@ -84,6 +84,7 @@ def merge_ranks(results: Sequence[loops.PhaseResult]) -> loops.PhaseResult:
     """
     losses = np.mean([r.losses for r in results], axis=0).tolist() if results[0].losses else []
     warmup = _slowest([r.warmup_times_s for r in results])
+    caches = sorted({r.inductor_cache for r in results if r.inductor_cache})
     return loops.PhaseResult(
         startup_s=max(r.startup_s for r in results),
         step_times_s=_slowest([[*r.warmup_times_s, *r.step_times_s] for r in results])[len(warmup):],
@@ -93,7 +94,30 @@ def merge_ranks(results: Sequence[loops.PhaseResult]) -> loops.PhaseResult:
         losses=losses,
         correct=sum(r.correct for r in results),
         images=sum(r.images for r in results),
+        graphs_compiled=max(r.graphs_compiled for r in results),
+        inductor_cache=caches[0] if len(caches) == 1 else "mixed" if caches else None,
+        resident_mem_mb=max(r.resident_mem_mb for r in results),
+        cudagraph_skips=max(r.cudagraph_skips for r in results),
+        graph_pool_mb=max(r.graph_pool_mb for r in results),
     )
+
+
+def rank_columns(results: Sequence[loops.PhaseResult]) -> dict[str, list]:
+    """Every rank's own numbers, in rank order, for the job's row: step times, memory and graph counts."""
+    return {"rank_warmup_times_s": [r.warmup_times_s for r in results],
+            "rank_step_times_s": [r.step_times_s for r in results],
+            "rank_peak_mem_mb": [r.peak_mem_mb for r in results],
+            "rank_resident_mem_mb": [r.resident_mem_mb for r in results],
+            "rank_graphs_compiled": [r.graphs_compiled for r in results],
+            "rank_cudagraph_skips": [r.cudagraph_skips for r in results]}
+
+
+def visits(labels: list[str], repeats: int) -> Iterator[tuple[int, str]]:
+    """(repeat, variant) in the order a DDP run visits them: each repeat in :func:`visit_order`, the rotation every
+    other run uses."""
+    for repeat in range(repeats):
+        for label in visit_order(labels, repeat):
+            yield repeat, label
 
 
 def job_config(config: RunConfig, world_size: int) -> RunConfig:
@@ -219,16 +243,16 @@ def _run(experiment: Experiment, group: Group, models, profile, overrides, out, 
     for model_name in chosen:
         states = {label: _build_state(config, group, sets, seed, no_sync=not label.endswith(SYNC_SUFFIX))
                   for label, (config, _) in effective[model_name].items()}
-        for repeat in range(prof.warmup_repeats + prof.repeats):
-            for label, state in states.items():
-                for phase in experiment.phases:
-                    bar.update()
-                    torch.manual_seed((seed + 1 + repeat) * group.world_size + group.rank)  # each rank its own augmentation
-                    barrier(group)
-                    per_rank = gather(_run_phase(state, phase, prof, info.device, repeat), group)
-                    if main and repeat >= prof.warmup_repeats:
-                        rows.append(_row(experiment, model_name, label, repeat - prof.warmup_repeats, phase, state,
-                                         per_rank, len(sets[phase]), group))
+        for repeat, label in visits(list(states), prof.warmup_repeats + prof.repeats):
+            state = states[label]
+            for phase in experiment.phases:
+                bar.update()
+                torch.manual_seed((seed + 1 + repeat) * group.world_size + group.rank)  # each rank its own augmentation
+                barrier(group)
+                per_rank = gather(_run_phase(state, phase, prof, info.device, repeat), group)
+                if main and repeat >= prof.warmup_repeats:
+                    rows.append(_row(experiment, model_name, label, repeat - prof.warmup_repeats, phase, state,
+                                     per_rank, len(sets[phase]), group))
         del states
     bar.close()
     if not main:
@@ -260,6 +284,4 @@ def _row(experiment: Experiment, model: str, label: str, repeat: int, phase: str
          per_rank: list[loops.PhaseResult], epoch_images: int, group: Group) -> dict[str, Any]:
     job = job_config(state.config, group.world_size)
     row = sample_row(experiment.name, model, label, repeat, phase, job, merge_ranks(per_rank), epoch_images)
-    return {**row, "world_size": group.world_size, "backend": group.backend,
-            "rank_warmup_times_s": [r.warmup_times_s for r in per_rank],
-            "rank_step_times_s": [r.step_times_s for r in per_rank]}
+    return {**row, "world_size": group.world_size, "backend": group.backend, **rank_columns(per_rank)}

@@ -1,0 +1,83 @@
+"""Graph use and steady-state memory: Inductor's CUDA-graph skips in every row and marked in the table, the peak of
+the repeats after the first with the first kept apart, and a captured graph's private pool counted."""
+import pandas as pd
+import pytest
+import torch
+
+from optlab.book import report
+from optlab.core import compiler, loops, memory
+from optlab.core.config import RunConfig
+from optlab.core.samples import sample_row
+from optlab.core.summary import summarize_runs
+from optlab.core.timing import FASTER
+
+CPU = torch.device("cpu")
+
+
+def test_every_row_carries_the_cudagraph_skips_of_its_pass(monkeypatch):
+    """Inductor counts a skip when it compiles a graph for replay and finds it cannot (a mutated input, a CPU
+    tensor): the pass in which that happened must say so beside its cache hits and misses."""
+    counts = iter([{"cache hits": 0, "cache misses": 0, "cudagraph skips": 1},
+                   {"cache hits": 0, "cache misses": 2, "cudagraph skips": 3}])
+    monkeypatch.setattr(compiler, "cache_counts", lambda: next(counts))
+    model = torch.nn.Linear(4, 2)
+    config = RunConfig(batch_size=2, num_workers=0, pin_memory=False)
+    batches = [(torch.randn(2, 4), torch.tensor([0, 1]))] * 3
+    result = loops.train_phase(model, batches, loops.make_optimizer(model, config), loops.make_scaler(config, CPU),
+                               config, CPU, steps=2, warmup=1)
+    assert result.cudagraph_skips == 2
+    row = sample_row("t", "m", "reduce-overhead", 0, "train", config, result, 100, flops=1)
+    assert row["cudagraph_skips"] == 2 and row["graph_pool_mb"] == 0.0
+
+
+def _samples(skips=0, peaks=(900.0, 100.0, 120.0)):
+    rows = []
+    for variant in ("compile default", "reduce-overhead"):
+        for repeat, peak in enumerate(peaks):
+            rows.append({"model": "resnet18", "phase": "train", "variant": variant, "repeat": repeat, "status": "ok",
+                         "epoch_equiv_s": 10.0 - repeat * 0.01 - (variant == "reduce-overhead"),
+                         "step_median_s": 0.01, "startup_s": 0.1, "images_per_s": 1.0, "tflops": 1.0,
+                         "peak_mem_mb": peak, "cudagraph_skips": skips if variant == "reduce-overhead" else 0})
+    return pd.DataFrame(rows)
+
+
+def test_a_variant_whose_graphs_were_skipped_is_marked_in_the_table():
+    samples = _samples(skips=1)
+    summary = summarize_runs(samples, "compile default")
+    table = report.comparison_table(summary, samples=samples).set_index("variant")
+    assert table.loc["reduce-overhead", "verdict"] == f"{FASTER} ({report.GRAPHS_SKIPPED})"
+    assert report.GRAPHS_SKIPPED not in table.loc["compile default", "verdict"]
+    clean = report.comparison_table(summary, samples=_samples(skips=0)).set_index("variant")
+    assert clean.loc["reduce-overhead", "verdict"] == FASTER
+
+
+def test_the_peak_is_the_repeats_after_the_first_and_the_first_is_kept_apart():
+    """Repeat 0 of cudnn.benchmark holds cuDNN's trial workspaces: a one-off, not the steady state."""
+    summary = summarize_runs(_samples(), "compile default").set_index("variant")
+    assert summary.loc["reduce-overhead", "peak_mem_mb"] == 120.0
+    assert summary.loc["reduce-overhead", "first_peak_mem_mb"] == 900.0
+    single = summarize_runs(_samples(peaks=(50.0,)), "compile default").set_index("variant")
+    assert single.loc["compile default", "peak_mem_mb"] == single.loc["compile default", "first_peak_mem_mb"] == 50.0
+    table = report.comparison_table(summarize_runs(_samples(), "compile default"))
+    assert table["peak MiB"].tolist() == [120.0, 120.0] and table["first repeat's peak MiB"].tolist() == [900.0, 900.0]
+
+
+def test_a_captured_graphs_private_pool_is_counted_in_graph_rows_only(monkeypatch):
+    mib = 2**20
+    segments = [{"device": 0, "total_size": 64 * mib, "segment_pool_id": (0, 0)},  # the ordinary pool
+                {"device": 0, "total_size": 20 * mib, "segment_pool_id": (1, 0)},  # a graph's private pool
+                {"device": 0, "total_size": 12 * mib, "segment_pool_id": (1, 0)},
+                {"device": 1, "total_size": 99 * mib, "segment_pool_id": (2, 0)}]  # another GPU's
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda: segments)
+    cuda = torch.device("cuda", 0)
+    assert memory.graph_pool_mb(cuda) == pytest.approx(32.0) and memory.graph_pool_mb(CPU) == 0.0
+
+    def phase():
+        return loops.PhaseResult(0.0, [0.01], 0.01, peak_mem_mb=100.0)
+
+    graphed = loops.count_graph_pool(phase(), RunConfig(compile_mode="reduce-overhead"), cuda)
+    assert graphed.peak_mem_mb == pytest.approx(132.0) and graphed.graph_pool_mb == pytest.approx(32.0)
+    assert loops.count_graph_pool(phase(), RunConfig(compile_mode="max-autotune"), cuda).peak_mem_mb == pytest.approx(132.0)
+    plain = loops.count_graph_pool(phase(), RunConfig(compile_mode="default"), cuda)
+    assert plain.peak_mem_mb == 100.0 and plain.graph_pool_mb == 0.0
+    assert loops.count_graph_pool(phase(), RunConfig(compile_mode="reduce-overhead"), CPU).peak_mem_mb == 100.0
