@@ -177,8 +177,11 @@ def test_a_full_disk_stops_the_run_at_once_with_one_line_and_keeps_what_was_writ
     real = experiments.run_experiment
     monkeypatch.setattr(reference, "run_experiment", lambda name, **options: ran.append(name) or real(name, **options))
     _disk_fills_after(monkeypatch, 2)  # the first record and its row in reference-parts.csv
+    packed = tmp_path.parent / f"{tmp_path.name}-elsewhere" / "run.tar.gz"  # another disk, which has room
     assert main(["reference", "--profile", "smoke", "--device", "cpu", "--quiet", "--repeats", "2", "--out",
-                 str(tmp_path)]) == 2
+                 str(tmp_path), "--archive", str(packed)]) == 2
+    log = _members(packed)[f"{tmp_path.name}/reference.log"].decode()  # the folder could not take the log
+    assert "stopped: OptlabError: cannot write results to" in log and not (tmp_path / "reference.log").exists()
     err = capsys.readouterr().err
     assert ran == ["set_to_none", "no_grad"]  # stopped in the second part, the third never started
     assert err.count("\n") == 1 and "Traceback" not in err

@@ -46,6 +46,7 @@ def pack(folder: Path, path: str | Path, extra: dict[str, bytes] | None = None) 
                     tar.addfile(info, io.BytesIO(members[name]))
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(temp, 0o644)  # a file to hand over, not a private temporary one
         os.replace(temp, path)
     except BaseException:
         Path(temp).unlink(missing_ok=True)
