@@ -9,11 +9,13 @@ import torch
 from optlab.studies import cuda_graphs
 from optlab.book import report
 from optlab.core import store
+from optlab.core.device import DeviceInfo
 from optlab.core.errors import OptlabError
 from optlab.core.loops import make_optimizer
 from optlab.core.models import build_model
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+FAKE_GPU = DeviceInfo(torch.device("cuda", 0), "fake gpu", ("none", "fp16", "bf16"))  # run_reference reads is_cuda
 TINY_WIDTH = 0.125
 
 
@@ -125,15 +127,27 @@ def test_graphed_training_updates_the_weights_and_replays_new_data():
 
 
 @needs_cuda
-def test_gpu_sweep_and_reference_table(tmp_path, monkeypatch):
+def test_gpu_sweep_times_eager_and_graphed_steps():
     frame = cuda_graphs.sweep("resnet18", TINY_WIDTH, batch_sizes=(1, 2), device="cuda", min_run_time=0.01,
                               max_run_time=0.05)
     assert set(frame["execution"]) == set(cuda_graphs.EXECUTIONS) and len(frame) == 8
     assert not math.isnan(cuda_graphs.sweep_table(frame)[("graph speed-up", "")].iloc[0])
-    monkeypatch.setattr(cuda_graphs, "sweep", lambda *a, **k: frame)
-    paths = cuda_graphs.run_reference(tmp_path / "h200")
-    assert [p.name for p in paths] == ["cuda_graphs_sweep.csv"]
-    assert len(store.reference_tables("cuda_graphs_sweep", tmp_path)) == len(frame)
+
+
+def test_run_reference_saves_the_sweep_where_the_chapter_reads_it(tmp_path, monkeypatch):
+    """The reference run's save and read-back, on any machine: the device is faked and the sweep made up."""
+    frame = pd.DataFrame([
+        {"device": "fake gpu", "model": "resnet18", "width": 1.0, "mode": mode, "batch_size": 1, "execution": execution,
+         "median_s": median_s, "iqr_s": 0.0001, "blocks": 5, "per_image_us": 1e6 * median_s}
+        for mode in cuda_graphs.MODES for execution, median_s in zip(cuda_graphs.EXECUTIONS, (0.004, 0.001))])
+    asked = []
+    monkeypatch.setattr(cuda_graphs, "resolve_device", lambda device: FAKE_GPU)
+    monkeypatch.setattr(cuda_graphs, "sweep", lambda model, width, **kwargs: asked.append((model, width)) or frame)
+    paths = cuda_graphs.run_reference(tmp_path / "h200", device="cuda")
+    assert paths == [tmp_path / "h200" / f"{cuda_graphs.REFERENCE_TABLE}.csv"] and asked == [("resnet18", 1.0)]
+    stored = store.reference_tables(cuda_graphs.REFERENCE_TABLE, tmp_path)
+    pd.testing.assert_frame_equal(stored, frame.assign(machine="h200"))
+    assert cuda_graphs.sweep_table(stored)[("graph speed-up", "")].tolist() == pytest.approx([4.0, 4.0])
 
 
 def test_reference_note_names_the_set_that_measures_the_technique(tmp_path, monkeypatch):

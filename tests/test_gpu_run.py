@@ -201,13 +201,18 @@ def test_cache_state_words():
 
 
 def test_the_learning_checks_training_time_leaves_compilation_out(monkeypatch):
-    """A step during which a graph was compiled counts as compile time: here the first one."""
-    counts = iter([0, 1] + [1] * 100)
-    monkeypatch.setattr(compiler, "compiled_graphs", lambda: next(counts))
+    """A step during which a graph was compiled counts as compile time, every other step as training time, and
+    nothing between steps (evaluation) counts: steps 1 and 3 compile here, and a fake clock gives each step a
+    duration that says which sum it went to."""
+    graphs = iter([0, 1, 1, 1, 1, 2, 2, 2])  # read before and after each of the 4 steps
+    clock = iter([0.0, 1.0, 50.0, 52.0, 100.0, 104.0, 200.0, 208.0])  # steps of 1, 2, 4 and 8 s, gaps between
+    monkeypatch.setattr(compiler, "compiled_graphs", lambda: next(graphs))
+    monkeypatch.setattr(learning, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
     config = RunConfig(batch_size=8, width=TINY.width, num_workers=0, pin_memory=False)
-    curves = learning.learning_curves({"A": config}, resolve_device("cpu"), steps=3, eval_every=3, eval_images=8,
+    curves = learning.learning_curves({"A": config}, resolve_device("cpu"), steps=4, eval_every=2, eval_images=8,
                                       progress=False)
-    assert curves["compile_s"].iloc[-1] > 0 and curves["train_s"].iloc[-1] > 0
+    assert curves[["step", "compile_s", "train_s"]].values.tolist() == [[2, 1.0, 2.0], [4, 5.0, 10.0]]
+    assert next(graphs, None) is None and next(clock, None) is None  # one reading of each before and after a step
 
 
 def test_multiple_of_8_separates_channels_and_batch_in_fp32_and_fp16():
