@@ -50,16 +50,28 @@ def test_the_estimate_follows_the_step_time_table():
     config = one.configs("resnet50", QUICK)["A"]
     steps, seconds = reference.estimate(one, {"A": config}, QUICK)
     per_repeat = QUICK.warmup_steps + QUICK.steps
-    assert steps == per_repeat * QUICK.repeats
+    assert steps == per_repeat * QUICK.max_repeats  # planned at the cap on repeats
     expected = (reference.PART_SETUP_S + reference.VARIANT_SETUP_S
-                + steps * reference.TRAIN_STEP_S["resnet50"] + QUICK.repeats * reference.WORKER_STARTUP_S)
+                + steps * reference.TRAIN_STEP_S["resnet50"] + QUICK.max_repeats * reference.WORKER_STARTUP_S)
     assert seconds == pytest.approx(expected)
     half = reference.step_seconds(replace(config, amp_dtype="bf16"), "train")
     assert half == pytest.approx(reference.TRAIN_STEP_S["resnet50"] / 2)
 
 
+def test_the_estimate_stops_at_the_time_budget():
+    """Repeats past the minimum start only while they fit the profile's time budget: the plan counts no more."""
+    from optlab.core.registry import Experiment
+
+    one = Experiment("one", "one", "", phases=("train",), variants=(("A", {}), ("B", {})))
+    slow = QUICK.with_sizes(time_budget_s=1.0)
+    configs = {"A": one.configs("resnet101", slow)["A"]}
+    _, at_minimum = reference.estimate(one, configs, slow, slow.repeats)
+    _, planned = reference.estimate(one, configs, slow)
+    assert planned == pytest.approx(at_minimum + 1.0)
+
+
 def test_the_seed_set_fits_a_nine_minute_command_at_three_repeats():
-    seed = reference.plan("seed", QUICK.with_sizes(repeats=3))
+    seed = reference.plan("seed", QUICK.with_sizes(repeats=3, max_repeats=3))
     assert sum(p.estimate_s for p in seed) <= 540
 
 

@@ -239,7 +239,7 @@ def test_measured_seconds_replace_the_tables_estimate_for_the_same_gpu(tmp_path)
 def test_the_plan_says_which_estimates_were_measured(monkeypatch, tmp_path):
     monkeypatch.setattr(store, "REFERENCE_DIR", tmp_path)
     _manifest(tmp_path / "h200", [{"part": "set_to_none resnet18", "status": "ok", "seconds": 30.0,
-                                   "device_name": "NVIDIA H200", "profile": "quick", "repeats": 4}])
+                                   "device_name": "NVIDIA H200", "profile": "quick", "repeats": 12}])
     text = reference.describe_plan("seed", device="cpu")
     line = next(line for line in text.splitlines() if "set_to_none resnet18" in line)
     assert "30.0" in line and "measured (h200)" in line

@@ -28,7 +28,8 @@ from ...core.config import RunConfig, apply_changes
 from ...core.device import DeviceInfo, effective_config
 from ...core.environment import capture
 from ...core.errors import OptlabError
-from ...core.experiments import ExperimentResult, visit_order
+from ...core.experiments import ExperimentResult
+from ...core.sequential import visit_order
 from ...core.memory import memory_kind
 from ...core.models import build_model, validate_names
 from ...core.profiles import Profile, get_profile
