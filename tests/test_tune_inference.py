@@ -347,3 +347,20 @@ def test_training_loader_workers_are_sized_by_the_machine(monkeypatch, capsys):
     assert out.count("2 loader workers here, one per CPU core") == 1
     workers = pd.DataFrame(result.samples).query("variant == @step")
     assert len(workers) and (workers["status"] == "ok").all()
+
+
+def test_the_figure_is_throughput_and_p99_on_log_axes_with_the_out_of_memory_point():
+    from optlab.book.report import plot_batch_sizes
+
+    rows = [{"config": config, "batch": batch, "status": "ok", "samples_per_s": gain * min(batch, 4) * 100,
+             "p99_ms": 10 * batch / min(batch, 4)} for config, gain in (("starting point", 1), ("recommended", 2))
+            for batch in (1, 2, 4, 8)] + [{"config": "recommended", "batch": 16, "status": "out of memory"}]
+    grid = plot_batch_sizes(pd.DataFrame(rows), model="tiny")
+    throughput, latency = grid.axes.flat
+    assert [ax.get_xscale() for ax in (throughput, latency)] == ["log", "log"]
+    assert [ax.get_yscale() for ax in (throughput, latency)] == ["log", "log"]
+    assert len(throughput.get_lines()) >= 2 and "samples/s" in throughput.get_title()
+    crosses = [line for line in latency.get_lines() if line.get_marker() == "x"]
+    assert len(crosses) == 1 and list(crosses[0].get_xdata()) == [16]
+    import matplotlib.pyplot as plt
+    plt.close(grid.figure)
