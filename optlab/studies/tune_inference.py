@@ -385,16 +385,16 @@ def _on_device(inputs: torch.Tensor, config: RunConfig, device: torch.device) ->
     return inputs.to(device).contiguous(memory_format=layout)
 
 
-def _prepare(run: _Run, config: RunConfig) -> _Prepared:
+def _prepare(run: _Run, config: RunConfig, check: bool = True) -> _Prepared:
     """A fresh model (the same weights for every config) in eval mode, laid out and compiled as ``config`` asks, its
-    first call timed apart (a compiled model compiles there), and its outputs on every input batch."""
+    first call timed apart (a compiled model compiles there) and, if ``check``, its outputs on every input batch."""
     device = run.info.device
     model = build_model(run.model_fn, run.seed)
     model.eval()
     model = loops.prepare_model(model, config, device)
     prepared = _Prepared(model, _forward(model, config, device), [_on_device(x, config, device) for x in run.inputs])
     outputs = []
-    for index, inputs in enumerate(prepared.inputs):
+    for index, inputs in enumerate(prepared.inputs if check else prepared.inputs[:1]):
         started = time.perf_counter()
         output = pick_output(prepared.forward(inputs), run.output_fn)
         outputs.append(output.detach().to("cpu", torch.float32, copy=True))  # a CUDA graph reuses its memory
@@ -415,14 +415,15 @@ def _runner(prepared: _Prepared, device: torch.device):
     return run_phase
 
 
-def _compare(run: _Run, configs: dict[str, RunConfig], comparison: str) -> tuple[list[dict], dict[str, _Prepared]]:
-    """Every repeat of each config, taking turns: the tidy rows, and each config's first call and outputs. A config
-    that raises (out of memory, a compile that fails) is recorded, and the other goes on."""
+def _compare(run: _Run, configs: dict[str, RunConfig], comparison: str,
+             checked: str | None = None) -> tuple[list[dict], dict[str, _Prepared]]:
+    """Every repeat of each config, taking turns: the tidy rows, and each config's first call (and the outputs of
+    ``checked``). A config that raises (out of memory, a compile that fails) is recorded, and the other goes on."""
     rows: list[dict[str, Any]] = []
     prepared: dict[str, _Prepared] = {}
     for label, config in configs.items():
         try:
-            prepared[label] = _prepare(run, config)
+            prepared[label] = _prepare(run, config, check=label == checked)
         except Exception as error:  # noqa: BLE001  (recorded, and the run goes on)
             rows.append(failed_row(TECHNIQUE, run.name, label, 0, PHASE, config, failure_status(error)))
     runners = {label: _runner(state, run.info.device) for label, state in prepared.items()}
@@ -453,7 +454,7 @@ def _outcome(summary: pd.DataFrame, rows: list[dict[str, Any]], label: str) -> t
 def _try_step(run: _Run, before: tuple[str, RunConfig], step: tuple[str, RunConfig]) -> tuple[dict, list, pd.DataFrame]:
     """Time ``step`` against the configuration ``before`` it: the step's row of the table, the samples, the summary."""
     (before_label, before_config), (label, config) = before, step
-    rows, checks = _compare(run, {before_label: before_config, label: config}, label)
+    rows, checks = _compare(run, {before_label: before_config, label: config}, label, checked=label)
     summary = summarize_runs(pd.DataFrame(rows), before_label).assign(comparison=label)
     (base, base_failed), (after, after_failed) = (_outcome(summary, rows, x) for x in (before_label, label))
     limit = tolerance(config, run.info)
