@@ -364,3 +364,16 @@ def test_the_figure_is_throughput_and_p99_on_log_axes_with_the_out_of_memory_poi
     assert len(crosses) == 1 and list(crosses[0].get_xdata()) == [16]
     import matplotlib.pyplot as plt
     plt.close(grid.figure)
+
+
+def test_a_model_whose_outputs_are_all_the_same_is_said_to_defeat_the_check(capsys):
+    def zero_head():
+        model = tiny_mlp()
+        nn.init.zeros_(model[2].weight)
+        nn.init.zeros_(model[2].bias)
+        return model
+
+    quick(zero_head, techniques=[], max_batch=1)
+    assert "the starting point gives every input the same output" in capsys.readouterr().out
+    quick(tiny_mlp, techniques=[], max_batch=1)
+    assert "the same output" not in capsys.readouterr().out

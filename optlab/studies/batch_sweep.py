@@ -127,4 +127,6 @@ def sweep(targets: dict[str, SweepTarget], device: torch.device, max_batch: int,
             break
     for label in targets:
         ended.setdefault(label, f"reached the largest batch asked for ({max_batch})")
+    order = {label: index for index, label in enumerate(targets)}
+    rows.sort(key=lambda row: (order[row["config"]], row["batch"]))
     return pd.DataFrame(rows, columns=SWEEP_COLUMNS), ended

@@ -572,6 +572,9 @@ def tune_inference(
     description = f"synthetic inputs: {len(inputs)} batches of {batch} x {list(shape)} (random normal), made once"
     _print_header(run, facts, description, max_batch)
     run.reference = _prepare(run, start).outputs  # the starting point's outputs; also its untimed warm-up
+    if bool((run.reference == run.reference[:1]).all()):
+        notes.append("the starting point gives every input the same output (a head initialised at zero?), so the "
+                     "output check cannot see a change: build the model with trained weights, or a random head")
     _clean_up(info, [start])
 
     table, rows, summaries, kept, current = [], [], [], [], (START, start)
@@ -642,6 +645,7 @@ def _print_header(run: _Run, facts: InferenceProbe, description: str, max_batch:
     print(f"starting point: model.eval(), fp32, eager, autograd on. Output check against its outputs on the same "
           f"inputs: relative error within {OUTPUT_TOLERANCE['fp32']:g} in fp32, {OUTPUT_TOLERANCE['tf32']:g} with "
           f"TF32, {OUTPUT_TOLERANCE['16-bit']:g} in 16-bit, and the top-1 class changed on no larger a share")
+    print(f"peak memory: the {memory_kind(run.info.device)}")
     print(f"batch sizes: 1, 2, 4, ... up to {max_batch}, until memory runs out or {PLATEAU_DOUBLINGS} doublings in a "
           f"row gain {round(100 * PLATEAU_GAIN)} % or less in throughput")
 
