@@ -18,8 +18,9 @@ from optlab.core.errors import OptlabError
 from optlab.core.store import load_samples
 from optlab.studies import batch_sweep, tune as tune_module, tune_inference as inference
 from optlab.studies.batch_sweep import SweepTarget, doubling_series, is_out_of_memory, sweep
+from optlab.studies.output_check import output_change, within_tolerance
 from optlab.studies.tune_inference import (AUTOCAST, CHANNELS_LAST, COMPILE, CUDA_GRAPHS, INFERENCE_MODE,
-                                           STEP_LABELS, code_lines, output_change, within_tolerance)
+                                           STEP_LABELS, code_lines)
 from tests.helpers import TINY
 
 NO_COMPILE = [label for label in STEP_LABELS if label not in (COMPILE, CUDA_GRAPHS)]

@@ -41,6 +41,8 @@ from ..core.samples import failed_row
 from ..core.summary import summarize_runs
 from ..core.timing import CONFIDENCE, FASTER
 from .batch_sweep import PLATEAU_DOUBLINGS, PLATEAU_GAIN, SweepTarget, sweep
+from .output_check import (OUTPUT_TOLERANCE, OutputFn, output_change, pick_output, precision, tolerance,
+                           within_tolerance)
 from .tune_inputs import (MAX_BATCH_ELEMENTS, MAX_BATCH_SIZE, MAX_CLASSES, POOL_BATCHES, ModelFn, build_model,
                           check_shape, describe_error, model_name)
 
@@ -55,57 +57,11 @@ INFERENCE_MODE, AUTOCAST, CHANNELS_LAST, COMPILE, CUDA_GRAPHS = (
     "+ CUDA graphs (reduce-overhead)")
 STEP_LABELS = (INFERENCE_MODE, AUTOCAST, CHANNELS_LAST, COMPILE, CUDA_GRAPHS)
 AMP_CHOICES = ("auto", "bf16", "fp16", "none")
-# Outputs against the starting point's, per sample: the largest difference over the largest reference output. TF32
-# rounds convolution inputs to 10 mantissa bits (the starting point's own precision on a GPU, but another algorithm,
-# such as a channels-last kernel, rounds elsewhere); bf16 keeps 8 bits. The top-1 class may change on at most the
-# same share of samples (none in fp32; near-ties of a freshly initialised model in 16-bit).
-OUTPUT_TOLERANCE = {"fp32": 1e-4, "tf32": 1e-2, "16-bit": 5e-2}
 DEFAULT_MAX_BATCH = 1024
 SWEEP_CALLS = 10  # timed calls per batch size, at most, or 5 per timed step of the profile if that is more
 SWEEP_SECONDS_PER_CALL = 0.05  # a batch size's time budget: 0.5 s for 10 calls (at least 5 calls are timed)
 STEP_COLUMNS = ["step", "precision", "decision", "speedup", "ci_low", "ci_high", "verdict", "max_error",
                 "tolerance", "top1_agreement", "before_ms", "after_ms", "first_call_s", "reason"]
-
-OutputFn = Callable[[Any], torch.Tensor]
-
-
-def precision(config: RunConfig, info: DeviceInfo) -> str:
-    """How a configuration computes, in words: autocast keeps the weights in fp32 and runs eligible kernels in 16-bit."""
-    if config.amp_dtype != "none":
-        return f"{config.amp_dtype} autocast (fp32 weights)"
-    if info.is_cuda and config.cudnn_tf32:
-        return "fp32 (TF32 convolutions)"
-    return "fp32"
-
-
-def tolerance(config: RunConfig, info: DeviceInfo) -> float:
-    """The output tolerance of a configuration's precision (:data:`OUTPUT_TOLERANCE`)."""
-    if config.amp_dtype != "none":
-        return OUTPUT_TOLERANCE["16-bit"]
-    return OUTPUT_TOLERANCE["tf32" if info.is_cuda and (config.cudnn_tf32 or config.matmul_tf32) else "fp32"]
-
-
-def output_change(reference: torch.Tensor, outputs: torch.Tensor) -> tuple[float, float | None]:
-    """The largest relative error (per sample: the largest absolute difference over the largest absolute reference
-    output; the worst sample) and, for a classifier's ``[N, C]`` outputs, the share of samples whose top-1 class is
-    unchanged (None otherwise). Outputs of another shape, or not finite, are infinitely far."""
-    if outputs.shape != reference.shape:
-        return math.inf, (0.0 if reference.dim() == 2 and reference.shape[1] >= 2 else None)
-    ref, out = reference.float().reshape(len(reference), -1), outputs.float().reshape(len(outputs), -1)
-    scale = ref.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny)
-    error = float(((out - ref).abs().amax(dim=1) / scale).max())
-    if not math.isfinite(error):
-        error = math.inf
-    top1 = None
-    if reference.dim() == 2 and reference.shape[1] >= 2:
-        top1 = float((outputs.argmax(dim=1) == reference.argmax(dim=1)).float().mean())
-    return error, top1
-
-
-def within_tolerance(error: float, top1: float | None, limit: float) -> bool:
-    """Outputs unchanged: the relative error within ``limit``, and the top-1 class changed on at most that share."""
-    return error <= limit and (top1 is None or 1.0 - top1 <= limit)
-
 
 def decide(verdict: str, error: float, top1: float | None, limit: float, before_failed: str = "",
            after_failed: str = "") -> tuple[str, str]:
@@ -122,24 +78,6 @@ def decide(verdict: str, error: float, top1: float | None, limit: float, before_
         return "not kept: outputs changed", (f"faster, but its outputs moved from the starting point's ({moved}), "
                                              f"beyond the {limit:g} tolerance")
     return "kept", ""
-
-
-def pick_output(raw: Any, output_fn: OutputFn | None) -> torch.Tensor:
-    """The tensor of a model's output that is compared: the output itself, or what ``output_fn`` picks from it."""
-    if output_fn is None:
-        if isinstance(raw, torch.Tensor):
-            return raw
-        raise OptlabError(f"the model returned a {type(raw).__name__}, not a tensor: pass output_fn (--output-fn "
-                          "PACKAGE.MODULE:CALLABLE), a function that picks the tensor to compare from it, such as "
-                          "lambda out: out['logits']")
-    try:
-        picked = output_fn(raw)
-    except Exception as error:  # noqa: BLE001  (the user's function: its error, in one line)
-        raise OptlabError(f"output_fn failed on the model's output (a {type(raw).__name__}): "
-                          f"{describe_error(error)}") from None
-    if not isinstance(picked, torch.Tensor):
-        raise OptlabError(f"output_fn returned a {type(picked).__name__}, not a tensor")
-    return picked
 
 
 def autocast_dtype(amp_dtype: str, info: DeviceInfo) -> tuple[str | None, str | None]:
