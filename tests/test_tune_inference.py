@@ -378,3 +378,19 @@ def test_a_model_whose_outputs_are_all_the_same_is_said_to_defeat_the_check(caps
     assert "the starting point gives every input the same output" in capsys.readouterr().out
     quick(tiny_mlp, techniques=[], max_batch=1)
     assert "the same output" not in capsys.readouterr().out
+
+
+def test_on_a_gpu_fp32_is_held_to_tf32s_tolerance_and_autocast_falls_back_to_fp16(monkeypatch):
+    from optlab.core.device import DeviceInfo
+    from optlab.studies.output_check import precision, tolerance
+    from optlab.studies.tune_inference import autocast_dtype
+
+    gpu, cpu = DeviceInfo(torch.device("cuda", 0), "a GPU", ("none", "fp16")), optlab.resolve_device("cpu")
+    assert (precision(optlab.RunConfig(), gpu), tolerance(optlab.RunConfig(), gpu)) == ("fp32 (TF32 convolutions)", 1e-2)
+    assert (precision(optlab.RunConfig(), cpu), tolerance(optlab.RunConfig(), cpu)) == ("fp32", 1e-4)
+    assert tolerance(optlab.RunConfig(amp_dtype="fp16"), gpu) == 5e-2
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
+    assert autocast_dtype("auto", gpu) == ("fp16", None)
+    assert autocast_dtype("bf16", gpu)[1].startswith("no native bf16 on a GPU")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    assert autocast_dtype("auto", gpu) == ("bf16", None) and autocast_dtype("none", gpu)[0] is None
