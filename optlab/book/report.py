@@ -522,3 +522,36 @@ def plot_sweep(frame: pd.DataFrame, title: str = ""):
     if title:
         grid.figure.suptitle(title, y=1.02)
     return grid
+
+
+def plot_batch_sizes(sweep: pd.DataFrame, model: str | None = None):
+    """Throughput and p99 latency against batch size, log-log, one line per configuration (an inference tune's
+    ``sweep``; a ``model`` column, if there is one, gives a column of panels per model). An out-of-memory point is a
+    cross on the x axis of the latency panel."""
+    set_theme()
+    frame = sweep.assign(model=sweep["model"] if "model" in sweep else model or "")
+    ok = frame[frame["status"] == "ok"]
+    long = pd.concat([ok.assign(metric="samples/s", value=ok["samples_per_s"]),
+                      ok.assign(metric="p99 latency, ms", value=ok["p99_ms"])], ignore_index=True)
+    configs = list(dict.fromkeys(frame["config"]))
+    grid = sns.relplot(data=long, kind="line", x="batch", y="value", hue="config", style="config", hue_order=configs,
+                       style_order=configs, markers=True, dashes=False, row="metric", col="model", height=3.0,
+                       aspect=1.3, facet_kws={"sharey": False, "sharex": False})
+    plain = ticker.FuncFormatter(lambda value, _: f"{value:g}")
+    grid.set(xscale="log", yscale="log")
+    for (metric, name), ax in grid.axes_dict.items():
+        ax.set_xticks(sorted(set(frame.loc[frame["model"] == name, "batch"])))
+        ax.xaxis.set_major_formatter(plain)
+        ax.xaxis.set_minor_locator(ticker.NullLocator())
+        for set_formatter in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+            set_formatter(ticker.LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.4)))  # plain numbers
+        out_of_memory = frame[(frame["model"] == name) & (frame["status"] == "out of memory")]
+        if metric.startswith("p99") and len(out_of_memory):
+            low = ax.get_ylim()[0]
+            ax.plot(out_of_memory["batch"], [low] * len(out_of_memory), "x", color="black", markersize=9,
+                    clip_on=False)
+            ax.annotate("out of memory", (out_of_memory["batch"].min(), low), xytext=(0, 8),
+                        textcoords="offset points", ha="right", fontsize="small")
+    grid.set_titles("{col_name}: {row_name}" if frame["model"].iloc[0] else "{row_name}")
+    grid.set_axis_labels("batch size", "")
+    return grid

@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--kwargs", default="{}", metavar="JSON",
                       help='keyword arguments for it, as a JSON object, such as \'{"num_classes": 10}\'')
     tune.add_argument("--input-shape", required=True, metavar="C,H,W", help="one input's shape, such as 3,224,224")
-    tune.add_argument("--num-classes", type=_whole_number, required=True, help="classes of the synthetic labels")
+    tune.add_argument("--num-classes", type=_whole_number,
+                      help="classes of the synthetic labels (training); with --inference, checked against the output")
     tune.add_argument("--batch-size", type=_whole_number, help="samples per batch (default: the profile's)")
     tune.add_argument("--steps", type=_whole_number, help="timed steps per repeat (default: the profile's)")
     _add_repeats(tune)
@@ -84,6 +85,17 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     tune.add_argument("--out", type=Path, help="a folder for the record (default: none is written)")
     tune.add_argument("--quiet", action="store_true", help="no progress bar")
+    inference = tune.add_argument_group("inference", "--inference tries the inference stack, then batch sizes")
+    inference.add_argument("--inference", action="store_true",
+                           help="eval() + inference_mode, 16-bit autocast, channels_last, torch.compile (and CUDA "
+                                "graphs on a GPU), then latency and throughput at batch sizes 1, 2, 4, ...")
+    inference.add_argument("--output-fn", metavar="PACKAGE.MODULE:CALLABLE",
+                           help="picks the tensor to compare from a model that returns something else (a dict)")
+    inference.add_argument("--max-batch", type=_whole_number, help="the largest batch size to try (default 1024)")
+    inference.add_argument("--dtype", default="auto", help="the autocast step's dtype: auto (bf16 where native, "
+                                                         "else fp16), bf16, fp16 or none")
+    inference.add_argument("--sweep-compile", action="store_true",
+                           help="sweep batch sizes with torch.compile too (it compiles each batch size again)")
     return parser
 
 
@@ -164,15 +176,21 @@ def _reference(args: argparse.Namespace) -> None:
 
 def _tune(args: argparse.Namespace) -> None:
     from ..studies.tune import tune
-    from ..studies.tune_inputs import model_from_spec, parse_kwargs, parse_shape
+    from ..studies.tune_inputs import callable_from_spec, model_from_spec, parse_kwargs, parse_shape
 
     shape = parse_shape(args.input_shape)
     model_fn = model_from_spec(args.model, parse_kwargs(args.kwargs))
+    output_fn = args.output_fn and callable_from_spec(args.output_fn, "--output-fn", "picks the output tensor",
+                                                      "mypackage.serving:logits")
+    options = {"inference": args.inference, "output_fn": output_fn, "max_batch": args.max_batch,
+               "amp_dtype": args.dtype, "sweep_compile": args.sweep_compile, "optimizer": args.optimizer}
     result = tune(model_fn, input_shape=shape, num_classes=args.num_classes, batch_size=args.batch_size,
-                  device=args.device, profile=_sized_profile(args), steps=args.steps, optimizer=args.optimizer,
-                  name=args.model, out=args.out, progress=not args.quiet)
+                  device=args.device, profile=_sized_profile(args), steps=args.steps, name=args.model,
+                  out=args.out, progress=not args.quiet, **options)
     with pd.option_context("display.width", 250, "display.max_columns", 20, "display.max_colwidth", 70):
         print(result.table().to_string(index=False))
+        if args.inference:
+            print(result.sweep_table().to_string(index=False))
     print(result.describe())
 
 

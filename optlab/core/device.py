@@ -65,12 +65,21 @@ def native_bf16(info: DeviceInfo) -> bool:
     AMX (elsewhere CPU autocast converts around every kernel, and bf16 convolutions fall back to a slow kernel)."""
     if info.is_cuda:
         return torch.cuda.is_bf16_supported()
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
+def native_fp16(info: DeviceInfo) -> bool:
+    """Whether the device does fp16 arithmetic natively: any CUDA GPU, or a CPU with AVX-512 FP16 or AMX-FP16."""
+    return info.is_cuda or bool({"avx512_fp16", "amx_fp16"} & cpu_flags())
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from ``/proc/cpuinfo`` (empty where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+            return set(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
     except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+        return set()
 
 
 def cpu_name() -> str:

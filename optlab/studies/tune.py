@@ -29,7 +29,7 @@ from ..core.environment import capture
 from ..core.errors import OptlabError, choice_error
 from ..core.experiments import failure_status, interleave, stopping_rule
 from ..core.flops import TRAIN_TO_FORWARD
-from ..core.limits import MAX_STEPS, check_count
+from ..core.limits import MAX_STEPS, check_count, cpu_cores
 from ..core.memory import memory_kind
 from ..core.profiles import Profile, get_profile
 from ..core.samples import failed_row
@@ -37,6 +37,7 @@ from ..core.summary import summarize_runs
 from ..core.techniques import ALL_TOGETHER
 from ..core.timing import FASTER, INTERVAL
 from .compile_cost import LOSS_RTOL
+from .tune_inference import InferenceResult, OutputFn, tune_inference
 from .tune_inputs import (MAX_BATCH_SIZE, Batches, LossFn, ModelFn, Probe, build_model, dataset_batches,
                           loader_batches, model_name, probe, synthetic_batches)
 
@@ -156,6 +157,16 @@ def code_lines(start: RunConfig, recommended: RunConfig, device: torch.device) -
         each.append(f"optimizer.zero_grad(set_to_none={recommended.set_to_none})")
     return ((["# once, where the model, optimizer and loader are made:"] + once) if once else []) + \
         ((["# in every training step:"] + each) if each else [])
+
+
+def sized_workers(label: str, changes: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A step's loader workers sized by this machine: at most one per CPU core (more would only queue for the same
+    cores, and torch warns at every loader it starts), with a note when that changes the step."""
+    workers, cores = changes.get("num_workers", 0), cpu_cores()
+    if workers <= cores:
+        return changes, []
+    return {**changes, "num_workers": cores}, [f"{label}: {cores} loader worker{'s' if cores != 1 else ''} here, one "
+                                               f"per CPU core (more would only queue for this machine's {cores})"]
 
 
 def skip_reason(changes: dict[str, Any], info: DeviceInfo, batches: Batches, facts: Probe) -> str | None:
@@ -425,7 +436,12 @@ def tune(
     out: str | Path | None = None,
     seed: int = 0,
     progress: bool = True,
-) -> TuneResult:
+    inference: bool = False,
+    output_fn: OutputFn | None = None,
+    max_batch: int | None = None,
+    amp_dtype: str = "auto",
+    sweep_compile: bool = False,
+) -> TuneResult | InferenceResult:
     """Try the stack's steps on the model that ``model_fn`` builds, one at a time, keeping each only if it was faster.
 
     Batches are synthetic (``input_shape`` of one input, without the batch dimension, and ``num_classes``) or the
@@ -434,7 +450,26 @@ def tune(
     profile's; ``techniques`` names the stack's steps to try (default: all of them); ``optimizer`` is ``sgd`` or
     ``adam``. A faster step is kept only if its first two training losses are within ``loss_tolerance`` (relative;
     default 0.1 % in fp32, 5 % in fp16 or bf16) of the configuration's before it. ``out``: a folder for the record.
+
+    ``inference=True`` tries the inference stack instead, then sweeps batch sizes
+    (:func:`~optlab.studies.tune_inference.tune_inference`, which takes ``output_fn``, ``max_batch``, ``amp_dtype``
+    and ``sweep_compile``).
     """
+    if inference:
+        given = [key for key, value in {"data": data, "loss_fn": loss_fn, "loss_tolerance": loss_tolerance}.items()
+                 if value is not None] + (["optimizer"] if optimizer != "sgd" else [])
+        if given:
+            raise OptlabError(f"inference=True times random inputs of input_shape through the forward only; "
+                              f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for training")
+        return tune_inference(model_fn, input_shape=input_shape, num_classes=num_classes, output_fn=output_fn,
+                              batch_size=batch_size, max_batch=max_batch, amp_dtype=amp_dtype,
+                              sweep_compile=sweep_compile, device=device, profile=profile, steps=steps,
+                              techniques=techniques, name=name, out=out, seed=seed, progress=progress)
+    inference_only = {"output_fn": output_fn is not None, "max_batch": max_batch is not None,
+                      "amp_dtype": amp_dtype != "auto", "sweep_compile": sweep_compile}
+    if any(inference_only.values()):
+        raise OptlabError(f"{', '.join(k for k, v in inference_only.items() if v)}: only with inference=True "
+                          "(--inference; amp_dtype is --dtype there)")
     info = resolve_device(device)
     prof = get_profile(profile, info.is_cuda)
     timed = _check_sizes(prof, techniques, batch_size, steps, loss_tolerance)
@@ -446,9 +481,13 @@ def tune(
     facts = probe(model_fn, batches, loss_fn, info.device, seed)
     prof = replace(prof, models=(name,), batch_size=batches.batch_size, steps=timed, test_steps=None, num_workers=0)
     start, notes = effective_config(replace(start, batch_size=batches.batch_size), info)
-    plan = [(label, changes, skip_reason(changes, info, batches, facts)
-             if techniques is None or label in techniques else "not among the techniques asked for")
-            for label, changes in stack_steps()]
+    plan = []
+    for label, changes in stack_steps():
+        changes, sizing = sized_workers(label, changes)
+        reason = (skip_reason(changes, info, batches, facts) if techniques is None or label in techniques
+                  else "not among the techniques asked for")
+        notes += [] if reason else sizing
+        plan.append((label, changes, reason))
 
     measured = sum(1 for _, _, reason in plan if reason is None)
     bar = tqdm(total=2 * (prof.warmup_repeats + prof.repeats) * (measured + 1), desc=f"tune {name}",

@@ -75,13 +75,20 @@ def parse_kwargs(text: str) -> dict[str, Any]:
 def model_from_spec(spec: str, kwargs: dict[str, Any] | None = None) -> ModelFn:
     """The callable named by ``PACKAGE.MODULE:CALLABLE`` (for example ``torchvision.models:resnet50``), bound to
     ``kwargs``. Importing it runs that module's code, as ``import`` would."""
+    return functools.partial(callable_from_spec(spec, "--model", "builds a model", "torchvision.models:resnet50"),
+                             **(kwargs or {}))
+
+
+def callable_from_spec(spec: str, flag: str, job: str, example: str) -> Callable:
+    """The callable that ``PACKAGE.MODULE:CALLABLE`` names, for the option ``flag`` (a callable that does ``job``),
+    or one error line that says what was wrong."""
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
-        raise OptlabError(f"--model must be PACKAGE.MODULE:CALLABLE, such as torchvision.models:resnet50; got {spec!r}")
+        raise OptlabError(f"{flag} must be PACKAGE.MODULE:CALLABLE, such as {example}; got {spec!r}")
     try:
         target: Any = importlib.import_module(module_name)
     except Exception as error:  # noqa: BLE001  (any import failure is the user's module, said in one line)
-        raise OptlabError(f"cannot import {module_name!r} for --model {spec!r}: {describe_error(error)}") from None
+        raise OptlabError(f"cannot import {module_name!r} for {flag} {spec!r}: {describe_error(error)}") from None
     for part in attribute.split("."):
         if not hasattr(target, part):
             close = difflib.get_close_matches(part, [n for n in dir(target) if not n.startswith("_")], n=3)
@@ -89,8 +96,8 @@ def model_from_spec(spec: str, kwargs: dict[str, Any] | None = None) -> ModelFn:
             raise OptlabError(f"{module_name!r} has no attribute {attribute!r}{hint}")
         target = getattr(target, part)
     if not callable(target):
-        raise OptlabError(f"--model {spec!r} is a {type(target).__name__}, not a callable that builds a model")
-    return functools.partial(target, **(kwargs or {}))
+        raise OptlabError(f"{flag} {spec!r} is a {type(target).__name__}, not a callable that {job}")
+    return target
 
 
 def model_name(model_fn: ModelFn) -> str:
