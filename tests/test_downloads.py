@@ -79,3 +79,10 @@ def test_publish_copies_every_record_and_archives_them(folders, tmp_path):
     with zipfile.ZipFile(site / "records" / downloads.ARCHIVE) as archive:
         assert sorted(archive.namelist()) == sorted(f"optlab-records/{name}" for name in names)
     assert not [path for path in (site / "records").iterdir() if path.name.startswith(".")], "a temporary file left"
+
+
+def test_a_file_outside_the_published_folders_is_refused_in_one_line(folders, tmp_path):
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text("{}")
+    with pytest.raises(optlab.OptlabError, match="is not under a folder the site publishes"):
+        downloads.downloads(stored=[elsewhere])

@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 
 from ..core import store
+from ..core.errors import OptlabError
 from ..studies.distributed import STORED_DIR
 
 SITE_FOLDER = "records"  # at the root of the built site
@@ -41,7 +42,8 @@ def site_path(path: Path) -> str:
     for name, root in sources().items():
         if path.is_relative_to(root.resolve()):
             return f"{name}/{path.relative_to(root.resolve()).as_posix()}"
-    raise ValueError(f"{store.display_path(path)} is not under a folder the site publishes")
+    folders = ", ".join(store.display_path(root) for root in sources().values())
+    raise OptlabError(f"{store.display_path(path)} is not under a folder the site publishes ({folders})")
 
 
 @dataclass(frozen=True)
