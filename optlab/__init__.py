@@ -17,9 +17,10 @@ from .core.registry import Experiment, get_experiment, list_experiments
 from .core.profiles import get_profile
 from .core.store import load_record, load_samples, load_summaries
 from .studies.tune import TuneResult, tune
+from .studies.tune_inference import InferenceResult
 
 __all__ = [
-    "Experiment", "ExperimentResult", "OptlabError", "RunConfig", "TuneResult", "capture_environment",
+    "Experiment", "ExperimentResult", "InferenceResult", "OptlabError", "RunConfig", "TuneResult", "capture_environment",
     "changed_knobs", "environment_report", "get_experiment", "get_profile", "list_experiments", "load_record",
     "load_samples", "load_summaries", "resolve_device", "run_experiment", "tune",
 ]

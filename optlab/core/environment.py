@@ -29,7 +29,7 @@ def git_commit() -> str:
 
 def capture(info: DeviceInfo, data_source: str, profile: str) -> dict[str, object]:
     """Python, torch, CUDA, cuDNN, GPU, CPU, threads, data source, profile, commit and date, then the GPU's state
-    (:func:`optlab.core.gpu_state.read_state`: driver, clocks, power, temperature, throttling, persistence and MIG mode; on the
+    (``gpu_state.read_state``: driver, clocks, power, temperature, throttling, persistence and MIG mode; on the
     CPU one line saying there is none)."""
     cuda = info.is_cuda
     return {

@@ -451,9 +451,9 @@ def tune(
     ``adam``. A faster step is kept only if its first two training losses are within ``loss_tolerance`` (relative;
     default 0.1 % in fp32, 5 % in fp16 or bf16) of the configuration's before it. ``out``: a folder for the record.
 
-    ``inference=True`` tries the inference stack instead, then sweeps batch sizes
-    (:func:`~optlab.studies.tune_inference.tune_inference`, which takes ``output_fn``, ``max_batch``, ``amp_dtype``
-    and ``sweep_compile``).
+    ``inference=True`` tries the inference stack instead, then sweeps batch sizes, and returns an
+    :class:`~optlab.InferenceResult`; ``output_fn``, ``max_batch``, ``amp_dtype`` and ``sweep_compile`` are for
+    that mode only.
     """
     if inference:
         given = [key for key, value in {"data": data, "loss_fn": loss_fn, "loss_tolerance": loss_tolerance}.items()
