@@ -235,7 +235,10 @@ class InferenceResult:
         columns = ["step", "precision", "speed-up", INTERVAL, "verdict", "max error", "tolerance", "top-1", "ms before",
                    "ms after", "first call s", "decision", "reason"]
         floats = {"speed-up": 2, "ms before": 2, "ms after": 2, "first call s": 2}
-        return table[columns].astype({key: float for key in floats}).round(floats).astype(object).fillna("")
+        table = table[columns].astype({key: float for key in floats}).round(floats).astype(object).fillna("")
+        table.attrs.update(keys=["model", "step"], details=["precision", "tolerance", "ms before", "ms after",
+                                                              "first call s"])  # a page collapses these
+        return table
 
     def sweep_table(self) -> pd.DataFrame:
         """Latency and throughput per configuration and batch size."""
@@ -243,7 +246,9 @@ class InferenceResult:
                                            "samples_per_s": "samples/s", "peak_mem_mb": "peak MiB",
                                            "first_call_s": "first call s"})
         floats = {"median ms": 2, "p90 ms": 2, "p99 ms": 2, "samples/s": 1, "peak MiB": 0, "first call s": 2}
-        return table.astype({key: float for key in floats}).round(floats).astype(object).fillna("")
+        table = table.astype({key: float for key in floats}).round(floats).astype(object).fillna("")
+        table.attrs.update(keys=["model", "config", "batch"], details=["calls", "p90 ms", "first call s"])
+        return table
 
     def speedups(self) -> pd.DataFrame:
         """One row per measured step, then the kept steps afresh: ``model``, ``step``, ``speedup``, ``ci_low``,
