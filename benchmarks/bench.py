@@ -73,7 +73,7 @@ def mirrored(first: Callable[[], float], second: Callable[[], float], rounds: in
     return a, b, shifts
 
 
-def report_ratio(name: str, numerator: list, denominator: list, shifts: list, low: float, high: float) -> None:
+def report_ratio(numerator: list, denominator: list, shifts: list, low: float, high: float) -> None:
     """``numerator / denominator`` with its interval, and whether the whole interval is within [low, high]."""
     result = speed_up(numerator, denominator, shifts)  # speed_up(a, b) is a / b
     inside = low <= result.low and result.high <= high
@@ -107,7 +107,7 @@ def harness_overhead(steps: int = 12, warmup: int = 2) -> None:
     a, b, shifts = mirrored(ours, plain)
     print(f"  optlab loop  {1e3 * statistics.median(a):8.2f} ms/step   (median of {ROUNDS})")
     print(f"  plain loop   {1e3 * statistics.median(b):8.2f} ms/step")
-    report_ratio("overhead", a, b, shifts, 0.0, 1.03)
+    report_ratio(a, b, shifts, 0.0, 1.03)
 
 
 def per_image_seconds(dataset, count: int) -> float:
@@ -126,7 +126,7 @@ def standin_cost(count: int = 1000) -> None:
     a, b, shifts = mirrored(lambda: per_image_seconds(standin, count), lambda: per_image_seconds(reference, count))
     print(f"  stand-in            {1e6 * statistics.median(a):8.1f} us/image   (median of {ROUNDS})")
     print(f"  torchvision CIFAR10 {1e6 * statistics.median(b):8.1f} us/image")
-    report_ratio("stand-in cost", a, b, shifts, 0.8, 1.25)
+    report_ratio(a, b, shifts, 0.8, 1.25)
 
 
 def upper_bound(false: int, total: int, confidence: float = 0.95) -> float:

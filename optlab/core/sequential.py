@@ -70,7 +70,7 @@ def all_clear(verdicts: Iterable[str]) -> bool:
 
 @dataclass
 class StoppingRule:
-    """When a run of rounds stops: ``min_repeats`` always, more in pairs while a claim is unclear, at most
+    """When a run of rounds stops: ``min_repeats`` always, more in pairs while an answer is unclear, at most
     ``max_repeats``, and no new pair once ``time_budget_s`` would be passed. ``comparisons`` maps each variant to
     its reference, waited for in ``phases``."""
 
@@ -99,7 +99,7 @@ class StoppingRule:
 
     def stop_on(self, repeats: int, settled: Callable[[], bool]) -> bool:
         """The rule itself: never before the minimum, always at the cap, and at every look in between when
-        ``settled()`` (every claim has a clear answer) or when the rounds up to the next look would not fit in the
+        ``settled()`` (every comparison has a clear answer) or when the rounds up to the next look would not fit in the
         time budget."""
         if repeats < self.min_repeats:
             return False
