@@ -233,3 +233,17 @@ def attention_support(attention: str, device: torch.device | str, backward: bool
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         return f"{attention} does not run {'training' if backward else 'inference'} on {device.type}: {first}"
     return None
+
+
+def forward_flops(config: GPTConfig, batch_size: int, seq_len: int) -> int:
+    """FLOPs of one forward pass over ``batch_size`` sequences of ``seq_len`` tokens, attention included, counted by
+    ``torch.utils.flop_counter`` on a shapes-only (meta) copy with the hand-written attention: the counter has no
+    formula for the CPU's flash SDPA kernel or FlexAttention, while the arithmetic is the same."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.device("meta"):
+        model = GPT(config, attention="manual")
+        idx = torch.zeros(batch_size, seq_len, dtype=torch.long)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(idx)
+    return counter.get_total_flops()
