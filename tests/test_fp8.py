@@ -27,12 +27,17 @@ def test_fp8_support_says_why_not_on_a_cpu_in_one_line():
     assert "compute capability 8.9" in reason and "\n" not in reason
 
 
-def test_an_fp8_linear_forward_and_backward_match_float32_within_the_stated_tolerance():
+FP8_GPU = pytest.mark.skipif(not torch.cuda.is_available() or fp8_support("cuda") is not None,
+                             reason="no GPU of compute capability 8.9 or newer")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=FP8_GPU)])
+def test_an_fp8_linear_forward_and_backward_match_float32_within_the_stated_tolerance(device):
     torch.manual_seed(0)
-    linear = nn.Linear(64, 256)
+    linear = nn.Linear(64, 256).to(device)
     model = nn.Sequential(copy.deepcopy(linear))
     assert swap_linears_to_fp8(model, backend="torch") == "torch" and isinstance(model[0], FP8Linear)
-    x = torch.randn(8, 64, 64, requires_grad=True)
+    x = torch.randn(8, 64, 64, requires_grad=True, device=device)
     x_fp8 = x.detach().clone().requires_grad_()
     reference, out = linear(x), model(x_fp8)
     upstream = torch.randn_like(reference)

@@ -56,15 +56,19 @@ def test_logits_have_the_shape_n_t_vocab_and_no_token_sees_a_later_one():
     assert (before[:, 20:] - after[:, 20:]).abs().amax() > 1e-3
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("attention", [a for a in ATTENTIONS if a != "manual"])
-def test_every_attention_path_that_runs_here_agrees_with_the_hand_written_one(attention):
-    if attention_support(attention, "cpu", backward=False):
-        pytest.skip(attention_support(attention, "cpu", backward=False))
-    idx = tokens()
-    reference, other = twin("manual"), twin(attention)
+def test_every_attention_path_that_runs_here_agrees_with_the_hand_written_one(attention, device):
+    if reason := attention_support(attention, device, backward=False):
+        pytest.skip(reason)
+    idx = tokens().to(device)
+    reference, other = twin("manual").to(device), twin(attention).to(device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # FlexAttention without torch.compile warns that it is slow
-        trains = attention_support(attention, "cpu") is None
+        trains = attention_support(attention, device) is None
         with torch.set_grad_enabled(trains):
             torch.testing.assert_close(other(idx), reference(idx), atol=FORWARD_ATOL, rtol=0)
     if trains:

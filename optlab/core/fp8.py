@@ -101,7 +101,7 @@ class FP8Linear(nn.Linear):
         pad = -rows.shape[0] % ALIGN
         out = FP8Matmul.apply(F.pad(rows, (0, 0, 0, pad)) if pad else rows, self.weight)[:rows.shape[0]]
         if self.bias is not None:
-            out = out + self.bias
+            out = out + self.bias.to(out.dtype)
         return out.reshape(*x.shape[:-1], self.out_features)
 
     @classmethod
