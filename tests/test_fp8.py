@@ -40,7 +40,7 @@ def test_an_fp8_linear_forward_and_backward_match_float32_within_the_stated_tole
     x = torch.randn(8, 64, 64, requires_grad=True, device=device)
     x_fp8 = x.detach().clone().requires_grad_()
     reference, out = linear(x), model(x_fp8)
-    upstream = torch.randn_like(reference)
+    upstream = torch.randn_like(reference) * 1e-6  # gradients this small underflow e5m2 unless they are scaled
     reference.backward(upstream)
     out.backward(upstream)
     errors = {"output": relative_error(out, reference), "input grad": relative_error(x_fp8.grad, x.grad),
@@ -48,7 +48,7 @@ def test_an_fp8_linear_forward_and_backward_match_float32_within_the_stated_tole
     assert QUANTIZED < errors["output"] < FORWARD_TOLERANCE, errors
     assert QUANTIZED < errors["input grad"] < GRADIENT_TOLERANCE, errors
     assert QUANTIZED < errors["weight grad"] < GRADIENT_TOLERANCE, errors
-    torch.testing.assert_close(model[0].bias.grad, linear.bias.grad)
+    torch.testing.assert_close(model[0].bias.grad, linear.bias.grad, rtol=1e-5, atol=0)
     assert out.dtype == torch.float32 and out.shape == reference.shape
 
 
