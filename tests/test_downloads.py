@@ -1,5 +1,6 @@
 """The records behind a page: which files a chapter offers, the links it shows, and what the site publishes."""
 import zipfile
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -86,3 +87,36 @@ def test_a_file_outside_the_published_folders_is_refused_in_one_line(folders, tm
     elsewhere.write_text("{}")
     with pytest.raises(optlab.OptlabError, match="is not under a folder the site publishes"):
         downloads.downloads(stored=[elsewhere])
+
+
+def test_stored_tables_offer_each_machines_table_of_that_name_only(folders):
+    _, reference, _ = folders
+    for machine in ("h200", "a100"):
+        store.save_table(pd.DataFrame({"batch_size": [1]}), reference / machine, "cuda_graphs_sweep")
+    store.save_table(pd.DataFrame({"a": [1]}), reference / "h200", "profiling-breakdown")
+    store.save_table(pd.DataFrame({"a": [1]}), reference / "h200", "cuda_graphs_sweep-old")
+    store.save_record(record("cuda_graphs_sweep", "h200", "NVIDIA H200"), reference / "h200", "cuda_graphs_sweep.json")
+    offered = downloads.downloads(stored_tables=["cuda_graphs_sweep", "profiling-breakdown", "profiling-top-ops"])
+    assert [(file.name, file.what) for file in offered.files] == [
+        ("reference/a100/cuda_graphs_sweep.csv", "the stored GPU table cuda_graphs_sweep on a100"),
+        ("reference/h200/cuda_graphs_sweep.csv", "the stored GPU table cuda_graphs_sweep on h200"),
+        ("reference/h200/profiling-breakdown.csv", "the stored GPU table profiling-breakdown on h200")]
+    html = offered._repr_html_()
+    assert '<a href="../records/reference/a100/cuda_graphs_sweep.csv" download>' in html
+    assert "<code>pandas.read_csv(path)</code> reads a .csv file back" in html
+    assert not downloads.downloads(stored_tables=["microbench-copy"]).files
+
+
+def test_the_tables_chapters_offer_are_the_ones_run_reference_writes(folders, monkeypatch):
+    """Chapters 11 and 15 name their stored tables by the constants that the GPU reference runs save them under."""
+    from optlab.studies import cuda_graphs, profiling
+
+    _, reference, _ = folders
+    monkeypatch.setattr(cuda_graphs, "resolve_device", lambda device: SimpleNamespace(is_cuda=True))  # a GPU's run
+    monkeypatch.setattr(cuda_graphs, "sweep", lambda *args, **kwargs: pd.DataFrame({"batch_size": [1]}))
+    monkeypatch.setattr(profiling, "profile_configs", lambda *args, **kwargs: {})
+    monkeypatch.setattr(profiling, "breakdown_table", lambda results: pd.DataFrame({"wall_ms": [1.0]}))
+    monkeypatch.setattr(profiling, "top_ops_table", lambda results: pd.DataFrame({"op": ["mm"]}))
+    written = cuda_graphs.run_reference(reference / "h200") + profiling.run_reference(reference / "h200")
+    offered = downloads.downloads(stored_tables=[cuda_graphs.REFERENCE_TABLE, *profiling.TABLES])
+    assert sorted(file.name for file in offered.files) == sorted(downloads.site_path(path) for path in written)

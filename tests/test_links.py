@@ -80,20 +80,36 @@ def test_every_internal_link_and_asset_resolves(book):
 
 
 def test_the_link_check_finds_an_absolute_asset_path_a_missing_page_and_a_missing_anchor(tmp_path):
-    """The check itself, on a two-page site: each kind of break is reported, and nothing else."""
-    (tmp_path / "_static").mkdir()
-    (tmp_path / "_static" / "style.css").write_text("a { background: url('../img.png') }")
-    (tmp_path / "img.png").write_bytes(b"")
-    (tmp_path / "book").mkdir()
-    (tmp_path / "book" / "a.html").write_text('<h1 id="top">A</h1><link href="../_static/style.css">'
-                                              '<a href="b.html#here">b</a><a href="https://example.org/">out</a>')
-    (tmp_path / "book" / "b.html").write_text('<p id="here"></p><script src="/_static/x.js"></script>'
-                                              '<a href="c.html">c</a><a href="a.html#nowhere">a</a>')
-    (tmp_path / NOT_FOUND).write_text('<a href="/site/book/a.html#top">contents</a><a href="/elsewhere/">x</a>')
-    problems = broken_links(tmp_path, "/site/")
+    """The check itself, on a small site: each kind of break is reported, and nothing else. A file just outside the
+    site exists, so a link that leaves the site is reported for leaving it, not for a missing file; the broken
+    ``../`` link and the broken style-sheet ``url()`` are found only if both are followed."""
+    site = tmp_path / "html"
+    (site / "_static").mkdir(parents=True)
+    (site / "_static" / "style.css").write_text("a { background: url('../img.png') }\n"
+                                                'b { src: url("fonts/gone.woff") }')
+    (site / "img.png").write_bytes(b"")
+    (tmp_path / "outside.html").write_text("<p>not part of the site</p>")
+    (site / "book").mkdir()
+    (site / "book" / "a.html").write_text('<h1 id="top">A</h1><link href="../_static/style.css">'
+                                          '<a href="b.html#here">b</a><a href="https://example.org/">out</a>'
+                                          '<a href="../../outside.html">leaves</a><a href="../missing.html">up</a>')
+    (site / "book" / "b.html").write_text('<p id="here"></p><script src="/_static/x.js"></script>'
+                                          '<a href="c.html">c</a><a href="a.html#nowhere">a</a>')
+    (site / NOT_FOUND).write_text('<a href="/site/book/a.html#top">contents</a><a href="/elsewhere/">x</a>')
+    problems = broken_links(site, "/site/")
     assert problems == [
         "404.html: /elsewhere/: an absolute path outside the site's prefix /site/",
+        "book/a.html: ../../outside.html: points outside the site",
+        "book/a.html: ../missing.html: names no file of the build",
         "book/b.html: /_static/x.js: an absolute path, which breaks under the site's sub-path",
         "book/b.html: c.html: names no file of the build",
         "book/b.html: a.html#nowhere: no id 'nowhere' on book/a.html",
+        "_static/style.css: fonts/gone.woff: names no file of the build",
     ], problems
+
+
+def test_only_a_scheme_or_a_network_path_is_external():
+    for url in ("https://example.org/", "mailto:someone@example.org", "//cdn.example.org/x.js", "data:image/png;a"):
+        assert is_external(url), url
+    for url in ("../a.html", "./a.html", "a.html", "/optlab/a.html", "#top", "../_static/style.css"):
+        assert not is_external(url), url

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from tools.site_server import make_server
+from tools.site_server import make_server, site_prefix
 
 
 @pytest.fixture
@@ -32,3 +32,10 @@ def test_the_site_is_served_under_its_prefix_only(server):
     assert get(server, "/site") == (301, "", "/site/")
     for outside in ("/book/a.html", "/site/../book/a.html", "/site/book/missing.html", "/site/../../etc/passwd"):
         assert get(server, outside)[:2] == (404, "not found page"), outside
+
+
+@pytest.mark.parametrize("url", ["https://github.com/some-owner/some-repo", "https://github.com/some-owner/some-repo/"])
+def test_the_prefix_is_the_repository_name_not_its_owner(tmp_path, url):
+    config = tmp_path / "_config.yml"
+    config.write_text(f"title: x\nrepository:\n  url: {url}\n  branch: main\n")
+    assert site_prefix(config) == "/some-repo/"
