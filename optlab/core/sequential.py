@@ -99,7 +99,7 @@ class StoppingRule:
     """When a run of rounds stops: ``min_repeats`` always, more in pairs while an answer is unclear, at most
     ``max_repeats`` (a hard cap), and no new pair once ``time_budget_s`` would be passed; every look at its own
     share of the error rate. ``comparisons`` maps each variant to its reference, waited for in ``phases``.
-    ``clock`` is where the seconds come from (a simulation passes its own)."""
+    ``clock`` is where the seconds come from (a simulation passes its own); ``look_every``: rounds between looks."""
 
     min_repeats: int
     max_repeats: int
@@ -107,6 +107,7 @@ class StoppingRule:
     comparisons: dict[str, str] = field(default_factory=dict)
     phases: tuple[str, ...] = ("train", "test")
     clock: Callable[[], float] = time.perf_counter
+    look_every: int = LOOK_EVERY
     looks: list[Look] = field(init=False, default_factory=list)
     _started: float = field(init=False, default=0.0)
     _round_s: list[float] = field(init=False, default_factory=list)
@@ -132,10 +133,10 @@ class StoppingRule:
         """The look after ``repeats`` rounds (None where the run does not look), with its share of the error rate
         spent; call once per round count, in order."""
         if repeats < self.min_repeats or not (repeats == self.max_repeats
-                                              or (repeats - self.min_repeats) % LOOK_EVERY == 0):
+                                              or (repeats - self.min_repeats) % self.look_every == 0):
             return None
         elapsed = self.clock() - self._started
-        next_look = min(repeats + LOOK_EVERY, self.max_repeats)
+        next_look = min(repeats + self.look_every, self.max_repeats)
         forecast = (next_look - repeats) * max(self._round_s, default=0.0)
         final = repeats >= self.max_repeats or elapsed + forecast > self.time_budget_s
         fraction = 1.0 if final else min(1.0, max(repeats / self.max_repeats, elapsed / self.time_budget_s))

@@ -42,9 +42,9 @@ VERDICTS = (FASTER, SLOWER, SAME, UNCLEAR)
 CLEAR = (FASTER, SLOWER, SAME)  # the answers that end a run's repeats
 BAD_TIME = "failed: a time that is not a positive number"  # NaN, infinite, zero or negative: the comparison fails
 ZERO_WIDTH = "no spread between rounds: a zero-width interval says nothing"  # why such an interval is not read
-EARLY_STOP_BIAS = ("an estimate read where the run stopped early leans toward the answer it stopped on: at 5 % noise "
-                   "a true 1.05 called faster reads about 2 % high on average; a speed-up to copy comes from a "
-                   "fresh measurement")
+EARLY_STOP_BIAS = ("an estimate read where a run stopped early leans toward the answer it stopped on: in simulation, "
+                   "a true 1.05 called faster reads 1-4 % high at 5-8 % noise when 12 rounds fit the budget, under "
+                   "1 % when 48 do; a speed-up to copy comes from a fresh measurement")
 
 
 def percent(fraction: float) -> str:
@@ -53,6 +53,12 @@ def percent(fraction: float) -> str:
 
 
 INTERVAL = f"{percent(CONFIDENCE)} sequential interval"  # how tables, figures, records and pages name the interval
+
+
+def page_bound(comparisons: int) -> float:
+    """The chance that any of ``comparisons`` A/A comparisons on one page says "faster" or "slower": at most their
+    number times ``ERROR_RATE`` (a union bound: it holds however they depend on each other), and at most 1."""
+    return min(1.0, comparisons * ERROR_RATE)
 
 
 class StepTimer:
