@@ -203,7 +203,8 @@ def comparison_table(summary: pd.DataFrame, variants: "list[str] | tuple[str, ..
     table = pd.DataFrame({
         "model": rows["model"], "phase": rows["phase"], "variant": rows["variant"],
         COMPARED_WITH: [MISSING if pd.isna(r) else str(r) for r in references],
-        SPEEDUP: [speedup_text(*values) for values in zip(rows["speedup"], rows["ci_low"], rows["ci_high"], rows["n"])],
+        SPEEDUP: [speedup_text(*values) for values in zip(rows["speedup"], rows["ci_low"], rows["ci_high"],
+                                                          rows["n"] if "n" in rows else [None] * len(rows))],
         "verdict": [f"{verdict} ({GRAPHS_SKIPPED})" if key in skipped else verdict
                     for verdict, key in zip(verdicts, rows[KEYS].itertuples(index=False, name=None))],
         "peak MiB": rows["peak_mem_mb"].map(significant),
