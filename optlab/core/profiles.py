@@ -56,7 +56,7 @@ class Profile:
         return replace(self, **changes)
 
     def describe_repeats(self) -> str:
-        """How many repeats: "4 repeats", or "4-12 repeats (more while an answer is unclear, 150 s a model)"."""
+        """How many repeats: "4 repeats", or "4-48 repeats (more while an answer is unclear, 150 s a model)"."""
         if self.max_repeats == self.repeats:
             return f"{self.repeats} repeats"
         budget = "" if math.isinf(self.time_budget_s) else f", at most {self.time_budget_s:g} s a model"
