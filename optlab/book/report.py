@@ -27,8 +27,8 @@ from ..core.registry import PHASES, Experiment, get_experiment
 from ..core.seed import SEED_MACHINE, seed_speedups
 from ..core.summary import CLAIM, CONTROL
 from ..core.techniques import SET_NAMES, technique_set
-from ..core.timing import (ERROR_RATE, FASTER, INTERVAL, SAME, SLOWER, TOO_WIDE, UNCLEAR, VERDICTS, page_bound,
-                           percent)
+from ..core.timing import (ERROR_RATE, FASTER, INTERVAL, SAME, SLOWER, UNCLEAR, VERDICTS, page_bound, percent,
+                           too_wide)
 from ..studies import compile_cost, cuda_graphs
 
 MISSING = "—"
@@ -89,13 +89,13 @@ def ratio(value: float) -> str:
 
 def speedup_text(speedup: float, low: float, high: float, rounds: "int | None" = None) -> str:
     """"1.23 (1.10–1.38)": a speed-up and its interval; the speed-up alone without one; "—" without either; an
-    interval whose high end is more than ``TOO_WIDE`` times its low end is too wide to mean anything and says so,
+    interval whose high end is more than ``timing.TOO_WIDE`` times its low end is too wide to mean anything and says so,
     with the ``rounds`` it had."""
     if pd.isna(speedup):
         return MISSING
     if pd.isna(low) or pd.isna(high) or low == high:  # no interval, or the baseline against itself
         return ratio(speedup)
-    if high > TOO_WIDE * low:
+    if too_wide(low, high):
         had = "" if rounds is None or pd.isna(rounds) else f" after {int(rounds)} rounds"
         return f"{ratio(speedup)} (interval too wide to tell{had})"
     return f"{ratio(speedup)} ({ratio(low)}–{ratio(high)})"

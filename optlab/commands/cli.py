@@ -10,6 +10,7 @@ import pandas as pd
 
 from ..core.errors import OptlabError
 from ..core.profiles import Profile
+from ..core.timing import TIMES_BESIDE
 
 DEFAULT_RUN_DIR = Path("results") / "runs"
 REFERENCE_OUT = Path("results") / "reference" / "this-machine"
@@ -189,6 +190,7 @@ def _tune(args: argparse.Namespace) -> None:
                   out=args.out, progress=not args.quiet, **options)
     with pd.option_context("display.width", 250, "display.max_columns", 20, "display.max_colwidth", 70):
         print(result.table().to_string(index=False))
+        print(TIMES_BESIDE)
         if args.inference:
             print(result.sweep_table().to_string(index=False))
     print(result.describe())

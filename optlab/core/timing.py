@@ -55,6 +55,25 @@ def percent(fraction: float) -> str:
 INTERVAL = f"{percent(CONFIDENCE)} sequential interval"  # how tables, figures, records and pages name the interval
 
 
+TIMES_BESIDE = ("ms before and ms after are each side's own median; the speed-up is the paired estimate over the same "
+                "rounds (at a slot shift of 0), so at a few rounds the two can disagree: the speed-up and its interval "
+                "are the answer")
+
+
+def too_wide(low: float, high: float) -> bool:
+    """Whether an interval is too wide to mean anything: its high end more than ``TOO_WIDE`` times its low end."""
+    return bool(high > TOO_WIDE * low)
+
+
+def interval_text(low: float, high: float, rounds: "int | None" = None) -> str:
+    """"1.02-1.10", "" without an interval, or "too wide to tell (N rounds)"."""
+    if math.isnan(low) or math.isnan(high):
+        return ""
+    if too_wide(low, high):
+        return "too wide to tell" + ("" if rounds is None else f" ({rounds} rounds)")
+    return f"{low:.2f}-{high:.2f}"
+
+
 def page_bound(comparisons: int) -> float:
     """The chance that any of ``comparisons`` A/A comparisons on one page says "faster" or "slower": at most their
     number times ``ERROR_RATE`` (a union bound: it holds however they depend on each other), and at most 1."""
