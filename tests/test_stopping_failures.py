@@ -61,6 +61,9 @@ def test_a_variant_that_fails_at_round_six_leaves_the_rule_and_shows_once_per_ph
     after = pd.DataFrame(rounds.rows).query("repeat >= 6")  # the rounds after the one it failed in
     assert len(after) and set(after["slot"]) == {0, 1}  # slots count the variants still running
     assert rounds.looks["read_at"] == rule.confidence < 1
+    record = rounds.record()  # what the stored record keeps beside the model's rounds
+    assert record["interval"] == timing.INTERVAL and record["early_stopping"] == timing.EARLY_STOP_BIAS
+    assert [look[0] for look in record["looks"]] == looks
 
 
 def test_a_time_that_is_not_a_number_fails_its_comparison_with_a_reason():

@@ -113,7 +113,8 @@ def _add_repeats(command: argparse.ArgumentParser) -> None:
     command.add_argument("--repeats", type=_whole_number,
                          help="the minimum of timed repeats per variant (default: the profile's)")
     command.add_argument("--max-repeats", type=_whole_number,
-                         help="the cap: more repeats, in pairs, while any answer is unclear (default: the profile's)")
+                         help="the hard cap (at most 100): more repeats, in pairs, while any answer is unclear and "
+                              "the time budget allows (default: the profile's)")
     command.add_argument("--time-budget", type=float, metavar="SECONDS",
                          help="no new pair of repeats once one model's comparison would pass SECONDS "
                               "(default: the profile's)")
