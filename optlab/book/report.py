@@ -111,8 +111,8 @@ def noise_line(summary: pd.DataFrame) -> str:
     half = 100 * (np.exp((np.log(compared["ci_high"].astype(float)) - np.log(compared["ci_low"].astype(float))) / 2)
                   - 1)
     count = len(compared)
-    return (f"Measured: {count} comparisons, a round's noise (standard deviation of its log speed-up) {noise.median():.1f} % "
-            f"median ({noise.min():.1f}-{noise.max():.1f} %), {compared['n'].median():.0f} rounds median. At that, "
+    return (f"Measured: {count} comparisons, a round's noise (standard deviation of its log speed-up) "
+            f"{noise.median():.1f} % median ({noise.min():.1f}-{noise.max():.1f} %), {compared['n'].median():.0f} rounds median. At that, "
             f"an interval reaches about ±{half.median():.1f} % around its speed-up: differences beyond that are told, "
             f"and \"{SAME}\" needs it under 2 %. Each is a {INTERVAL} (at most {percent(ERROR_RATE)} of comparisons "
             f"of a configuration with itself say faster or slower); with {count} on this page, the chance that any of "
