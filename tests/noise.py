@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from optlab.core import timing
-from optlab.core.sequential import all_clear, visit_order
+from optlab.core.sequential import visit_order
 
 
 def simulated_samples(rng: np.random.Generator, speed_ups: dict[str, float], repeats: int = 5, steps: int = 2,
@@ -53,30 +53,68 @@ class Noise:
     steps: int = 10
 
 
-def simulated_round_times(rng: np.random.Generator, speed_ups: dict[str, float], rounds: int,
-                          noise: Noise) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Each variant's epoch time and slot in each of ``rounds`` rounds, visited in :func:`visit_order`."""
-    labels, level = list(speed_ups), 1.0
-    times = {label: np.empty(rounds) for label in labels}
-    slots = {label: np.empty(rounds) for label in labels}
-    for index in range(rounds):
-        level *= float(np.exp(rng.normal(0, noise.drift)))
-        for slot, label in enumerate(visit_order(labels, index)):
-            time = level * (1 - noise.slot_effect) ** slot / speed_ups[label]
-            time *= float(np.exp(rng.normal(0, noise.sd / np.sqrt(2))))
-            if rng.random() < noise.outlier_rate:
-                time *= 1 + (rng.uniform(2, 5) - 1) / noise.steps
-            times[label][index], slots[label][index] = time, slot
+def simulated_round_times(rng: np.random.Generator, speed_ups: dict[str, float], rounds: int, noise: Noise,
+                          draws: int = 1) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Each variant's epoch time in each of ``rounds`` rounds of ``draws`` independent runs (arrays of draws x
+    rounds), and its slot in each round (visited in :func:`visit_order`, the same in every run)."""
+    labels = list(speed_ups)
+    orders = [visit_order(labels, index) for index in range(rounds)]
+    slots = {label: np.array([order.index(label) for order in orders], dtype=float) for label in labels}
+    level = np.exp(np.cumsum(rng.normal(0, noise.drift, (draws, rounds)), axis=1))  # shared by a round's variants
+    times = {}
+    for label in labels:
+        time = level * (1 - noise.slot_effect) ** slots[label] / speed_ups[label]
+        time = time * np.exp(rng.normal(0, noise.sd / np.sqrt(2), (draws, rounds)))
+        outlier = rng.random((draws, rounds)) < noise.outlier_rate
+        times[label] = np.where(outlier, time * (1 + (rng.uniform(2, 5, (draws, rounds)) - 1) / noise.steps), time)
     return times, slots
 
 
-def sequential_outcome(rng: np.random.Generator, speed_up: float, rule, noise: Noise) -> tuple[str, int]:
-    """One simulated comparison run under ``rule`` (a :class:`StoppingRule` without a time budget): the verdict at
-    the look where it stopped, and how many repeats that took."""
-    times, slots = simulated_round_times(rng, {"A": 1.0, "B": speed_up}, rule.max_repeats, noise)
-    shifts = slots["B"] - slots["A"]
+def look_plan(rule, round_s: float = 1.0) -> list:
+    """The looks ``rule`` takes in a run whose rounds take ``round_s`` each on a simulated clock (a budget of B
+    seconds then allows about B / ``round_s`` rounds); the looks and their levels do not depend on the data."""
+    now = [0.0]
+    rule.clock = lambda: now[0]
+    rule.start()
+    looks = []
     for repeats in range(1, rule.max_repeats + 1):
-        result = timing.speed_up(times["A"][:repeats], times["B"][:repeats], shifts[:repeats]) if repeats > 1 else None
-        if rule.stop_on(repeats, lambda: all_clear([result.verdict])):
-            return result.verdict, repeats
-    raise AssertionError("the rule never stopped")
+        now[0] += round_s
+        rule.round_done(round_s)
+        look = rule.look(repeats)
+        if look is not None:
+            looks.append(look)
+            if look.final:
+                break
+    return looks
+
+
+def sequential_outcomes(rng: np.random.Generator, speed_ups: dict[str, float], rule, noise: Noise, draws: int,
+                        round_s: float = 1.0) -> dict[str, np.ndarray]:
+    """``draws`` simulated runs of every variant against the first (the baseline) under ``rule``, vectorised: each
+    run stops at the first look where every comparison is clear, or at the last look. Returns the ``verdict``,
+    ``ratio``, ``low`` and ``high`` read there (draws x comparisons) and the ``repeats`` each run took (draws)."""
+    labels = list(speed_ups)
+    looks = look_plan(rule, round_s)
+    times, slots = simulated_round_times(rng, speed_ups, looks[-1].repeats, noise, draws)
+    base, others = labels[0], labels[1:]
+    shape = (draws, len(others))
+    out = {"verdict": np.full(shape, timing.UNCLEAR, dtype=object), "ratio": np.full(shape, np.nan),
+           "low": np.full(shape, np.nan), "high": np.full(shape, np.nan), "repeats": np.zeros(draws, dtype=int)}
+    running = np.ones(draws, dtype=bool)
+    for look in looks:
+        if not look.reads:
+            continue
+        n = look.repeats
+        now = {"verdict": np.empty(shape, dtype=object), "ratio": np.empty(shape), "low": np.empty(shape),
+               "high": np.empty(shape)}
+        for column, label in enumerate(others):
+            log_ratios = np.log(times[base][:, :n]) - np.log(times[label][:, :n])
+            ratio, low, high, _ = timing.intervals(log_ratios, slots[label][:n] - slots[base][:n], look.confidence)
+            now["ratio"][:, column], now["low"][:, column], now["high"][:, column] = ratio, low, high
+            now["verdict"][:, column] = timing.verdicts(ratio, low, high)
+        stop = running & (np.isin(now["verdict"], timing.CLEAR).all(axis=1) | look.final)
+        for key, values in now.items():
+            out[key][stop] = values[stop]
+        out["repeats"][stop] = n
+        running &= ~stop
+    return out

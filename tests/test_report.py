@@ -48,7 +48,7 @@ def test_numbers_are_written_with_three_significant_figures_and_a_dash_when_miss
 def test_comparison_table_puts_the_decision_first_in_the_registrys_order(result):
     shuffled = result.summary.sample(frac=1, random_state=1)
     table = report.comparison_table(shuffled, LABELS)
-    assert list(table.columns[:7]) == ["model", "phase", "variant", "compared with", "speed-up (99.9 % interval)",
+    assert list(table.columns[:7]) == ["model", "phase", "variant", "compared with", "speed-up (99.5 % sequential interval)",
                                        "verdict", "peak MiB"]
     assert list(table["compared with"]) == ["—", LABELS[0]] * 2
     assert table.attrs["details"] == list(report.DETAILS.values()) and set(table.attrs["details"]) <= set(table)
@@ -110,7 +110,7 @@ def test_the_speedup_figure_shows_intervals_the_seed_mark_verdicts_and_controls(
     legend = [text.get_text() for text in figure.legends[0].texts]
     assert {"seed V100 (no interval)", "faster", "slower", "same within 2 %", "can't tell yet (hollow)",
             "H200"} <= set(legend)
-    assert figure.get_supxlabel().endswith("lines: 99.9 % intervals")
+    assert figure.get_supxlabel().endswith("lines: 99.5 % sequential intervals")
 
 
 def test_seed_comparison_keeps_the_registrys_variant_order(result, stored):
@@ -132,4 +132,4 @@ def test_the_stack_table_reads_each_step_against_the_one_before():
                            "vs baseline": 1.25, "peak_mem_mb": 2951.2}])
     assert list(report.stack_table(steps).iloc[0]) == [
         "resnet18", "train", "+ channels_last", "1.31 (0.853–2.00)", "can't tell yet", "1.25", 2951.0, 55.2]
-    assert list(report.stack_table(steps).columns)[3] == "vs the step before (99.9 % interval)"
+    assert list(report.stack_table(steps).columns)[3] == "vs the step before (99.5 % sequential interval)"

@@ -1,6 +1,7 @@
 import time
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -88,3 +89,44 @@ def test_summaries_pair_the_repeats_of_simulated_runs():
     samples = simulated_samples(rng, {"A": 1.0, "B": 2.0}, outlier_rate=0.0).query("not (variant == 'B' and repeat == 4)")
     row = summarize_runs(samples, "A").iloc[1]
     assert row["verdict"] == "faster" and row["n"] == 4
+
+
+def test_slower_and_same_meet_so_every_narrow_ratio_gets_an_answer():
+    edge = 1 / 1.02
+    assert verdict(0.9802, 0.975, 0.985) == "slower"  # between 0.98 and 1/1.02
+    assert verdict(edge + 1e-4, edge + 5e-5, 0.999) == "same within 2 %"
+    for ratio in np.linspace(0.95, 1.05, 201):  # a narrow interval around any ratio: never "can't tell yet"
+        assert verdict(ratio, ratio * 0.9999, ratio * 1.0001) != "can't tell yet" or 1.0195 < ratio < 1.02
+
+
+def test_t_quantiles_hold_far_into_the_tail():
+    """A look with a tiny share of the error rate needs the tail: df 1 and 2 have closed forms."""
+    for tail in (1e-3, 1e-6, 1e-9):
+        assert t_quantile(1 - tail / 2, 1) == pytest.approx(np.tan(np.pi * (0.5 - tail / 2)), rel=1e-6)
+        assert t_quantile(1 - tail / 2, 2) == pytest.approx(np.sqrt(2 * (1 - tail) ** 2 / (1 - (1 - tail) ** 2)),
+                                                            rel=1e-6)
+
+
+def test_the_round_noise_is_the_spread_of_a_round_s_log_ratio():
+    rng = np.random.default_rng(3)
+    logs = 0.05 + rng.normal(0, 0.03, 400)
+    assert speed_up(np.exp(logs), np.ones(400)).noise == pytest.approx(0.03, rel=0.1)
+
+
+def test_a_too_wide_interval_is_named_not_printed():
+    from optlab.book import report
+    from optlab.core.timing import interval_text
+    assert report.speedup_text(0.89, 0.0001, 3e7, 3) == "0.890 (interval too wide to tell after 3 rounds)"
+    assert report.speedup_text(1.10, 1.05, 1.15, 8) == "1.10 (1.05–1.15)"
+    assert interval_text(0.0, 3e7) == "too wide to tell" and interval_text(1.0, 1.1) == "1.00-1.10"
+
+
+def test_a_chapter_line_says_the_noise_what_it_lets_the_rule_tell_and_the_page_bound():
+    from optlab.book import report
+    summary = pd.DataFrame({"verdict": ["baseline", "can't tell yet", "faster", "out of memory"],
+                            "noise": [np.nan, 0.08, 0.04, np.nan], "n": [np.nan, 12, 8, 5],
+                            "ci_low": [1.0, 0.9, 1.05, np.nan], "ci_high": [1.0, 1.1, 1.15, np.nan]})
+    line = report.noise_line(summary)
+    assert "2 comparisons" in line and "6.0 % median (4.0-8.0 %)" in line and "10 rounds median" in line
+    assert "99.5 % sequential interval" in line and "at most 1 %" in line  # 2 x 0.5 %
+    assert report.noise_line(summary.iloc[[0, 3]]).startswith("No comparison")

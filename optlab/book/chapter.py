@@ -97,8 +97,9 @@ class Notes:
 
 def built_on(result: ExperimentResult) -> Notes:
     """The line above a chapter's live results: the device that built the page, the stored GPU references of the
-    technique (or that none exists yet), and a link to the summary, where every technique stands side by side; then
-    the records behind the page, to download (:func:`downloads`)."""
+    technique (or that none exists yet), and a link to the summary, where every technique stands side by side; what
+    the run measured and what that lets the rule tell (:func:`report.noise_line`); then the records behind the page,
+    to download (:func:`downloads`)."""
     environment, name = result.record["environment"], result.experiment.name
     device = environment["gpu_name"] or f"{environment['device_name']} (CPU)"
     references = report.reference_summary(name)
@@ -106,7 +107,7 @@ def built_on(result: ExperimentResult) -> Notes:
               else ", ".join(sorted(set(references["machine"]))))
     line = Note(f"Live numbers on this page: {device}, {result.record['profile']['name']} profile. Stored GPU "
                 f"references of {name}: {stored}. Every technique side by side: [the summary]({SUMMARY_PAGE}).")
-    return Notes((line, downloads(name, live=result.path)))
+    return Notes((line, Note(report.noise_line(result.summary)), downloads(name, live=result.path)))
 
 
 def speedups(result: ExperimentResult) -> pd.DataFrame:

@@ -27,7 +27,8 @@ from ..core.registry import PHASES, Experiment, get_experiment
 from ..core.seed import SEED_MACHINE, seed_speedups
 from ..core.summary import CLAIM, CONTROL
 from ..core.techniques import SET_NAMES, technique_set
-from ..core.timing import FASTER, INTERVAL, SAME, SLOWER, UNCLEAR
+from ..core.timing import (ERROR_RATE, FASTER, INTERVAL, SAME, SLOWER, UNCLEAR, VERDICTS, page_bound, percent,
+                           too_wide)
 from ..studies import compile_cost, cuda_graphs
 
 MISSING = "—"
@@ -86,13 +87,36 @@ def ratio(value: float) -> str:
     return f"{value:#.3g}".rstrip(".")
 
 
-def speedup_text(speedup: float, low: float, high: float) -> str:
-    """"1.23 (1.10–1.38)": a speed-up and its interval; the speed-up alone without one; "—" without either."""
+def speedup_text(speedup: float, low: float, high: float, rounds: "int | None" = None) -> str:
+    """"1.23 (1.10–1.38)": a speed-up and its interval; the speed-up alone without one; "—" without either; an
+    interval whose high end is more than ``timing.TOO_WIDE`` times its low end is too wide to mean anything and says so,
+    with the ``rounds`` it had."""
     if pd.isna(speedup):
         return MISSING
     if pd.isna(low) or pd.isna(high) or low == high:  # no interval, or the baseline against itself
         return ratio(speedup)
+    if too_wide(low, high):
+        had = "" if rounds is None or pd.isna(rounds) else f" after {int(rounds)} rounds"
+        return f"{ratio(speedup)} (interval too wide to tell{had})"
     return f"{ratio(speedup)} ({ratio(low)}–{ratio(high)})"
+
+
+def noise_line(summary: pd.DataFrame) -> str:
+    """What a run measured and what that lets the rule tell: the round-level noise of its comparisons, the half-width
+    of their intervals at the rounds they had, and the page's bound on a false verdict (:func:`timing.page_bound`)."""
+    compared = summary[summary["verdict"].isin(VERDICTS)] if "verdict" in summary else summary.iloc[0:0]
+    if compared.empty or "noise" not in compared or compared["noise"].isna().all():
+        return "No comparison on this page has an interval yet."
+    noise = 100 * compared["noise"].astype(float)
+    half = 100 * (np.exp((np.log(compared["ci_high"].astype(float)) - np.log(compared["ci_low"].astype(float))) / 2)
+                  - 1)
+    count = len(compared)
+    return (f"Measured: {count} comparisons, a round's noise (standard deviation of its log speed-up) "
+            f"{noise.median():.1f} % median ({noise.min():.1f}-{noise.max():.1f} %), {compared['n'].median():.0f} rounds median. At that, "
+            f"an interval reaches about ±{half.median():.1f} % around its speed-up: differences beyond that are told, "
+            f"and \"{SAME}\" needs it under 2 %. Each is a {INTERVAL} (at most {percent(ERROR_RATE)} of comparisons "
+            f"of a configuration with itself say faster or slower); with {count} on this page, the chance that any of "
+            f"them does is at most {percent(page_bound(count))}.")
 
 
 def verdict_text(verdict: object, role: object = CLAIM) -> str:
@@ -179,7 +203,8 @@ def comparison_table(summary: pd.DataFrame, variants: "list[str] | tuple[str, ..
     table = pd.DataFrame({
         "model": rows["model"], "phase": rows["phase"], "variant": rows["variant"],
         COMPARED_WITH: [MISSING if pd.isna(r) else str(r) for r in references],
-        SPEEDUP: [speedup_text(*values) for values in zip(rows["speedup"], rows["ci_low"], rows["ci_high"])],
+        SPEEDUP: [speedup_text(*values) for values in zip(rows["speedup"], rows["ci_low"], rows["ci_high"],
+                                                          rows["n"] if "n" in rows else [None] * len(rows))],
         "verdict": [f"{verdict} ({GRAPHS_SKIPPED})" if key in skipped else verdict
                     for verdict, key in zip(verdicts, rows[KEYS].itertuples(index=False, name=None))],
         "peak MiB": rows["peak_mem_mb"].map(significant),

@@ -10,6 +10,7 @@ import pandas as pd
 
 from ..core.errors import OptlabError
 from ..core.profiles import Profile
+from ..core.timing import TIMES_BESIDE
 
 DEFAULT_RUN_DIR = Path("results") / "runs"
 REFERENCE_OUT = Path("results") / "reference" / "this-machine"
@@ -112,7 +113,8 @@ def _add_repeats(command: argparse.ArgumentParser) -> None:
     command.add_argument("--repeats", type=_whole_number,
                          help="the minimum of timed repeats per variant (default: the profile's)")
     command.add_argument("--max-repeats", type=_whole_number,
-                         help="the cap: more repeats, in pairs, while any answer is unclear (default: the profile's)")
+                         help="the hard cap (at most 100): more repeats, in pairs, while any answer is unclear and "
+                              "the time budget allows (default: the profile's)")
     command.add_argument("--time-budget", type=float, metavar="SECONDS",
                          help="no new pair of repeats once one model's comparison would pass SECONDS "
                               "(default: the profile's)")
@@ -189,6 +191,7 @@ def _tune(args: argparse.Namespace) -> None:
                   out=args.out, progress=not args.quiet, **options)
     with pd.option_context("display.width", 250, "display.max_columns", 20, "display.max_colwidth", 70):
         print(result.table().to_string(index=False))
+        print(TIMES_BESIDE)
         if args.inference:
             print(result.sweep_table().to_string(index=False))
     print(result.describe())

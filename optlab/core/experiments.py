@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import functools
 import gc
+import math
 import multiprocessing
 import sys
 import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -39,7 +40,8 @@ from .profiles import Profile, get_profile
 from .registry import Experiment, get_experiment
 from .samples import failed_row, sample_row
 from .sequential import StoppingRule, visit_order
-from .summary import summarize_runs
+from .summary import LOOK_CONFIDENCE, summarize_runs
+from .timing import BAD_TIME, EARLY_STOP_BIAS, INTERVAL
 from .variants import VariantState, build_state
 
 LOADER_WARNING = "This DataLoader will create"  # more workers than CPUs: the run's notes say it once
@@ -154,7 +156,7 @@ def run_experiment(
         ran = _run_model(experiment, model_name, effective[model_name], prof, info, datasets, source, download,
                          seed, bar)
         rows += ran.rows
-        rounds[model_name] = {"repeats": ran.repeats, "stopped": ran.stopped}
+        rounds[model_name] = ran.record()
         print(f"{model_name}: {ran.repeats} repeats, stopped {ran.stopped}")
         if out_dir is not None:  # after every model: a run killed later keeps what it finished
             path = store.save_record(record_of(rows)[2], out_dir, filename)
@@ -235,11 +237,19 @@ PhaseRunner = Callable[[str, Profile, int], PhaseResult]  # (phase, profile, pha
 
 @dataclass
 class Rounds:
-    """What :func:`interleave` did: the tidy rows, how many timed rounds it ran and why it stopped."""
+    """What :func:`interleave` did: the tidy rows, how many timed rounds it ran, why it stopped, and the looks it took
+    (each look's rounds and level; the level the answers were read at)."""
 
     rows: list[dict[str, Any]]
     repeats: int
     stopped: str  # "every answer clear", "at the cap of N repeats", "at the time budget", "fixed number of repeats"
+    looks: dict[str, Any] = field(default_factory=dict)
+
+    def record(self) -> dict[str, Any]:
+        """What the record keeps of a model's rounds: how many, why they stopped, the looks, the interval's name
+        and what early stopping does to the estimate."""
+        return {"repeats": self.repeats, "stopped": self.stopped, **self.looks, "interval": INTERVAL,
+                "early_stopping": EARLY_STOP_BIAS}
 
 
 def stopping_rule(prof: Profile, comparisons: dict[str, str], phases: Iterable[str]) -> StoppingRule:
@@ -248,13 +258,23 @@ def stopping_rule(prof: Profile, comparisons: dict[str, str], phases: Iterable[s
     return StoppingRule(prof.repeats, prof.max_repeats, prof.time_budget_s, dict(comparisons), tuple(phases))
 
 
+def bad_time(row: dict[str, Any]) -> str | None:
+    """Why a finished phase's sample cannot be compared (a time that is NaN, infinite, zero or negative), or None."""
+    seconds = row.get("epoch_equiv_s")
+    if seconds is None or not math.isfinite(seconds) or seconds <= 0:
+        return f"{BAD_TIME} (epoch time {seconds} s)"
+    return None
+
+
 def interleave(runners: dict[str, PhaseRunner], configs: dict[str, RunConfig], phases: Iterable[str],
                prof: Profile, info: DeviceInfo, technique: str, model: str, epoch_images: dict[str, int], seed: int,
                bar: tqdm, rule: StoppingRule, flops: int | None = None,
                on_result: Callable[[str, int, PhaseResult], None] | None = None) -> Rounds:
-    """Rounds of every variant and phase, each round in :func:`sequential.visit_order`, until ``rule`` stops them:
-    the tidy rows. A variant that raises is recorded with :func:`failure_status` and left out of the later rounds;
-    the others go on. ``on_result(label, repeat, result)`` sees every finished phase, warm-up repeats included."""
+    """Rounds of every variant and phase, each round in :func:`sequential.visit_order` of the variants still
+    running, until ``rule`` stops them: the tidy rows, each with its slot among the variants still running and the
+    level its model's answers are read at. A variant that raises is recorded with :func:`failure_status`, and one
+    whose time is not a positive number with :data:`timing.BAD_TIME`; either leaves the later rounds and the rule at
+    once. ``on_result(label, repeat, result)`` sees every finished phase, warm-up repeats included."""
     rows: list[dict[str, Any]] = []
     failed: dict[str, str] = {}
     phases = tuple(phases)
@@ -263,7 +283,8 @@ def interleave(runners: dict[str, PhaseRunner], configs: dict[str, RunConfig], p
     while True:
         kept = round_index - prof.warmup_repeats
         started = time.perf_counter()
-        for slot, label in enumerate(visit_order(list(runners), max(kept, 0))):
+        running = [label for label in runners if label not in failed]
+        for slot, label in enumerate(visit_order(running, max(kept, 0))):
             for phase in phases:
                 bar.update()
                 if label in failed:
@@ -280,29 +301,38 @@ def interleave(runners: dict[str, PhaseRunner], configs: dict[str, RunConfig], p
                 if on_result is not None:
                     on_result(label, round_index, result)
                 if kept >= 0:
-                    rows.append(sample_row(technique, model, label, kept, phase, configs[label], result,
-                                           epoch_images[phase], flops) | {"slot": slot})
+                    row = sample_row(technique, model, label, kept, phase, configs[label], result,
+                                     epoch_images[phase], flops) | {"slot": slot}
+                    if (why := bad_time(row)) is not None:
+                        failed[label] = why
+                        row = failed_row(technique, model, label, kept, phase, configs[label], why) | {"slot": slot}
+                    rows.append(row)
         round_index += 1
         if kept < 0:
             continue
         rule.round_done(time.perf_counter() - started)
-        if rule.stop_after(kept + 1, rows):
+        if rule.stop_after(kept + 1, rows) or len(failed) == len(runners):
             break
         if bar.total is not None:
             bar.total += len(runners) * len(phases)
     repeats = kept + 1
-    return Rounds(rows, repeats, stop_reason(rule, repeats, rows))
+    for row in rows:
+        row[LOOK_CONFIDENCE] = rule.confidence
+    return Rounds(rows, repeats, stop_reason(rule, repeats, rows), rule.record())
 
 
 def stop_reason(rule: StoppingRule, repeats: int, rows: list[dict[str, Any]]) -> str:
-    """Why the rounds stopped after ``repeats``, in words."""
+    """Why the rounds stopped after ``repeats``, in words (variants that failed on the way say so too)."""
+    failures = sorted({f"{row['variant']} {row['status']} in round {row['repeat'] + 1}" for row in rows
+                       if row["status"] != "ok"})
+    also = f" ({'; '.join(failures)}: left the rule)" if failures else ""
     if rule.max_repeats == rule.min_repeats:
-        return f"fixed at {repeats} repeats"
+        return f"fixed at {repeats} repeats{also}"
     if rule.settled(rows):
-        return "every answer clear"
+        return f"every answer clear{also}"
     if repeats >= rule.max_repeats:
-        return f"at the cap of {rule.max_repeats} repeats"
-    return f"at the time budget of {rule.time_budget_s:g} s"
+        return f"at the cap of {rule.max_repeats} repeats{also}"
+    return f"at the time budget of {rule.time_budget_s:g} s{also}"
 
 
 def _run_model(experiment: Experiment, model_name: str, configs: dict, prof: Profile, info: DeviceInfo,
@@ -331,4 +361,4 @@ def _run_model(experiment: Experiment, model_name: str, configs: dict, prof: Pro
         torch._dynamo.reset()  # drop this model's compiled code: each model gets Dynamo's whole recompile limit
     if info.is_cuda:
         torch.cuda.empty_cache()
-    return Rounds(rows + ran.rows, ran.repeats, ran.stopped)
+    return Rounds(rows + ran.rows, ran.repeats, ran.stopped, ran.looks)

@@ -1,4 +1,5 @@
-"""Repeats until the answer is clear: the order of the variants in each round, when a run looks, and when it stops.
+"""Repeats until the answer is clear: the order of the variants in each round, when a run looks, at what level, and
+when it stops.
 
 A run times every variant once per *round*. Rounds come in mirrored pairs: a rotation of the variants, then the same
 order reversed (A B C, C B A; B C A, A C B; ...), so that after every pair each variant has sat, on average, in the
@@ -6,11 +7,18 @@ middle slot (a slot effect that grows or shrinks along the round cancels in ever
 each of ``k`` variants has sat in every slot equally often.
 
 After the minimum number of rounds, and then after every pair, the run *looks*: it computes every comparison's
-interval and verdict (:func:`optlab.core.timing.speed_up`). It stops when every comparison has a
-clear answer (faster, slower, same within 2 %), when the next pair of rounds would pass the cap on repeats, or when
-it would pass the time budget. A run looks at most ``MAX_LOOKS`` times (looks are spread evenly between the minimum
-and the cap when the cap allows more), and every look reads a ``CONFIDENCE`` interval, so the chance that any look
-of an A/A comparison says "faster" or "slower" is at most ``ERROR_RATE`` (Bonferroni), however the looks fall.
+interval and verdict (:func:`optlab.core.timing.speed_up`). It stops when every comparison still running has a clear
+answer (faster, slower, same within 2 %), at the hard cap on rounds, or at the last look that fits the time budget:
+for cheap comparisons the budget, not the cap, ends the run. How many looks a run takes is not known in advance, so
+the error rate is *spent* (:func:`optlab.core.timing.error_spent`): a look's share is the error spent by then, less
+the error spent at the looks before, where "by then" is the share of the run done (rounds over the cap or seconds
+over the budget, whichever is further along, and all of it at the last look). Each look reads its intervals at
+``1 - share``; the shares add up to at most ``ERROR_RATE``, so the chance that any look of an A/A comparison says
+"faster" or "slower" is at most ``ERROR_RATE``, however many looks the budget allows. A look whose share is below
+``SMALLEST_LOOK_ERROR`` reads nothing and keeps its share for the looks after it.
+
+A variant that fails leaves the rule at once: its comparisons (and those against it) are no longer waited for, and
+the others settle as if it had never run.
 """
 from __future__ import annotations
 
@@ -21,8 +29,10 @@ from typing import Any, Callable, Iterable
 
 import pandas as pd
 
-from .summary import paired_epoch_times
-from .timing import CLEAR, MAX_LOOKS, speed_up
+from .summary import failed_variants, paired_epoch_times
+from .timing import CLEAR, CONFIDENCE, SMALLEST_LOOK_ERROR, error_spent, speed_up
+
+LOOK_EVERY = 2  # rounds between looks: one mirrored pair
 
 
 def visit_order(labels: list[str], round_index: int) -> list[str]:
@@ -35,30 +45,46 @@ def visit_order(labels: list[str], round_index: int) -> list[str]:
     return order[::-1] if round_index % 2 else order
 
 
-def look_points(min_repeats: int, max_repeats: int, max_looks: int = MAX_LOOKS) -> list[int]:
-    """The repeat counts after which a run looks: the minimum, then every second repeat up to the cap, thinned to at
-    most ``max_looks`` evenly spread looks (the last one at the cap)."""
+def look_points(min_repeats: int, max_repeats: int) -> list[int]:
+    """The repeat counts after which a run may look: the minimum, then every second repeat, and the cap."""
     if max_repeats < min_repeats:
         raise ValueError(f"the cap on repeats ({max_repeats}) is below the minimum ({min_repeats})")
-    points = list(range(min_repeats, max_repeats + 1, 2))
-    if points[-1] != max_repeats:
-        points.append(max_repeats)
-    if len(points) <= max_looks:
-        return points
-    picks = [round(i * (len(points) - 1) / (max_looks - 1)) for i in range(max_looks)]
-    return [points[i] for i in picks]
+    points = list(range(min_repeats, max_repeats + 1, LOOK_EVERY))
+    return points if points[-1] == max_repeats else points + [max_repeats]
 
 
-def pair_verdicts(samples: pd.DataFrame, comparisons: dict[str, str], phases: "tuple[str, ...] | list[str]") -> dict:
-    """The verdict of every ``variant -> reference`` comparison in ``phases`` (per model), from tidy samples so far:
-    ``{(model, phase, variant): verdict}``; comparisons with a failed side are left out."""
-    verdicts = {}
-    ok = samples[(samples["status"] == "ok") & samples["phase"].isin(phases)] if not samples.empty else samples
+@dataclass(frozen=True)
+class Look:
+    """One look of a run: after how many rounds, how far along the run was (1 at its last look), whether it was the
+    last, and the level of its intervals (``1 - its share of the error rate``; NaN for a look too early to read)."""
+
+    repeats: int
+    fraction: float
+    final: bool
+    confidence: float
+
+    @property
+    def reads(self) -> bool:
+        return not math.isnan(self.confidence)
+
+
+def pair_verdicts(samples: pd.DataFrame, comparisons: dict[str, str], phases: "tuple[str, ...] | list[str]",
+                  confidence: float = CONFIDENCE) -> dict:
+    """The verdict of every ``variant -> reference`` comparison in ``phases`` (per model), read at ``confidence``
+    from tidy samples so far: ``{(model, phase, variant): verdict}``. A comparison with a side that failed in any
+    phase has left the rule and is left out."""
+    verdicts: dict = {}
+    if samples.empty:
+        return verdicts
+    failed = failed_variants(samples)
+    ok = samples[(samples["status"] == "ok") & samples["phase"].isin(phases)]
     for (model, phase), group in ok.groupby(["model", "phase"], sort=False):
         runs = dict(tuple(group.groupby("variant")))
         for variant, reference in comparisons.items():
+            if (model, variant) in failed or (model, reference) in failed:
+                continue
             if variant in runs and reference in runs:
-                result = speed_up(*paired_epoch_times(runs[reference], runs[variant]))
+                result = speed_up(*paired_epoch_times(runs[reference], runs[variant]), confidence=confidence)
                 verdicts[(model, phase, variant)] = result.verdict
     return verdicts
 
@@ -71,48 +97,77 @@ def all_clear(verdicts: Iterable[str]) -> bool:
 @dataclass
 class StoppingRule:
     """When a run of rounds stops: ``min_repeats`` always, more in pairs while an answer is unclear, at most
-    ``max_repeats``, and no new pair once ``time_budget_s`` would be passed. ``comparisons`` maps each variant to
-    its reference, waited for in ``phases``."""
+    ``max_repeats`` (a hard cap), and no new pair once ``time_budget_s`` would be passed; every look at its own
+    share of the error rate. ``comparisons`` maps each variant to its reference, waited for in ``phases``.
+    ``clock`` is where the seconds come from (a simulation passes its own); ``look_every``: rounds between looks."""
 
     min_repeats: int
     max_repeats: int
     time_budget_s: float = math.inf
     comparisons: dict[str, str] = field(default_factory=dict)
     phases: tuple[str, ...] = ("train", "test")
-    looks: list[int] = field(init=False)
+    clock: Callable[[], float] = time.perf_counter
+    look_every: int = LOOK_EVERY
+    looks: list[Look] = field(init=False, default_factory=list)
     _started: float = field(init=False, default=0.0)
     _round_s: list[float] = field(init=False, default_factory=list)
+    _spent: float = field(init=False, default=0.0)
 
     def __post_init__(self) -> None:
-        self.looks = look_points(self.min_repeats, self.max_repeats)
+        look_points(self.min_repeats, self.max_repeats)  # raises on a cap below the minimum
 
     def start(self) -> None:
-        self._started, self._round_s = time.perf_counter(), []
+        self._started, self._round_s, self.looks, self._spent = self.clock(), [], [], 0.0
 
     def round_done(self, seconds: float) -> None:
         """Record how long a timed round took (the budget's forecast of the next ones)."""
         self._round_s.append(seconds)
 
+    @property
+    def confidence(self) -> float:
+        """The level of the last look that read its intervals: the level the run's answers are read at."""
+        read = [look.confidence for look in self.looks if look.reads]
+        return read[-1] if read else CONFIDENCE
+
+    def look(self, repeats: int) -> Look | None:
+        """The look after ``repeats`` rounds (None where the run does not look), with its share of the error rate
+        spent; call once per round count, in order."""
+        if repeats < self.min_repeats or not (repeats == self.max_repeats
+                                              or (repeats - self.min_repeats) % self.look_every == 0):
+            return None
+        elapsed = self.clock() - self._started
+        next_look = min(repeats + self.look_every, self.max_repeats)
+        forecast = (next_look - repeats) * max(self._round_s, default=0.0)
+        final = repeats >= self.max_repeats or elapsed + forecast > self.time_budget_s
+        fraction = 1.0 if final else min(1.0, max(repeats / self.max_repeats, elapsed / self.time_budget_s))
+        share = error_spent(fraction) - self._spent
+        confidence = math.nan
+        if share >= SMALLEST_LOOK_ERROR:
+            self._spent += share
+            confidence = 1.0 - share
+        self.looks.append(Look(repeats, fraction, final, confidence))
+        return self.looks[-1]
+
     def stop_after(self, repeats: int, rows: list[dict[str, Any]]) -> bool:
         """Whether the run stops after ``repeats`` timed rounds with these sample ``rows``."""
-        return self.stop_on(repeats, lambda: self.settled(rows))
+        return self.stop_on(repeats, lambda confidence: self.settled(rows, confidence))
 
-    def stop_on(self, repeats: int, settled: Callable[[], bool]) -> bool:
-        """The rule itself: never before the minimum, always at the cap, and at every look in between when
-        ``settled()`` (every comparison has a clear answer) or when the rounds up to the next look would not fit in the
-        time budget."""
-        if repeats < self.min_repeats:
+    def stop_on(self, repeats: int, settled: Callable[[float], bool]) -> bool:
+        """The rule itself: never before the minimum, always at the last look (the cap, or the last that fits the
+        budget), and at every look in between that reads when ``settled(confidence)`` (every comparison still
+        running has a clear answer at that look's level)."""
+        look = self.look(repeats)
+        if look is None:
             return False
-        if repeats >= self.max_repeats:
-            return True
-        if repeats not in self.looks:
-            return False
-        if settled():
-            return True
-        next_look = min(point for point in self.looks if point > repeats)
-        forecast = (next_look - repeats) * max(self._round_s, default=0.0)
-        return time.perf_counter() - self._started + forecast > self.time_budget_s
+        return look.final or (look.reads and settled(look.confidence))
 
-    def settled(self, rows: list[dict[str, Any]]) -> bool:
-        """Every comparison has a clear answer (failed variants have none to wait for)."""
-        return all_clear(pair_verdicts(pd.DataFrame(rows), self.comparisons, self.phases).values())
+    def settled(self, rows: list[dict[str, Any]], confidence: float | None = None) -> bool:
+        """Every comparison still running has a clear answer at ``confidence`` (default: the last look's)."""
+        level = self.confidence if confidence is None else confidence
+        return all_clear(pair_verdicts(pd.DataFrame(rows), self.comparisons, self.phases, level).values())
+
+    def record(self) -> dict[str, Any]:
+        """What the record keeps of the looks: each look's rounds and level, and the level the answers were read at."""
+        return {"looks": [[look.repeats, None if not look.reads else round(look.confidence, 10)]
+                          for look in self.looks],
+                "read_at": self.confidence}

@@ -1,4 +1,5 @@
-"""From tidy samples to the summary table: median, spread, speed-up with its interval, verdict, memory."""
+"""From tidy samples to the summary table: median, spread, speed-up with its interval, verdict, round-level noise,
+memory."""
 from __future__ import annotations
 
 import pandas as pd
@@ -8,9 +9,26 @@ from .timing import speed_up, summarize
 SUMMARY_COLUMNS = [
     "model", "phase", "variant", "n", "epoch_s", "epoch_iqr_s", "epoch_min_s", "step_ms", "startup_s",
     "images_per_s", "peak_mem_mb", "first_peak_mem_mb", "tflops", "reference", "speedup", "ci_low", "ci_high", "verdict",
-    "role",
+    "noise", "role",
 ]
 CLAIM, CONTROL = "claim", "A/A control"
+LOOK_CONFIDENCE = "look_confidence"  # samples' column: the level of the look a model's answers were read at
+EARLIER_RULE_CONFIDENCE = 0.999  # samples without it came from the earlier rule: 5 looks at most, each at 99.9 %
+
+
+def failed_variants(samples: pd.DataFrame) -> dict[tuple[str, str], str]:
+    """``{(model, variant): status}`` of every variant that failed in any phase (the first failure's status)."""
+    if samples.empty or "status" not in samples:
+        return {}
+    failed = samples[samples["status"] != "ok"].drop_duplicates(["model", "variant"])
+    return {(row.model, row.variant): row.status for row in failed.itertuples()}
+
+
+def read_level(samples: pd.DataFrame) -> float:
+    """The level a model's samples are read at: their look's, else the earlier rule's per-look level."""
+    if LOOK_CONFIDENCE in samples and samples[LOOK_CONFIDENCE].notna().any():
+        return float(samples[LOOK_CONFIDENCE].dropna().iloc[-1])
+    return EARLIER_RULE_CONFIDENCE
 
 
 def paired_epoch_times(reference: pd.DataFrame, variant: pd.DataFrame) -> tuple[list[float], list[float], list | None]:
@@ -29,15 +47,23 @@ def summarize_runs(samples: pd.DataFrame, baseline: str, controls: "tuple[str, .
     """One row per model, phase and variant; each speed-up is against the variant's reference (``references``, else
     the ``baseline``) of the same model and phase, paired by repeat, and ``n`` is the number of pairs it used.
     Phases in ``controls`` are ones the technique cannot change: their rows say so in ``role`` ("A/A control"), and
-    their verdicts measure the noise, not the technique."""
+    their verdicts measure the noise, not the technique.
+
+    Each interval is read at the level of the look where its model's run stopped (the samples' ``look_confidence``),
+    and ``noise`` is the standard deviation of one round's log ratio. A variant that failed in any phase is shown
+    once per phase, with the rounds it finished there (``n``) and its status as the verdict, and no speed-up: its
+    comparison left the rule when it failed, so it was never read at a look. A comparison against a failed
+    reference says so."""
     references = references or {}
     if samples.empty or "epoch_equiv_s" not in samples:
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
+    failed = failed_variants(samples)
     ok = samples[samples["status"] == "ok"]
     rows = []
     for (model, phase), group in ok.groupby(["model", "phase"], sort=False):
         by_variant = dict(tuple(group.groupby("variant", sort=False)))
         role = CONTROL if phase in controls else CLAIM
+        level = read_level(samples[samples["model"] == model])
         for variant, runs in by_variant.items():
             epoch = summarize(runs["epoch_equiv_s"])
             first = runs["repeat"] == runs["repeat"].min()  # one-off costs: cuDNN's trials, a first workspace
@@ -50,18 +76,25 @@ def summarize_runs(samples: pd.DataFrame, baseline: str, controls: "tuple[str, .
                 "first_peak_mem_mb": runs.loc[first, "peak_mem_mb"].max(),
                 "tflops": runs["tflops"].median(), "role": role,
             }
+            reference = references.get(variant, baseline)
+            if (model, variant) in failed:  # left the rule when it failed: shown once below, not read here
+                continue
             if variant == baseline:
                 row.update(speedup=1.0, ci_low=1.0, ci_high=1.0, verdict="baseline")
-            elif (reference := references.get(variant, baseline)) in by_variant:
+            elif (model, reference) in failed:
+                row.update(reference=reference, verdict=f"not compared: {reference} {failed[(model, reference)]}")
+            elif reference in by_variant:
                 base, other, shifts = paired_epoch_times(by_variant[reference], runs)
-                result = speed_up(base, other, shifts)
+                result = speed_up(base, other, shifts, confidence=level)
                 row.update(reference=reference, n=len(base), speedup=result.ratio, ci_low=result.low,
-                           ci_high=result.high, verdict=result.verdict)
+                           ci_high=result.high, verdict=result.verdict, noise=result.noise)
             rows.append(row)
-    failed = samples[samples["status"] != "ok"].drop_duplicates(["model", "phase", "variant"])
-    for _, run in failed.iterrows():
-        rows.append({"model": run["model"], "phase": run["phase"], "variant": run["variant"], "n": 0,
-                     "verdict": run["status"], "role": CONTROL if run["phase"] in controls else CLAIM})
+    for (model, variant), status in failed.items():  # once per phase, with the rounds it had
+        for phase in samples.loc[samples["model"] == model, "phase"].unique():
+            had = ok[(ok["model"] == model) & (ok["variant"] == variant) & (ok["phase"] == phase)]
+            rows.append({"model": model, "phase": phase, "variant": variant, "n": len(had), "verdict": status,
+                         "reference": None if variant == baseline else references.get(variant, baseline),
+                         "role": CONTROL if phase in controls else CLAIM})
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 

@@ -35,7 +35,7 @@ from ..core.profiles import Profile, get_profile
 from ..core.samples import failed_row
 from ..core.summary import summarize_runs
 from ..core.techniques import ALL_TOGETHER
-from ..core.timing import FASTER, INTERVAL
+from ..core.timing import FASTER, INTERVAL, interval_text
 from .compile_cost import LOSS_RTOL
 from .tune_inference import InferenceResult, OutputFn, tune_inference
 from .tune_inputs import (MAX_BATCH_SIZE, Batches, LossFn, ModelFn, Probe, build_model, dataset_batches,
@@ -84,8 +84,7 @@ class TuneResult:
         """The steps as a reader sees them: speed-up over the configuration before the step, its interval and
         verdict, the change of the first two losses, the median step times, the decision and the reason."""
         table = self.steps.copy()
-        table[INTERVAL] = ["" if pd.isna(low) else f"{low:.2f}-{high:.2f}"
-                           for low, high in zip(table["ci_low"], table["ci_high"])]
+        table[INTERVAL] = [interval_text(low, high) for low, high in zip(table["ci_low"], table["ci_high"])]
         table["loss change"] = [percent(change) for change in table["loss_change"]]
         table = table.rename(columns={"speedup": "speed-up", "before_ms": "ms before", "after_ms": "ms after"})
         columns = ["step", "speed-up", INTERVAL, "verdict", "loss change", "ms before", "ms after", "decision",

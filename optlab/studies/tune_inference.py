@@ -39,7 +39,7 @@ from ..core.memory import memory_kind
 from ..core.profiles import Profile, get_profile
 from ..core.samples import failed_row
 from ..core.summary import summarize_runs
-from ..core.timing import FASTER, INTERVAL
+from ..core.timing import FASTER, INTERVAL, interval_text
 from .batch_sweep import PLATEAU_DOUBLINGS, PLATEAU_GAIN, SweepTarget, sweep
 from .output_check import (OUTPUT_TOLERANCE, OutputFn, output_change, pick_output, precision, tolerance,
                            within_tolerance)
@@ -226,8 +226,7 @@ class InferenceResult:
         """The steps as a reader sees them: precision, speed-up over the configuration before, interval, verdict,
         the outputs' change against the tolerance, median call times, the first call (compilation), decision, reason."""
         table = self.steps.copy()
-        table[INTERVAL] = ["" if pd.isna(low) else f"{low:.2f}-{high:.2f}" for low, high in zip(table["ci_low"],
-                                                                                          table["ci_high"])]
+        table[INTERVAL] = [interval_text(low, high) for low, high in zip(table["ci_low"], table["ci_high"])]
         table["max error"] = [_number(value) for value in table["max_error"]]
         table["top-1"] = ["" if pd.isna(value) else f"{100 * value:.3g} %" for value in table["top1_agreement"]]
         table = table.rename(columns={"speedup": "speed-up", "before_ms": "ms before", "after_ms": "ms after",
