@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from . import compiler, data, store
+from . import compiler, data, machine_load, store
 from .config import RunConfig
 from .device import DeviceInfo, effective_config, resolve_device
 from .environment import capture
@@ -156,11 +156,15 @@ def run_experiment(
              * len(experiment.phases))
     bar = tqdm(total=total, desc=experiment.name, disable=not progress, file=sys.stderr, leave=False)
     for model_name in to_run:
+        before = machine_load.snapshot()
         ran = _run_model(experiment, model_name, effective[model_name], prof, info, datasets, source, download,
                          seed, bar, untimed[model_name])
+        load = machine_load.between(before, machine_load.snapshot())
         rows += ran.rows
-        rounds[model_name] = {"repeats": ran.repeats, "stopped": ran.stopped}
+        rounds[model_name] = {"repeats": ran.repeats, "stopped": ran.stopped, "machine_load": load}
         print(f"{model_name}: {ran.repeats} repeats, stopped {ran.stopped}")
+        if (busy := machine_load.warning(load)) is not None:
+            print(f"{model_name}: {busy}")
         if out_dir is not None:  # after every model: a run killed later keeps what it finished
             path = store.save_record(record_of(rows)[2], out_dir, filename)
     bar.close()
