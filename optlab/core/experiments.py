@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from . import compiler, data, machine_load, store
+from . import compiler, data, machine_load, quiet, store
 from .config import RunConfig
 from .device import DeviceInfo, effective_config, resolve_device
 from .environment import capture
@@ -117,7 +117,8 @@ def run_experiment(
     filename = filename or store.record_filename(experiment.name)
     source = data.find_source(download)
     print(f"optlab {experiment.name}: {prof.describe(chosen)}")
-    print(f"device: {info.describe()}")
+    threads = quiet.fix_threads(info.is_cuda)
+    print(f"device: {info.describe()}; {threads} torch thread{'s' if threads != 1 else ''}")
     print(f"data source: {source.description}")
     notes = sorted({note for cfgs in effective.values() for _, ns in cfgs.values() for note in ns})
     for note in notes:
