@@ -1,5 +1,7 @@
 import gc
 
+import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -35,34 +37,20 @@ def test_a_thread_count_out_of_bounds_is_refused(monkeypatch, threads, typed, me
         quiet.fix_threads()
 
 
-def test_the_collector_is_off_in_the_window_and_back_after_even_on_error(monkeypatch):
-    collected = []
-    monkeypatch.setattr(gc, "collect", lambda *a: collected.append(1) or 0)
-    assert gc.isenabled()
-    with quiet.gc_paused():
-        assert not gc.isenabled() and collected == [1]
-    assert gc.isenabled()
-    with pytest.raises(ValueError), quiet.gc_paused():
-        raise ValueError("a step failed")
-    assert gc.isenabled()
-    gc.disable()
-    try:
-        with quiet.gc_paused():
-            pass
-        assert not gc.isenabled(), "a collector that was off stays off"
-    finally:
-        gc.enable()
+def test_the_noise_benchmark_reads_the_sd_of_the_per_round_log_ratio():
+    from benchmarks import noise
 
-
-def test_no_step_of_a_timed_pass_runs_with_the_collector_on():
+    ratios = np.array([1.10, 0.95, 1.02, 0.99])
+    rows = [{"phase": "train", "repeat": r, "variant": v, "status": "ok", "epoch_equiv_s": t}
+            for r, ratio in enumerate(ratios) for v, t in (("A", 2.0 * ratio), ("A again", 2.0))]
+    samples = pd.DataFrame(rows)
+    assert noise.round_noise(samples)["train"] == pytest.approx(np.log(ratios).std(ddof=1))
+    assert noise.round_noise(samples, skip_first=True)["train"] == pytest.approx(np.log(ratios[1:]).std(ddof=1))
     seen = []
-
-    def step(batch, index):
-        seen.append(gc.isenabled())
-        return torch.zeros(())
-
-    loops.run_timed(step, [(torch.zeros(1), torch.zeros(1))] * 4, torch.device("cpu"), 3, 1)
-    assert seen == [False] * 4 and gc.isenabled()
+    with noise.collector_paused():
+        loops.run_timed(lambda batch, i: seen.append(gc.isenabled()) or torch.zeros(()),
+                        [(torch.zeros(1), torch.zeros(1))] * 3, torch.device("cpu"), 2, 1)
+    assert seen == [False] * 3 and gc.isenabled() and loops.run_timed.__name__ == "run_timed"
 
 
 def test_a_run_states_its_thread_count_and_records_it(monkeypatch, threads, capsys):

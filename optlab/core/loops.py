@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from . import compiler, memory, quiet
+from . import compiler, memory
 from .config import RunConfig
 from .device import TORCH_DTYPES
 from .timing import StepTimer
@@ -168,8 +168,7 @@ def _timed_batches(loader: DataLoader, steps: int | None, warmup: int) -> tuple[
 
 def run_timed(step, loader, device, steps, warmup, resident: Iterable[object] = (),
               prefetch: RunConfig | None = None) -> tuple[PhaseResult, list[torch.Tensor]]:
-    """Every step is timed; the first ``warmup`` (compilation, autotuning, cold caches) are kept apart. Garbage is
-    collected before the loader starts and not during the pass.
+    """Every step is timed; the first ``warmup`` (compilation, autotuning, cold caches) are kept apart.
 
     ``resident``: what the variant holds (model, optimizer, loader), counted for the phase's memory. ``prefetch``:
     the config to copy batches with, one step ahead on a side stream (:func:`prefetch_to_device`).
@@ -177,19 +176,18 @@ def run_timed(step, loader, device, steps, warmup, resident: Iterable[object] = 
     resident_mb = memory.resident_mb(resident, device)
     start_bytes = memory.phase_start(device)
     graphs_before, cache_before = compiler.compiled_graphs(), compiler.cache_counts()
-    with quiet.gc_paused():  # no collection inside the timed window (:func:`quiet.gc_paused`)
-        startup, batches = _timed_batches(loader, steps, warmup)
-        if prefetch is not None:
-            batches = prefetch_to_device(batches, prefetch, device)
-        timer = StepTimer(device)
-        outputs = []
-        timer.start()
-        for index, batch in enumerate(batches):
-            out = step(batch, index)
-            timer.mark()
-            if index >= warmup:
-                outputs.append(out)
-        intervals, wall = timer.finish()
+    startup, batches = _timed_batches(loader, steps, warmup)
+    if prefetch is not None:
+        batches = prefetch_to_device(batches, prefetch, device)
+    timer = StepTimer(device)
+    outputs = []
+    timer.start()
+    for index, batch in enumerate(batches):
+        out = step(batch, index)
+        timer.mark()
+        if index >= warmup:
+            outputs.append(out)
+    intervals, wall = timer.finish()
     if len(intervals) <= warmup:
         raise RuntimeError(f"the loader ran out before {warmup} warm-up steps and one timed step")
     graphs = compiler.compiled_graphs() - graphs_before

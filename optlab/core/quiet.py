@@ -1,21 +1,17 @@
-"""Less jitter in a timed window: a fixed, stated thread count, and no garbage collection while the clock runs.
+"""Less jitter in a timed window: a fixed, stated thread count.
 
-``benchmarks/noise.py`` measures what each of them does to the round-level noise of an A/A comparison.
+``benchmarks/noise.py`` measures what it does to the round-level noise of an A/A comparison, beside other candidates
+(garbage collection kept out of the timed window, a discarded first round) that did not lower it.
 """
 from __future__ import annotations
 
-import contextlib
-import gc
 import os
-from typing import Iterator
 
 import torch
 
 from .limits import check_count, cpu_cores
 
 THREADS_ENV = "OPTLAB_THREADS"
-
-
 CPU_THREADS = 1  # a CPU run's default: on a busy 2-core machine two threads made rounds 8x slower and 10x noisier
 
 
@@ -32,17 +28,3 @@ def fix_threads(cuda: bool = False) -> int:
     elif not cuda:
         torch.set_num_threads(CPU_THREADS)
     return torch.get_num_threads()
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Collect garbage now, then keep the collector off until the block ends (however it ends): a collection inside
-    a timed window would charge one variant for every variant's garbage. The collector is left as it was found."""
-    gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
