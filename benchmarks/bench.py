@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torchvision.datasets import CIFAR10
 from tqdm import tqdm
 
-from optlab.core import data
+from optlab.core import data, quiet
 from optlab.core.config import RunConfig
 from optlab.core.device import resolve_device
 from optlab.core.experiments import run_experiment
@@ -184,7 +184,8 @@ def live_power(runs: int = POWER_RUNS) -> None:
 
 
 def main() -> None:
-    print(f"device: {resolve_device('auto').describe()}; torch threads: {torch.get_num_threads()}")
+    info = resolve_device("auto")
+    print(f"device: {info.describe()}; torch threads: {quiet.fix_threads(info.is_cuda)} (every part below)")
     print("harness overhead (optlab loop / plain loop), target <= 1.03:")
     harness_overhead()
     print("stand-in data cost (stand-in / torchvision CIFAR10 per image), target 0.8-1.25:")

@@ -13,7 +13,7 @@ from torch.utils.data import TensorDataset
 
 import optlab
 from optlab.commands.cli import main
-from optlab.core import compiler
+from optlab.core import compiler, machine_load
 from optlab.core.errors import OptlabError
 from optlab.core.store import load_samples
 from optlab.studies import batch_sweep, tune as tune_module, tune_inference as inference
@@ -397,3 +397,16 @@ def test_on_a_gpu_fp32_is_held_to_tf32s_tolerance_and_autocast_falls_back_to_fp1
     assert autocast_dtype("bf16", gpu)[1].startswith("no native bf16 on a GPU")
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
     assert autocast_dtype("auto", gpu) == ("bf16", None) and autocast_dtype("none", gpu)[0] is None
+
+
+def test_timed_calls_on_a_scheduler_tick_are_named(monkeypatch, capsys):
+    seen = []
+
+    def on_a_tick(times):
+        seen.append(list(times))
+        return (0.008, 0.9)
+
+    monkeypatch.setattr(machine_load, "tick_quantised", on_a_tick)
+    quick(tiny_mlp, techniques=NO_COMPILE[:1], max_batch=1)
+    assert seen and len(seen[0]) >= 2 * TINY.repeats * TINY.steps  # every timed call of both configurations
+    assert "note: 90% of the timed calls took whole multiples of 8.0 ms" in capsys.readouterr().out

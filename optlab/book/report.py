@@ -22,6 +22,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from ..core import store
+from ..core.no_effect import NO_EFFECT, is_no_effect
 from ..core.profiles import ALL_MODELS
 from ..core.registry import PHASES, Experiment, get_experiment
 from ..core.seed import SEED_MACHINE, seed_speedups
@@ -120,10 +121,12 @@ def noise_line(summary: pd.DataFrame) -> str:
 
 
 def verdict_text(verdict: object, role: object = CLAIM) -> str:
-    """The verdict, marked where the row is an A/A control (a phase the technique cannot change): not a claim."""
+    """The verdict, marked where the row is an A/A control (a phase the technique cannot change): not a claim. A
+    variant with no effect on this device was not timed, so it is no control either."""
     if pd.isna(verdict) or verdict == "":
         return MISSING
-    return f"{verdict} ({CONTROL})" if role == CONTROL and verdict != "baseline" else str(verdict)
+    marked = role == CONTROL and verdict != "baseline" and not is_no_effect(verdict)
+    return f"{verdict} ({CONTROL})" if marked else str(verdict)
 
 
 def html_table(frame: pd.DataFrame) -> str:
@@ -257,9 +260,11 @@ def plot_speedups(tidy: pd.DataFrame, rows: "tuple[str, ...]" = ("model", "varia
     """The headline figure: one row per ``rows`` and one panel per ``col``; each source's speed-up with its interval
     on a log axis, coloured by verdict (hollow grey: can't tell yet), the seed's V100 speed-up as a black diamond,
     and a dashed line at 1. A variant compared with another variant than the baseline says so in its label; rows of
-    an A/A control say so at the right edge."""
+    an A/A control say so at the right edge; a variant with no effect on this device (not timed) says so in words
+    at 1."""
     set_theme()
-    data = tidy.dropna(subset=["speedup"]).assign(role=lambda d: d["role"].fillna(CLAIM) if "role" in d else CLAIM)
+    data = tidy[tidy["speedup"].notna() | tidy["verdict"].map(is_no_effect)]
+    data = data.assign(role=lambda d: d["role"].fillna(CLAIM) if "role" in d else CLAIM)
     data["label"] = [" · ".join(map(str, values)) for values in zip(*(data[column] for column in rows))]
     if "versus" in data:
         data["label"] = [f"{label} (vs {other})" if isinstance(other, str) and other else label
@@ -300,6 +305,10 @@ def _draw_panel(ax, part: pd.DataFrame, y: dict, offsets: dict, markers: dict, l
         height = y[row.label] + offsets[row.source]
         if row.source == SEED:
             ax.scatter(row.speedup, height, marker="D", s=26, color="black", zorder=4)
+            continue
+        if is_no_effect(row.verdict):
+            ax.text(1.0, height, f" {NO_EFFECT}: not timed", ha="left", va="center", fontsize="x-small",
+                    color=UNCLEAR_COLOUR, style="italic", zorder=3)
             continue
         colour = VERDICT_COLOURS.get(row.verdict, UNCLEAR_COLOUR)
         alpha = 0.5 if row.role == CONTROL else 1.0

@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from . import compiler, data, store
+from . import compiler, data, machine_load, quiet, store
 from .config import RunConfig
 from .device import DeviceInfo, effective_config, resolve_device
 from .environment import capture
@@ -36,6 +36,7 @@ from .limits import check_overrides, check_phase_sizes
 from .loops import PhaseResult, eval_phase, train_phase
 from .memory import memory_kind
 from .models import validate_names
+from .no_effect import no_effect_variants
 from .profiles import Profile, get_profile
 from .registry import Experiment, get_experiment
 from .samples import failed_row, sample_row
@@ -118,11 +119,15 @@ def run_experiment(
     filename = filename or store.record_filename(experiment.name)
     source = data.find_source(download)
     print(f"optlab {experiment.name}: {prof.describe(chosen)}")
-    print(f"device: {info.describe()}")
+    threads = quiet.fix_threads(info.is_cuda)
+    print(f"device: {info.describe()}; {threads} torch thread{'s' if threads != 1 else ''}")
     print(f"data source: {source.description}")
     notes = sorted({note for cfgs in effective.values() for _, ns in cfgs.values() for note in ns})
     for note in notes:
         print(f"note: {note}")
+    untimed = {m: no_effect_variants(requested[m], effective[m], experiment.comparisons) for m in chosen}
+    for label, status in {label: s for skipped in untimed.values() for label, s in skipped.items()}.items():
+        print(f"not timed: {label}: {status}")
     warnings.filterwarnings("ignore", message=LOADER_WARNING)
     datasets = cached_datasets(source, download)
     environment = capture(info, source.description, prof.name)
@@ -150,14 +155,19 @@ def run_experiment(
     path = None
     to_run = [m for m in chosen if m not in done]
     rounds: dict[str, dict[str, Any]] = {}
-    total = sum(len(effective[m]) for m in to_run) * (prof.warmup_repeats + prof.repeats) * len(experiment.phases)
+    total = (sum(len(effective[m]) - len(untimed[m]) for m in to_run) * (prof.warmup_repeats + prof.repeats)
+             * len(experiment.phases))
     bar = tqdm(total=total, desc=experiment.name, disable=not progress, file=sys.stderr, leave=False)
     for model_name in to_run:
+        before = machine_load.snapshot()
         ran = _run_model(experiment, model_name, effective[model_name], prof, info, datasets, source, download,
-                         seed, bar)
+                         seed, bar, untimed[model_name])
+        load = machine_load.between(before, machine_load.snapshot())
         rows += ran.rows
-        rounds[model_name] = ran.record()
+        rounds[model_name] = ran.record() | {"machine_load": load}
         print(f"{model_name}: {ran.repeats} repeats, stopped {ran.stopped}")
+        if (busy := machine_load.warning(load)) is not None:
+            print(f"{model_name}: {busy}")
         if out_dir is not None:  # after every model: a run killed later keeps what it finished
             path = store.save_record(record_of(rows)[2], out_dir, filename)
     bar.close()
@@ -336,12 +346,19 @@ def stop_reason(rule: StoppingRule, repeats: int, rows: list[dict[str, Any]]) ->
 
 
 def _run_model(experiment: Experiment, model_name: str, configs: dict, prof: Profile, info: DeviceInfo,
-               datasets: tuple, source: data.DataSource, download: bool, seed: int, bar: tqdm) -> Rounds:
-    """Every round of every variant and phase on one model; the variants' objects are freed at the end."""
-    rows: list[dict[str, Any]] = []
+               datasets: tuple, source: data.DataSource, download: bool, seed: int, bar: tqdm,
+               untimed: dict[str, str] | None = None) -> Rounds:
+    """Every round of every variant and phase on one model; the variants' objects are freed at the end. The
+    ``untimed`` variants (label -> status, :func:`no_effect.no_effect_variants`) get one row per phase saying why,
+    and no time."""
+    untimed = untimed or {}
+    rows: list[dict[str, Any]] = [failed_row(experiment.name, model_name, label, 0, phase, configs[label][0], status)
+                                  for label, status in untimed.items() for phase in experiment.phases]
     variants: dict[str, LocalVariant | IsolatedVariant] = {}
     epoch_images = {"train": len(datasets[0]), "test": len(datasets[1])}
     for label, (config, _) in configs.items():
+        if label in untimed:
+            continue
         try:
             variants[label] = (IsolatedVariant(config, info, source, download, seed) if experiment.isolate_variants
                                else LocalVariant(config, info, datasets, seed))
@@ -349,7 +366,8 @@ def _run_model(experiment: Experiment, model_name: str, configs: dict, prof: Pro
             rows += [failed_row(experiment.name, model_name, label, 0, phase, config, failure_status(error))
                      for phase in experiment.phases]
     runners = {label: variant.run for label, variant in variants.items()}
-    comparisons = {label: ref for label, ref in experiment.comparisons.items() if label in configs and ref in configs}
+    comparisons = {label: ref for label, ref in experiment.comparisons.items()
+                   if label in configs and ref in configs and label not in untimed}
     ran = interleave(runners, {label: config for label, (config, _) in configs.items()}, experiment.phases, prof,
                      info, experiment.name, model_name, epoch_images, seed, bar,
                      stopping_rule(prof, comparisons, experiment.phases))

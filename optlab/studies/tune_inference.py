@@ -28,7 +28,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 from tqdm import tqdm
 
-from ..core import compiler, loops, store
+from ..core import compiler, loops, machine_load, store
 from ..core.config import RunConfig, apply_changes
 from ..core.device import TORCH_DTYPES, DeviceInfo, effective_config, native_bf16, native_fp16, resolve_device
 from ..core.environment import capture
@@ -559,6 +559,8 @@ def tune_inference(
                              max(2, prof.warmup_steps), SWEEP_SECONDS_PER_CALL * calls, sweep_bar.update)
     sweep_bar.close()
     _clean_up(info, swept.values())
+    timed_calls = [t for row in rows if row.get("status") == "ok" for t in row["step_times_s"]]
+    notes += [note] if (note := machine_load.tick_note(timed_calls)) else []
     notes = sorted(set(notes))
     for note in notes:
         print(f"note: {note}")

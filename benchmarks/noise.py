@@ -1,0 +1,133 @@
+"""`make noise`: the round-level noise of an A/A comparison as optlab times it, and without each jitter guard.
+
+The noise of one run is the standard deviation of the per-round log ratio of two copies of one configuration
+(smoke profile, ResNet18, a fixed number of rounds): the quantity the verdict rule's interval is built from. The
+settings take turns, run after run, so that a drift of the machine hits each alike:
+
+- ``as set``: optlab's defaults (``OPTLAB_THREADS``, else one thread on a CPU);
+- ``a thread per core``: one intra-op thread per core of the machine;
+- ``collector paused``: garbage collected before each timed pass and the collector off during it.
+
+Each line gives the median noise over the runs (and its interquartile range), with every round and without each
+run's first round (what a discarded warm-up round would remove). Run it on a quiet machine:
+``PYTHONPATH=. python benchmarks/noise.py --runs 12 --rounds 12`` (``--settings`` picks some of them).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import io
+import os
+import sys
+from typing import Callable, Iterator
+
+import numpy as np
+import pandas as pd
+
+from optlab.core import loops, quiet
+from optlab.core.experiments import run_experiment
+from optlab.core.limits import cpu_cores
+from optlab.core.profiles import get_profile
+from optlab.core.registry import Experiment
+
+A_A = Experiment("a_a_noise", "the same configuration twice", "", variants=(("A", {}), ("A again", {})))
+MAX_RUNS, MAX_ROUNDS = 100, 100
+
+
+@contextlib.contextmanager
+def as_set() -> Iterator[None]:
+    yield
+
+
+@contextlib.contextmanager
+def every_core() -> Iterator[None]:
+    before = os.environ.get(quiet.THREADS_ENV)
+    os.environ[quiet.THREADS_ENV] = str(cpu_cores())
+    try:
+        yield
+    finally:
+        os.environ.pop(quiet.THREADS_ENV) if before is None else os.environ.update({quiet.THREADS_ENV: before})
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """The timed loop with garbage collected before each pass and the collector off during it (a candidate that
+    did not lower the noise when measured, so optlab's loop does not do it)."""
+    timed = loops.run_timed
+
+    def paused(*args, **kwargs):
+        gc.collect()
+        gc.disable()
+        try:
+            return timed(*args, **kwargs)
+        finally:
+            gc.enable()
+
+    loops.run_timed = paused
+    try:
+        yield
+    finally:
+        loops.run_timed = timed
+
+
+SETTINGS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
+    "as set": as_set, "a thread per core": every_core, "collector paused": collector_paused}
+
+
+def round_noise(samples: pd.DataFrame, skip_first: bool = False) -> dict[str, float]:
+    """Per phase: the standard deviation of the per-round log ratio of the two copies (``skip_first``: without the
+    first round)."""
+    noise = {}
+    for phase, rows in samples[samples["status"] == "ok"].groupby("phase"):
+        times = rows.pivot(index="repeat", columns="variant", values="epoch_equiv_s").sort_index()
+        if skip_first:
+            times = times.iloc[1:]
+        noise[phase] = float(np.log(times["A"] / times["A again"]).std(ddof=1))
+    return noise
+
+
+def measure(runs: int, rounds: int, settings: "list[str] | None" = None, seed: int = 0) -> pd.DataFrame:
+    """Tidy noise: one row per run, setting, phase and whether the first round is kept."""
+    settings = settings or list(SETTINGS)
+    profile = get_profile("smoke").with_sizes(repeats=rounds, max_repeats=rounds)
+    rows = []
+    for run in range(runs):
+        for setting in settings:
+            with SETTINGS[setting](), contextlib.redirect_stdout(io.StringIO()):
+                result = run_experiment(A_A, models=["resnet18"], profile=profile, device="cpu", seed=seed + run,
+                                        progress=False)
+            for skip_first in (False, True):
+                for phase, value in round_noise(result.samples, skip_first).items():
+                    rows.append({"run": run, "setting": setting, "phase": phase, "first round": not skip_first,
+                                 "noise": value})
+        print(f"run {run + 1} of {runs} done", file=sys.stderr)
+    return pd.DataFrame(rows)
+
+
+def report(noise: pd.DataFrame) -> pd.DataFrame:
+    """The median noise (%) and its interquartile range per setting, phase and first round kept or not."""
+    grouped = noise.groupby(["phase", "first round", "setting"], sort=False)["noise"]
+    table = pd.DataFrame({"median %": 100 * grouped.median(),
+                          "IQR %": 100 * (grouped.quantile(0.75) - grouped.quantile(0.25)),
+                          "runs": grouped.size()})
+    return table.round(2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=8, help=f"A/A runs per setting (1-{MAX_RUNS})")
+    parser.add_argument("--rounds", type=int, default=12, help=f"rounds per run (3-{MAX_ROUNDS})")
+    parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS), metavar="SETTING",
+                        help=f"which settings to measure: {', '.join(repr(s) for s in SETTINGS)}")
+    args = parser.parse_args(argv)
+    if not (1 <= args.runs <= MAX_RUNS and 3 <= args.rounds <= MAX_ROUNDS):
+        parser.error(f"--runs must be 1-{MAX_RUNS} and --rounds 3-{MAX_ROUNDS}")
+    print(f"A/A round-level noise: {args.runs} runs of {args.rounds} rounds per setting, smoke profile, ResNet18, "
+          f"{cpu_cores()} cores")
+    with pd.option_context("display.width", 120):
+        print(report(measure(args.runs, args.rounds, args.settings)))
+
+
+if __name__ == "__main__":
+    main()
