@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import math
 import multiprocessing
 import sys
 import time
@@ -91,12 +92,14 @@ def run_experiment(
     download: bool = False,
     filename: str | None = None,
     resume: bool = False,
+    deadline: float | None = None,
 ) -> ExperimentResult:
     """Run ``experiment`` on every model, interleaving its variants; save the record under ``out`` if given.
 
     A variant that raises (out of memory, or any other error) is recorded with its status and left out of the
     later repeats; the other variants go on. ``resume``: keep the models already in ``out/filename`` when it comes
-    from this machine, torch version, commit and profile, and run only the others.
+    from this machine, torch version, commit and profile, and run only the others. ``deadline`` (on
+    :func:`optlab.core.shutdown.now`'s clock): no round starts that would end past it.
     """
     experiment = get_experiment(experiment)
     info = resolve_device(device)
@@ -152,7 +155,7 @@ def run_experiment(
     bar = tqdm(total=total, desc=experiment.name, disable=not progress, file=sys.stderr, leave=False)
     for model_name in to_run:
         ran = _run_model(experiment, model_name, effective[model_name], prof, info, datasets, source, download,
-                         seed, bar)
+                         seed, bar, deadline)
         rows += ran.rows
         rounds[model_name] = {"repeats": ran.repeats, "stopped": ran.stopped}
         print(f"{model_name}: {ran.repeats} repeats, stopped {ran.stopped}")
@@ -242,10 +245,12 @@ class Rounds:
     stopped: str  # "every answer clear", "at the cap of N repeats", "at the time budget", "fixed number of repeats"
 
 
-def stopping_rule(prof: Profile, comparisons: dict[str, str], phases: Iterable[str]) -> StoppingRule:
+def stopping_rule(prof: Profile, comparisons: dict[str, str], phases: Iterable[str],
+                  deadline: float | None = None) -> StoppingRule:
     """The profile's rule for adding rounds, waiting for the ``comparisons`` (variant -> reference) in ``phases``
     (A/A control phases too: an answer there says whether the machine is calm enough to tell 2 %)."""
-    return StoppingRule(prof.repeats, prof.max_repeats, prof.time_budget_s, dict(comparisons), tuple(phases))
+    return StoppingRule(prof.repeats, prof.max_repeats, prof.time_budget_s, dict(comparisons), tuple(phases),
+                        math.inf if deadline is None else deadline)
 
 
 def interleave(runners: dict[str, PhaseRunner], configs: dict[str, RunConfig], phases: Iterable[str],
@@ -296,6 +301,8 @@ def interleave(runners: dict[str, PhaseRunner], configs: dict[str, RunConfig], p
 
 def stop_reason(rule: StoppingRule, repeats: int, rows: list[dict[str, Any]]) -> str:
     """Why the rounds stopped after ``repeats``, in words."""
+    if rule.past_deadline:
+        return "at the run's deadline"
     if rule.max_repeats == rule.min_repeats:
         return f"fixed at {repeats} repeats"
     if rule.settled(rows):
@@ -306,7 +313,8 @@ def stop_reason(rule: StoppingRule, repeats: int, rows: list[dict[str, Any]]) ->
 
 
 def _run_model(experiment: Experiment, model_name: str, configs: dict, prof: Profile, info: DeviceInfo,
-               datasets: tuple, source: data.DataSource, download: bool, seed: int, bar: tqdm) -> Rounds:
+               datasets: tuple, source: data.DataSource, download: bool, seed: int, bar: tqdm,
+               deadline: float | None = None) -> Rounds:
     """Every round of every variant and phase on one model; the variants' objects are freed at the end."""
     rows: list[dict[str, Any]] = []
     variants: dict[str, LocalVariant | IsolatedVariant] = {}
@@ -322,7 +330,7 @@ def _run_model(experiment: Experiment, model_name: str, configs: dict, prof: Pro
     comparisons = {label: ref for label, ref in experiment.comparisons.items() if label in configs and ref in configs}
     ran = interleave(runners, {label: config for label, (config, _) in configs.items()}, experiment.phases, prof,
                      info, experiment.name, model_name, epoch_images, seed, bar,
-                     stopping_rule(prof, comparisons, experiment.phases))
+                     stopping_rule(prof, comparisons, experiment.phases, deadline))
     for variant in variants.values():
         variant.close()
     del variants

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable
 
 import pandas as pd
 
+from . import shutdown
 from .summary import paired_epoch_times
 from .timing import CLEAR, MAX_LOOKS, speed_up
 
@@ -72,13 +73,18 @@ def all_clear(verdicts: Iterable[str]) -> bool:
 class StoppingRule:
     """When a run of rounds stops: ``min_repeats`` always, more in pairs while an answer is unclear, at most
     ``max_repeats``, and no new pair once ``time_budget_s`` would be passed. ``comparisons`` maps each variant to
-    its reference, waited for in ``phases``."""
+    its reference, waited for in ``phases``. ``deadline`` (on :func:`optlab.core.shutdown.now`'s clock) is hard: no
+    round starts that would end past it, the minimum of repeats notwithstanding."""
 
     min_repeats: int
     max_repeats: int
     time_budget_s: float = math.inf
     comparisons: dict[str, str] = field(default_factory=dict)
     phases: tuple[str, ...] = ("train", "test")
+    deadline: float = math.inf
+    past_deadline: bool = field(init=False, default=False)
+    _mark: float = field(init=False, default=0.0)  # the deadline clock at the last round's end
+    _longest: float = field(init=False, default=0.0)  # the longest round so far, on that clock
     looks: list[int] = field(init=False)
     _started: float = field(init=False, default=0.0)
     _round_s: list[float] = field(init=False, default_factory=list)
@@ -88,6 +94,7 @@ class StoppingRule:
 
     def start(self) -> None:
         self._started, self._round_s = time.perf_counter(), []
+        self._mark, self._longest = shutdown.now(), 0.0
 
     def round_done(self, seconds: float) -> None:
         """Record how long a timed round took (the budget's forecast of the next ones)."""
@@ -100,7 +107,12 @@ class StoppingRule:
     def stop_on(self, repeats: int, settled: Callable[[], bool]) -> bool:
         """The rule itself: never before the minimum, always at the cap, and at every look in between when
         ``settled()`` (every comparison has a clear answer) or when the rounds up to the next look would not fit in the
-        time budget."""
+        time budget; and after any round once the next would end past the deadline."""
+        now = shutdown.now()
+        self._longest, self._mark = max(self._longest, now - self._mark), now
+        if now + self._longest > self.deadline:
+            self.past_deadline = True
+            return True
         if repeats < self.min_repeats:
             return False
         if repeats >= self.max_repeats:
