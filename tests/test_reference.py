@@ -75,12 +75,28 @@ def test_the_seed_set_fits_a_nine_minute_command_at_three_repeats():
     assert sum(p.estimate_s for p in seed) <= 540
 
 
-def test_the_budget_runs_parts_in_order_until_the_next_does_not_fit():
-    parts = reference.plan("seed", QUICK)
-    first_two = parts[1].estimate_s + parts[2].estimate_s  # the first is recorded: the next two fit
-    table = reference.plan_table(parts, done={parts[0].name}, budget_s=first_two, cuda=True)
-    assert list(table["this run"][:4]) == ["recorded: skip", "run", "run", "left: over budget"]
-    assert set(table["this run"][3:]) == {"left: over budget"}  # it stops: nothing after the first that does not fit
+def test_the_budget_skips_a_part_that_does_not_fit_and_runs_later_ones_that_do():
+    parts = [reference.Part("seed", f"p{i}", 1, seconds) for i, seconds in enumerate((5, 10, 50, 20, 5))]
+    budget = reference.STARTUP_S + reference.PACK_RESERVE_S + 35  # the start-up and the packing reserve come first
+    table = reference.plan_table(parts, done={"p0"}, budget_s=budget, cuda=True)
+    assert list(table["this run"]) == ["recorded: skip", "run", "left: over budget", "run", "run"]
+
+
+def test_the_readme_recipe_runs_every_seed_technique_on_resnet18_first_and_fits_its_minutes(capsys):
+    command = reference.RECIPE[0].split()
+    assert command[:4] == ["python3", "-m", "optlab", "reference"] and reference.RECIPE[0] in (ROOT / "README.md").read_text()
+    assert main([*command[3:command.index("--archive")], "--plan", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.startswith("seed ")]
+    first_nine = [row[1:3] for row in rows[:9]]
+    assert sorted(technique for technique, _ in first_nine) == sorted(SEED_TECHNIQUES)
+    assert {model for _, model in first_nine} == {"resnet18"}
+    assert "set seed: 38 parts" in out and "cut: --budget" in out
+    profile = QUICK.with_sizes(max_repeats=int(command[command.index("--max-repeats") + 1]))
+    parts = reference.plan("seed", profile)
+    table = reference.plan_table(parts, set(), float(command[command.index("--budget") + 1]), cuda=True)
+    assert set(table["this run"]) == {"run"}, "on a GPU the recipe leaves parts of the seed set out"
+    assert sum(p.estimate_s for p in parts) <= 8 * 60
 
 
 def test_plan_on_the_command_line(capsys, tmp_path):

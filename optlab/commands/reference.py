@@ -86,7 +86,7 @@ CHEAP_TABLE_S = 60  # a set's tables this cheap run right after its techniques o
 STARTUP_S = 15.0  # from the process start to the first part: imports, the CUDA context, the data sets
 PACK_RESERVE_S = 10.0  # kept free before the deadline: the last part's record, the log and the archive
 SHARE_FACTOR, SHARE_SLACK_S = 1.5, 10.0  # a part stops at a repeat's end past 1.5 x its estimate + 10 s
-RECIPE = ("python -m optlab reference --set seed --max-repeats 4 --budget 540 --archive h200.tar.gz",
+RECIPE = ("python3 -m optlab reference --set seed --max-repeats 4 --budget 540 --archive h200.tar.gz",
           "the whole seed set at 4 repeats: about 7 of the 8.6 minutes --budget 540 leaves for parts")
 
 
