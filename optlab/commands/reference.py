@@ -46,7 +46,8 @@ from ..core.gpu_sampler import PartWatch
 from ..core.experiments import ExperimentResult, run_experiment
 from ..core.profiles import Profile, get_profile
 from ..core.registry import Experiment, get_experiment
-from ..core.shutdown import PROCESS_START, Interrupted, now, signals_interrupt
+from ..core import shutdown
+from ..core.shutdown import Interrupted, signals_interrupt
 from ..core.techniques import technique_set
 
 PRIORITY = ("seed", "beyond", "stack", "compile")  # the order of the sets in a run; "all" is every one
@@ -350,9 +351,10 @@ def describe_plan(set_name: str = "all", profile: str | Profile | None = None, d
                  + (f" within --budget {budget_s:g} s (a deadline from the process start: {STARTUP_S:g} s of start-up "
                     f"and {PACK_RESERVE_S:g} s to pack are kept out, {available_s(budget_s) / 60:.1f} min for parts)"
                     if budget_s is not None else ""))
-    if budget_s is not None and (table["this run"] == "left: over budget").any():
-        lines.append(f"left for a later run: {(table['this run'] == 'left: over budget').sum()} part(s); each part that "
-                     "does not fit is skipped and the later ones that fit still run")
+    over = int((table["this run"] == "left: over budget").sum())
+    if over:
+        lines.append(f"left for a later run: {over} part(s); each part that does not fit is skipped and the later "
+                     "ones that fit still run")
     lines += cut_lines(parts, table)
     lines.append(f"recipe for one 10-minute command on an {TABLE_GPU}: {RECIPE[0]} ({RECIPE[1]}); a part that runs "
                  f"past {SHARE_FACTOR:g} x its estimate stops at the end of a repeat, one that would end past the "
@@ -471,7 +473,7 @@ def run_reference(out: str | Path, set_name: str = "seed", profile: str | Profil
     """
     if budget_s is not None and not budget_s > 0:
         raise OptlabError(f"--budget must be a positive number of seconds, got {budget_s:g}")
-    deadline = None if budget_s is None else PROCESS_START + budget_s
+    deadline = None if budget_s is None else shutdown.PROCESS_START + budget_s
     folder = store.writable_dir(out)
     log = RunLog(folder, archive)
     ended = False
@@ -484,8 +486,8 @@ def run_reference(out: str | Path, set_name: str = "seed", profile: str | Profil
                                       deadline, log)
             ended = True
         except Interrupted as stop:
-            log.buffer.write(f"stopped: {stop} ({now() - PROCESS_START:.0f} s after the process start); every part "
-                             "finished before it is kept\n")
+            log.buffer.write(f"stopped: {stop} ({shutdown.now() - shutdown.PROCESS_START:.0f} s after the process "
+                             "start); every part finished before it is kept\n")
             raise
         except GeneratorExit:
             log.buffer.write("stopped: the caller ended the run between parts\n")
@@ -506,7 +508,7 @@ def part_deadline(part: Part, deadline: float | None) -> float | None:
     and :data:`SHARE_SLACK_S`), and never later than the run's deadline less the reserve to pack."""
     if deadline is None:
         return None
-    return min(now() + part.estimate_s * SHARE_FACTOR + SHARE_SLACK_S, deadline - PACK_RESERVE_S)
+    return min(shutdown.now() + part.estimate_s * SHARE_FACTOR + SHARE_SLACK_S, deadline - PACK_RESERVE_S)
 
 
 def _run_parts(folder: Path, set_name: str, profile: str | Profile | None, device: str, progress: bool,
@@ -525,21 +527,22 @@ def _run_parts(folder: Path, set_name: str, profile: str | Profile | None, devic
         if part.needs_cuda and not info.is_cuda:
             print(f"skip {part.name}: needs CUDA, this run is on {info.name}")
             continue
-        if deadline is not None and now() + part.estimate_s > deadline - PACK_RESERVE_S:
+        if deadline is not None and shutdown.now() + part.estimate_s > deadline - PACK_RESERVE_S:
             left.append(part)
-            print(f"skip {part.name} for now: about {part.estimate_s:.0f} s, and "
-                  f"{max(deadline - PACK_RESERVE_S - now(), 0):.0f} s are left before --budget {budget_s:g} s")
+            room = max(deadline - PACK_RESERVE_S - shutdown.now(), 0)
+            print(f"skip {part.name} for now: about {part.estimate_s:.0f} s, and {room:.0f} s are left before "
+                  f"--budget {budget_s:g} s")
             continue
         source = "measured" if part.estimate_from != "table" else f"on an {TABLE_GPU}"
         print(f"part {part.name} ({part.set_name}; about {part.estimate_s:.0f} s, {source})")
-        part_start, watch = now(), PartWatch(info.device)
+        part_start, watch = shutdown.now(), PartWatch(info.device)
         watch.start()
         try:
             result = _run_part(part, folder, prof, device, progress, download, part_deadline(part, deadline))
             status = "ok"
         except Interrupted:
             with contextlib.suppress(OSError):
-                _note_part(folder, part, key, prof, "interrupted", now() - part_start, watch.stop(), None)
+                _note_part(folder, part, key, prof, "interrupted", shutdown.now() - part_start, watch.stop(), None)
             print(f"interrupted in part {part.name}: recorded as interrupted; {finished} part(s) finished this run")
             raise
         except Exception as error:  # noqa: BLE001  (an OptlabError too: this part failed, the others go on)
@@ -552,7 +555,7 @@ def _run_parts(folder: Path, set_name: str, profile: str | Profile | None, devic
             traceback.print_exc()
             log.buffer.write(traceback.format_exc())
         try:
-            _note_part(folder, part, key, prof, status, now() - part_start, watch.stop(),
+            _note_part(folder, part, key, prof, status, shutdown.now() - part_start, watch.stop(),
                        repeats_run(result, part, prof))
         except OSError as error:
             problem = output_problem(error, folder)
@@ -563,8 +566,8 @@ def _run_parts(folder: Path, set_name: str, profile: str | Profile | None, devic
         log.save()
         if result is not None:
             yield result
-    print(f"reference: {now() - PROCESS_START:.0f} s since the process start; skipped {len(skipped)} part(s) already "
-          f"recorded under {store.display_path(folder)}")
+    print(f"reference: {shutdown.now() - shutdown.PROCESS_START:.0f} s since the process start; skipped "
+          f"{len(skipped)} part(s) already recorded under {store.display_path(folder)}")
     if left:
         print(f"left for a later run (over --budget {budget_s:g} s): {', '.join(p.name for p in left)} "
               f"(about {sum(p.estimate_s for p in left) / 60:.1f} min)")
