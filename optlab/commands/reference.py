@@ -28,6 +28,7 @@ import errno
 import importlib
 import io
 import math
+import signal
 import sys
 import traceback
 from dataclasses import dataclass, replace
@@ -477,7 +478,7 @@ def run_reference(out: str | Path, set_name: str = "seed", profile: str | Profil
     folder = store.writable_dir(out)
     log = RunLog(folder, archive)
     ended = False
-    with signals_interrupt():
+    with signals_interrupt() as received:
         try:
             with contextlib.redirect_stdout(_Tee(sys.stdout, log.buffer)):
                 print(f"optlab reference --set {set_name}, into {store.display_path(folder)}, started "
@@ -489,8 +490,9 @@ def run_reference(out: str | Path, set_name: str = "seed", profile: str | Profil
             log.buffer.write(f"stopped: {stop} ({shutdown.now() - shutdown.PROCESS_START:.0f} s after the process "
                              "start); every part finished before it is kept\n")
             raise
-        except GeneratorExit:
-            log.buffer.write("stopped: the caller ended the run between parts\n")
+        except GeneratorExit:  # the caller closed the run between parts: on a signal, or of its own accord
+            why = signal.Signals(received[0]).name if received else "the caller"
+            log.buffer.write(f"stopped: {why}, between parts; every part finished before it is kept\n")
             raise
         except BaseException as error:
             log.buffer.write(f"stopped: {type(error).__name__}: {error}\n")

@@ -48,14 +48,15 @@ class Interrupted(BaseException):
 
 
 @contextlib.contextmanager
-def signals_interrupt() -> Iterator[None]:
+def signals_interrupt() -> Iterator[list[int]]:
     """Within the block, SIGTERM, SIGINT and SIGHUP raise :class:`Interrupted` once (later ones are ignored, so that
-    the clean-up is not cut short); the previous handlers come back after it. Outside the main thread, where Python
+    the clean-up is not cut short); the previous handlers come back after it. Yields the list of signals received
+    (the one that raised, where it was raised outside the block's own code). Outside the main thread, where Python
     cannot install handlers, the block runs as it is."""
+    raised: list[int] = []
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield raised
         return
-    raised = []
 
     def handler(signum: int, frame: object) -> None:
         if not raised:
@@ -64,7 +65,7 @@ def signals_interrupt() -> Iterator[None]:
 
     previous = {signum: signal.signal(signum, handler) for signum in ENDING_SIGNALS}
     try:
-        yield
+        yield raised
     finally:
         for signum, old in previous.items():
             signal.signal(signum, old)
