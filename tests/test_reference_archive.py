@@ -273,7 +273,7 @@ def test_each_parts_row_keeps_what_the_gpu_did_during_it_and_the_repeats_it_ran(
         return result
 
     monkeypatch.setattr(reference, "run_experiment", on_a_gpu)
-    profile = TINY.with_sizes(repeats=2, max_repeats=4)
+    profile = TINY.with_sizes(repeats=2, max_repeats=12, time_budget_s=0.001)  # stops at 2, well below the cap
     list(reference.run_reference(tmp_path, profile=profile, device="cpu", progress=False))
     rows = pd.read_csv(tmp_path / "reference-parts.csv").set_index("part")
     capped, calm = rows.loc["set_to_none resnet18"], rows.loc["no_grad resnet18"]
@@ -282,6 +282,7 @@ def test_each_parts_row_keeps_what_the_gpu_did_during_it_and_the_repeats_it_ran(
     for part in ("set_to_none", "no_grad"):
         ran = store.load_record(tmp_path / f"{part}.json")["rounds"]["resnet18"]["repeats"]
         assert rows.loc[f"{part} resnet18", "repeats"] == ran + profile.warmup_repeats  # what ran, not the cap
+        assert ran < profile.max_repeats
 
 
 def test_learned_estimates_scale_by_the_repeats_a_part_ran(tmp_path):
