@@ -249,3 +249,28 @@ def test_fp16_with_a_fused_optimizer_trains_under_the_scaler():
     loss = loops.train_step(model, (torch.randn(4, 3, 8, 8), torch.arange(4)), optimizer, scaler, config, CPU, 0)
     assert torch.isfinite(loss) and optimizer.defaults["fused"]
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def _gpu_check(*arguments, **env):
+    return subprocess.run([sys.executable, "tools/gpu_check.py", *arguments], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT), **env}, timeout=600)
+
+
+def test_gpu_check_says_in_one_line_that_a_cpu_has_nothing_to_run():
+    run = _gpu_check(CUDA_VISIBLE_DEVICES="")
+    assert run.returncode == 0 and run.stdout.splitlines() == [
+        "gpu-check: no CUDA device here, so nothing to run (the CUDA-only tests and the chapters' CUDA checks need one)"]
+
+
+def test_gpu_check_lists_every_test_that_skips_without_cuda_and_the_chapters_cuda_checks():
+    listed = _gpu_check("--list").stdout.splitlines()
+    tests = [line.split(" ", 1)[1] for line in listed if line.startswith("test ")]
+    files = {test.split("::")[0] for test in tests}
+    assert files == {f"tests/test_{name}.py" for name in ("autotune", "cuda_graphs", "microbench", "numerics",
+                                                          "optimizer_bench", "profiling", "tf32")}
+    assert len(tests) == 13 and "tests/test_cuda_graphs.py::test_graphed_inference_and_training_match_eager" in tests
+    assert "tests/test_microbench.py::test_matmul_benchmark_on_cuda_in_half_precision" in tests
+    assert not any(test.startswith("tests/test_tf32.py::") and "gpu" not in test for test in tests)  # CPU ones left
+    assert [line for line in listed if line.startswith("chapter ")] == [
+        f"chapter notebooks/{name}.ipynb" for name in ("11_cuda_graphs", "14_data_pipeline", "15_profiling",
+                                                       "18_your_model")]

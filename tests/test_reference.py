@@ -13,7 +13,7 @@ import pytest
 
 from optlab.commands import reference
 from optlab.commands.cli import main
-from optlab.core import experiments, store
+from optlab.core import experiments, shutdown, store
 from optlab.core.errors import OptlabError
 from optlab.core.profiles import get_profile
 from optlab.core.techniques import SEED_TECHNIQUES
@@ -75,12 +75,29 @@ def test_the_seed_set_fits_a_nine_minute_command_at_three_repeats():
     assert sum(p.estimate_s for p in seed) <= 540
 
 
-def test_the_budget_runs_parts_in_order_until_the_next_does_not_fit():
-    parts = reference.plan("seed", QUICK)
-    first_two = parts[1].estimate_s + parts[2].estimate_s  # the first is recorded: the next two fit
-    table = reference.plan_table(parts, done={parts[0].name}, budget_s=first_two, cuda=True)
-    assert list(table["this run"][:4]) == ["recorded: skip", "run", "run", "left: over budget"]
-    assert set(table["this run"][3:]) == {"left: over budget"}  # it stops: nothing after the first that does not fit
+def test_the_budget_skips_a_part_that_does_not_fit_and_runs_later_ones_that_do():
+    parts = [reference.Part("seed", f"p{i}", 1, seconds) for i, seconds in enumerate((5, 10, 50, 20, 5))]
+    budget = reference.STARTUP_S + reference.PACK_RESERVE_S + 35  # the start-up and the packing reserve come first
+    table = reference.plan_table(parts, done={"p0"}, budget_s=budget, cuda=True)
+    assert list(table["this run"]) == ["recorded: skip", "run", "left: over budget", "run", "run"]
+
+
+def test_the_readme_recipe_runs_every_seed_technique_on_resnet18_first_and_fits_its_minutes(capsys):
+    command = reference.RECIPE[0].split()
+    assert command[:4] == ["python3", "-m", "optlab", "reference"]
+    assert reference.RECIPE[0] in (ROOT / "README.md").read_text()
+    assert main([*command[3:command.index("--archive")], "--plan", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.startswith("seed ")]
+    first_nine = [row[1:3] for row in rows[:9]]
+    assert sorted(technique for technique, _ in first_nine) == sorted(SEED_TECHNIQUES)
+    assert {model for _, model in first_nine} == {"resnet18"}
+    assert "set seed: 38 parts" in out and "cut: --budget" in out
+    profile = QUICK.with_sizes(max_repeats=int(command[command.index("--max-repeats") + 1]))
+    parts = reference.plan("seed", profile)
+    table = reference.plan_table(parts, set(), float(command[command.index("--budget") + 1]), cuda=True)
+    assert set(table["this run"]) == {"run"}, "on a GPU the recipe leaves parts of the seed set out"
+    assert sum(p.estimate_s for p in parts) <= 8 * 60
 
 
 def test_plan_on_the_command_line(capsys, tmp_path):
@@ -199,3 +216,34 @@ def test_the_plans_step_counts_are_the_steps_a_run_takes(technique, model):
     result = experiments.run_experiment(technique, models=[model], profile=TINY, device="cpu", progress=False)
     ran = sum(len(row["warmup_times_s"]) + len(row["step_times_s"]) for _, row in result.samples.iterrows())
     assert ran == planned
+
+
+def test_a_deadline_stops_a_slow_part_at_a_repeat_and_skips_a_part_that_does_not_fit(monkeypatch, tmp_path):
+    """On a fake clock where every phase of a variant takes 5 s, under --budget 200: set_to_none (estimated 30 s, so
+    a share of 55 s; rounds of two variants, train and test: 20 s) stops after 2 rounds of the profile's minimum of 4;
+    no_grad (500 s) is skipped; non_blocking (20 s, a share of 40 s; three variants: 30 s rounds) still runs, and
+    stops after one round."""
+    clock = {"t": 0.0}
+    monkeypatch.setattr(shutdown, "now", lambda: clock["t"])
+    monkeypatch.setattr(shutdown, "PROCESS_START", 0.0)
+    real_phase = experiments.run_variant_phase
+
+    def slow_phase(*args, **kwargs):
+        clock["t"] += 5.0
+        return real_phase(*args, **kwargs)
+
+    monkeypatch.setattr(experiments, "run_variant_phase", slow_phase)
+    monkeypatch.setattr(reference, "plan", lambda set_name, profile, measured=None: [
+        reference.Part("seed", f"{name} resnet18", 1, seconds, technique=name, model="resnet18")
+        for name, seconds in (("set_to_none", 30.0), ("no_grad", 500.0), ("non_blocking", 20.0))])
+    profile = TINY.with_sizes(repeats=4, max_repeats=8)
+    ran = list(reference.run_reference(tmp_path, profile=profile, device="cpu", progress=False, budget_s=200))
+    assert [r.experiment.name for r in ran] == ["set_to_none", "non_blocking"]
+    rows = pd.read_csv(tmp_path / f"{reference.MANIFEST}.csv").set_index("part")
+    for part, share, repeats, seconds in (("set_to_none", 30 * 1.5 + 10, 2, 40.0),
+                                          ("non_blocking", 20 * 1.5 + 10, 1, 30.0)):
+        rounds = store.load_record(tmp_path / f"{part}.json")["rounds"]["resnet18"]
+        assert rounds == {"repeats": repeats, "stopped": "at the run's deadline"}
+        assert rows.loc[f"{part} resnet18", "seconds"] == seconds <= share  # ended at a repeat, within its share
+        assert rows.loc[f"{part} resnet18", "repeats"] == repeats
+    assert "no_grad resnet18" not in rows.index and clock["t"] == 70.0 < 200 - reference.PACK_RESERVE_S

@@ -8,14 +8,16 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from optlab.commands import reference
 from optlab.commands.cli import main
-from optlab.core import archive, experiments, store
+from optlab.core import archive, experiments, gpu_sampler, store
 from optlab.core.errors import OptlabError
 from optlab.core.flops import step_flops
 from optlab.core.profiles import get_profile
 from tests.helpers import TINY
+from tests.test_gpu_state import IDLE, counting_nvml
 
 QUICK = get_profile("quick")
 
@@ -254,18 +256,41 @@ def test_the_resnet_step_times_follow_their_flops_at_a_conservative_rate():
         assert 40 <= rate <= 120, (model, rate)
 
 
-def test_each_parts_row_keeps_the_gpus_state_at_its_start_and_end_and_flags_throttling(monkeypatch, tmp_path):
+def test_each_parts_row_keeps_what_the_gpu_did_during_it_and_the_repeats_it_ran(monkeypatch, tmp_path):
+    """Each part watched on a fake GPU that is power-capped while set_to_none runs and calm while no_grad does."""
     monkeypatch.setattr(reference, "plan", _parts(("set_to_none", "no_grad")))
-    states = iter([{"sm_clock_mhz": 1980, "power_limit_w": 700.0, "throttle_reasons": "none"},
-                   {"sm_clock_mhz": 1755, "power_limit_w": 700.0, "throttle_reasons": "sw_power_cap"},
-                   {"sm_clock_mhz": 1980, "power_limit_w": 700.0, "throttle_reasons": "gpu_idle"},
-                   {"sm_clock_mhz": 1980, "power_limit_w": 700.0, "throttle_reasons": "none"}])
-    monkeypatch.setattr(reference, "read_state", lambda device: next(states))
-    list(reference.run_reference(tmp_path, profile=TINY, device="cpu", progress=False))
+    gpu = dict(IDLE)
+    monkeypatch.setattr(gpu_sampler, "gpu_id", lambda index: "GPU-1234")
+    monkeypatch.setattr(reference, "PartWatch", lambda device: gpu_sampler.PartWatch(
+        torch.device("cuda", 0), nvml=counting_nvml(gpu), interval_s=0.01))
+    real = experiments.run_experiment
+
+    def on_a_gpu(name, **options):
+        gpu.update({"sm": 1755, "mask": 0x4} if name == "set_to_none" else {"sm": 1980, "mask": 0x0})
+        gpu["energy_mj"] += 90_000
+        result = real(name, **options)
+        gpu.update(IDLE | {"energy_mj": gpu["energy_mj"]})
+        return result
+
+    monkeypatch.setattr(reference, "run_experiment", on_a_gpu)
+    profile = TINY.with_sizes(repeats=2, max_repeats=12, time_budget_s=0.001)  # stops at 2, well below the cap
+    list(reference.run_reference(tmp_path, profile=profile, device="cpu", progress=False))
     rows = pd.read_csv(tmp_path / "reference-parts.csv").set_index("part")
-    assert rows.loc["set_to_none resnet18", ["sm_clock_mhz_start", "sm_clock_mhz_end", "throttled"]].tolist() == [
-        1980, 1755, "yes"]
-    assert rows.loc["no_grad resnet18", "throttled"] == "no" and rows["power_limit_w"].tolist() == [700.0, 700.0]
+    capped, calm = rows.loc["set_to_none resnet18"], rows.loc["no_grad resnet18"]
+    assert (capped["sm_clock_mhz_min"], capped["throttled"], capped["energy_j"]) == (1755, "yes", 90.0)
+    assert (calm["sm_clock_mhz_min"], calm["throttled"]) == (1980, "no")
+    for part in ("set_to_none", "no_grad"):
+        ran = store.load_record(tmp_path / f"{part}.json")["rounds"]["resnet18"]["repeats"]
+        assert rows.loc[f"{part} resnet18", "repeats"] == ran + profile.warmup_repeats  # what ran, not the cap
+        assert ran < profile.max_repeats
+
+
+def test_learned_estimates_scale_by_the_repeats_a_part_ran(tmp_path):
+    row = {"part": "set_to_none resnet18", "status": "ok", "seconds": 20.0, "device_name": "NVIDIA H200",
+           "profile": "quick", "repeats": 4}
+    _manifest(tmp_path / "h200", [row])
+    measured = reference.measured_seconds(None, QUICK, [tmp_path / "h200"])
+    assert measured["set_to_none resnet18"][0] == 20.0 * reference.runs_per_variant(QUICK) / 4  # 60 s at the cap of 12
 
 
 def test_on_the_cpu_a_parts_row_says_there_is_no_gpu_state(monkeypatch, tmp_path):

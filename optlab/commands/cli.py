@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -10,6 +11,7 @@ import pandas as pd
 
 from ..core.errors import OptlabError
 from ..core.profiles import Profile
+from ..core.shutdown import Interrupted
 from ..core.timing import TIMES_BESIDE
 
 DEFAULT_RUN_DIR = Path("results") / "runs"
@@ -61,11 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
     reference.add_argument("--plan", action="store_true",
                            help="print every part with its steps and estimated H200 seconds, and run nothing")
     reference.add_argument("--budget", type=float, metavar="SECONDS",
-                           help="run parts in priority order until the next would not fit in SECONDS")
+                           help="a deadline SECONDS after the process start: a part that would end past it is "
+                                "skipped (later ones that fit still run), a running one stops at a repeat's end")
     _add_repeats(reference)
     reference.add_argument("--archive", type=Path, metavar="PATH.tar.gz",
-                           help="when the run ends, however it ends, pack everything in --out (records, tables, "
-                                "reference-parts.csv, reference.log) into this one compressed file")
+                           help="after every part, and when the run ends or is stopped by SIGTERM, SIGINT or "
+                                "SIGHUP, pack everything in --out (records, tables, reference-parts.csv, "
+                                "reference.log) into this one compressed file")
     reference.add_argument("--unpack", type=Path, metavar="PATH.tar.gz",
                            help="run nothing: merge an archive that --archive wrote into --out (default: "
                                 "results/reference/<the folder it was packed from>)")
@@ -170,10 +174,17 @@ def _reference(args: argparse.Namespace) -> None:
     if args.plan:
         print(describe_plan(args.set or "all", profile, args.device, out, args.budget))
         return
-    for result in run_reference(out, set_name=args.set or "seed", profile=profile, device=args.device,
-                                progress=not args.quiet, download=args.download, budget_s=args.budget,
-                                archive=args.archive):
-        _print_table(result.summary, result.samples)
+    try:
+        with contextlib.closing(run_reference(out, set_name=args.set or "seed", profile=profile, device=args.device,
+                                              progress=not args.quiet, download=args.download,
+                                              budget_s=args.budget, archive=args.archive)) as results:
+            for result in results:
+                _print_table(result.summary, result.samples)
+    except Interrupted as stop:
+        kept = f"{out}" + (f" and packed into {args.archive}" if args.archive else "")
+        stop.args = (f"{stop}: every part finished before it is kept in {kept}; run the same command again to add "
+                     "the rest",)
+        raise
 
 
 def _tune(args: argparse.Namespace) -> None:
@@ -205,4 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OptlabError as error:
         print(f"optlab: error: {error}", file=sys.stderr)
         return 2
+    except Interrupted as stop:
+        print(f"optlab: stopped by {stop}", file=sys.stderr)
+        return stop.exit_code
     return 0

@@ -3,29 +3,33 @@
 A *part* is one model of one technique (it adds that model to ``<out>/<technique>.json``) or one study's extra
 tables (``<out>/<table>.csv``, CUDA only). Parts run in a fixed priority order: the nine seed techniques and their
 tables, then precision, the data pipeline and the optimizers with theirs, the all-together stack, and the compiling
-techniques. ``--plan`` prints every part with its steps and its estimated seconds: measured by an earlier run on the
-same GPU where ``reference-parts.csv`` has it (:func:`measured_seconds`), else from the H200 step-time table below
-(:func:`estimate`); ``--budget`` runs parts until the next would not fit. A part already recorded under ``<out>`` by
+techniques; within a set, breadth first: every technique on ResNet18, then the set's cheap tables, then the other
+models from the cheapest, so that a cut loses depth, not techniques. ``--plan`` prints every part with its steps and
+its estimated seconds: measured by an earlier run on the same GPU where ``reference-parts.csv`` has it
+(:func:`measured_seconds`), else from the H200 step-time table below (:func:`estimate`). ``--budget`` is a hard
+deadline counted from the process start: a part that would end past it is skipped (later, smaller ones still run),
+and a running part stops at the end of a repeat once it passes its share. A part already recorded under ``<out>`` by
 this machine, torch version and commit in this profile is skipped, so each run adds what is missing: a technique's
-record says which models it holds, and ``reference-parts.csv`` lists every part that ran, with the GPU's clocks,
-power and throttling at its start and end.
+record says which models it holds, and ``reference-parts.csv`` lists every part that ran, with the repeats it ran and
+what the GPU did during it (:mod:`optlab.core.gpu_sampler`).
 
-``--archive PATH`` packs the folder into one tar.gz when the run ends, however it ends; ``--unpack PATH`` merges
-such an archive into ``results/reference/<machine>/``. A disk that fills up, or an output folder that can no longer
-be written, stops the run at once with one line; a part that fails for its own reasons is recorded and the run
+After every part, ``reference.log`` gets the part's lines and ``--archive PATH`` re-packs the folder into one
+tar.gz; SIGTERM, SIGINT and SIGHUP record the part in flight as interrupted, pack, and end the run with one line, so
+a job killed at its time limit keeps every part it finished (a SIGKILL loses the part in flight). ``--unpack PATH``
+merges such an archive into ``results/reference/<machine>/``. A disk that fills up, or an output folder that can no
+longer be written, stops the run at once with one line; a part that fails for its own reasons is recorded and the run
 goes on.
 """
 from __future__ import annotations
-
-import math
 
 import contextlib
 import datetime as dt
 import errno
 import importlib
 import io
+import math
+import signal
 import sys
-import time
 import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -39,10 +43,12 @@ from ..core.config import RunConfig
 from ..core.device import DeviceInfo, resolve_device
 from ..core.environment import git_commit
 from ..core.errors import OptlabError
-from ..core.gpu_state import read_state, throttled
+from ..core.gpu_sampler import PartWatch
 from ..core.experiments import ExperimentResult, run_experiment
 from ..core.profiles import Profile, get_profile
 from ..core.registry import Experiment, get_experiment
+from ..core import shutdown
+from ..core.shutdown import Interrupted, signals_interrupt
 from ..core.techniques import technique_set
 
 PRIORITY = ("seed", "beyond", "stack", "compile")  # the order of the sets in a run; "all" is every one
@@ -78,6 +84,12 @@ TABLE_S = {"microbench": 20, "autotune": 45, "numerics": 40, "tf32": 15, "optimi
            "pipeline": 40, "profiling": 120, "learning": 150}  # each study's tables, whole
 EPOCH_IMAGES = {"train": 50_000, "test": 10_000}  # a whole epoch, for the full profile
 PART_LIMIT_S = 240  # no part may need more than 4 minutes: a killed command loses only the part it was in
+CHEAP_TABLE_S = 60  # a set's tables this cheap run right after its techniques on the first model
+STARTUP_S = 15.0  # from the process start to the first part: imports, the CUDA context, the data sets
+PACK_RESERVE_S = 10.0  # kept free before the deadline: the last part's record, the log and the archive
+SHARE_FACTOR, SHARE_SLACK_S = 1.5, 10.0  # a part stops at a repeat's end past 1.5 x its estimate + 10 s
+RECIPE = ("python3 -m optlab reference --set seed --max-repeats 4 --budget 540 --archive h200.tar.gz",
+          "the whole seed set at 4 repeats: about 7 of the 8.6 minutes --budget 540 leaves for parts")
 
 
 @dataclass(frozen=True)
@@ -172,21 +184,35 @@ def reference_folders(out: str | Path | None) -> list[Path]:
     return folders
 
 
+MODEL_ORDER = tuple(sorted(TRAIN_STEP_S, key=TRAIN_STEP_S.get))  # the depth of a set, cheapest model first
+
+
+def _depth(part: Part) -> int:
+    """Where a part falls in its set, breadth first: the first model's techniques, the cheap tables, the other models
+    from the cheapest, the dear tables."""
+    if part.module:
+        return 1 if part.estimate_s <= CHEAP_TABLE_S else 2 * len(MODEL_ORDER)
+    return 2 * MODEL_ORDER.index(part.model) if part.model in MODEL_ORDER else 2 * len(MODEL_ORDER) - 1
+
+
 def plan(set_name: str, profile: Profile, measured: dict[str, tuple[float, str]] | None = None) -> list[Part]:
-    """Every part of ``set_name`` (``all``: of every set) in priority order, with steps and estimates: ``measured``
-    seconds (:func:`measured_seconds`) where a part has them, else the H200 table's."""
+    """Every part of ``set_name`` (``all``: of every set) in priority order, breadth first within a set (every
+    technique on ResNet18, the cheap tables, then the other models from the cheapest), with steps and estimates:
+    ``measured`` seconds (:func:`measured_seconds`) where a part has them, else the H200 table's."""
     parts = []
     for name in set_names(set_name):
         order = TECHNIQUE_ORDER.get(name, ())
         techniques = sorted(technique_set(name), key=lambda t: order.index(t) if t in order else len(order))
+        in_set = []
         for technique in techniques:
             experiment = get_experiment(technique)
             for model in experiment.default_models(profile):
                 steps, seconds = estimate(experiment, experiment.configs(model, profile), profile)
-                parts.append(Part(name, f"{technique} {model}", steps, seconds, technique=technique, model=model,
-                                  needs_cuda=experiment.needs_cuda))
-        parts += [Part(name, f"{module} tables", 0, TABLE_S[module], module=module, needs_cuda=True)
-                  for module in EXTRAS[name]]
+                in_set.append(Part(name, f"{technique} {model}", steps, seconds, technique=technique, model=model,
+                                   needs_cuda=experiment.needs_cuda))
+        in_set += [Part(name, f"{module} tables", 0, TABLE_S[module], module=module, needs_cuda=True)
+                   for module in EXTRAS[name]]
+        parts += sorted(in_set, key=_depth)
     measured = measured or {}
     return [replace(part, estimate_s=measured[part.name][0], estimate_from=f"measured ({measured[part.name][1]})")
             if part.name in measured else part for part in parts]
@@ -221,50 +247,74 @@ def recorded(parts: list[Part], folder: Path, key: dict[str, str], profile: Prof
     return done
 
 
-GPU_COLUMNS = ("sm_clock_mhz", "mem_clock_mhz", "power_draw_w", "temperature_c", "throttle_reasons")
-
-
-def gpu_columns(start: dict[str, Any], end: dict[str, Any]) -> dict[str, Any]:
-    """A part's row of GPU state: clocks, power draw, temperature and throttle reasons at its start and end, the
-    power limit, and ``throttled`` (yes where either showed a power cap, a thermal or hardware slowdown); on the CPU
-    only the note that there is none."""
-    if "gpu_state" in start:
-        return {"gpu_state": start["gpu_state"]}
-    row: dict[str, Any] = {}
-    for key in GPU_COLUMNS:
-        row[f"{key}_start"], row[f"{key}_end"] = start.get(key), end.get(key)
-    row["power_limit_w"] = start.get("power_limit_w")
-    row["throttled"] = "yes" if throttled(start.get("throttle_reasons")) or throttled(end.get("throttle_reasons")) \
-        else "no"
-    return row
-
-
 def _note_part(folder: Path, part: Part, key: dict[str, str], profile: Profile, status: str, seconds: float,
-               gpu: dict[str, Any]) -> None:
+               gpu: dict[str, Any], repeats: int | None) -> None:
     row = {"part": part.name, "set": part.set_name, "status": status, "seconds": round(seconds, 1),
            "estimate_s": round(part.estimate_s, 1), "estimate_from": part.estimate_from, **key,
-           "profile": profile.name, "repeats": runs_per_variant(profile), **gpu,
+           "profile": profile.name, "repeats": repeats, **gpu,
            "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     manifest = _manifest(folder)
     manifest = manifest[manifest["part"] != part.name] if not manifest.empty else None
     store.save_table(pd.concat([manifest, pd.DataFrame([row])], ignore_index=True), folder, MANIFEST)
 
 
+def repeats_run(result: ExperimentResult | None, part: Part, profile: Profile) -> int | None:
+    """How many times ``part`` ran each variant: its discarded repeats and the timed ones it took (None for tables
+    and for a part that has no result)."""
+    if result is None or part.model is None:
+        return None
+    rounds = result.record.get("rounds", {}).get(part.model)
+    return profile.warmup_repeats + rounds["repeats"] if rounds else None
+
+
+def available_s(budget_s: float | None) -> float:
+    """Seconds a plan may fill under ``budget_s`` counted from the process start: less the start-up and the
+    reserve kept for packing (infinite without a budget)."""
+    return math.inf if budget_s is None else budget_s - STARTUP_S - PACK_RESERVE_S
+
+
 def plan_table(parts: list[Part], done: set[str], budget_s: float | None, cuda: bool) -> pd.DataFrame:
-    """The plan as a table: each part's set, steps, estimate, and what this command would do with it."""
-    rows, spent, stopped = [], 0.0, False
+    """The plan as a table: each part's set, steps, estimate, and what this command would do with it. A part that
+    does not fit in what is left of the budget is skipped, and the later ones that fit still run."""
+    rows, spent, room = [], 0.0, available_s(budget_s)
     for part in parts:
         if part.name in done:
             action = "recorded: skip"
         elif part.needs_cuda and not cuda:
             action = "needs CUDA: skip"
-        elif stopped or (budget_s is not None and spent + part.estimate_s > budget_s):
-            action, stopped = "left: over budget", True
+        elif spent + part.estimate_s > room:
+            action = "left: over budget"
         else:
             action, spent = "run", spent + part.estimate_s
         rows.append({"set": part.set_name, "part": part.name, "steps": part.steps,
                      "est_s": round(part.estimate_s, 1), "estimate from": part.estimate_from, "this run": action})
     return pd.DataFrame(rows)
+
+
+def _stage(part: Part) -> str:
+    return "tables" if part.module else part.model or ""
+
+
+def cut_lines(parts: list[Part], table: pd.DataFrame) -> list[str]:
+    """What each cut would lose: for each stage of the run order (a model's parts, a set's tables), the minutes
+    by which it ends, and what a budget that ends before it leaves out."""
+    todo = table["this run"].isin(["run", "left: over budget"]).tolist()
+    stages: list[tuple[str, str, float]] = []  # (set, stage, seconds at its end)
+    elapsed = 0.0
+    for part, listed in zip(parts, todo):
+        if not listed:
+            continue
+        elapsed += part.estimate_s
+        if stages and stages[-1][:2] == (part.set_name, _stage(part)):
+            stages[-1] = (part.set_name, _stage(part), elapsed)
+        else:
+            stages.append((part.set_name, _stage(part), elapsed))
+    lines = []
+    for index, (set_name, stage, end) in enumerate(stages):
+        lost = ", ".join(f"{s} {g}" for s, g, _ in stages[index:])
+        lines.append(f"cut: --budget {math.ceil(end + STARTUP_S + PACK_RESERVE_S)} s runs set {set_name} through "
+                     f"{stage}; less loses parts of: {lost}")
+    return lines
 
 
 def reference_profile(profile: str | Profile | None, cuda: bool, repeats: int | None = None,
@@ -280,8 +330,8 @@ def target_gpu(info: DeviceInfo) -> str | None:
 
 def describe_plan(set_name: str = "all", profile: str | Profile | None = None, device: str = "auto",
                   out: str | Path | None = None, budget_s: float | None = None, repeats: int | None = None) -> str:
-    """The plan of ``set_name`` as printed text: every part with where its estimate came from, then each set's
-    total in minutes."""
+    """The plan of ``set_name`` as printed text: every part with where its estimate came from, each set's total in
+    minutes, what each cut would lose, and the recipe that fits one 10-minute command."""
     info = resolve_device(device)
     prof = reference_profile(profile, True, repeats)  # the reference's profile on a GPU: quick, unless one is named
     gpu = target_gpu(info)
@@ -289,28 +339,42 @@ def describe_plan(set_name: str = "all", profile: str | Profile | None = None, d
     done = recorded(parts, Path(out), run_key(info), prof) if out is not None and Path(out).is_dir() else set()
     table = plan_table(parts, done, budget_s, info.is_cuda)
     totals = table.groupby("set", sort=False)["est_s"].agg(["count", "sum"])
-    lines = [f"reference plan, profile {prof.name}: estimated seconds on {gpu or f'one {TABLE_GPU}'}, measured by an "
-             f"earlier run on it where a results/reference/<machine>/{MANIFEST}.csv has the part, else from the "
-             f"{TABLE_GPU} step-time table (optlab/commands/reference.py)", table.to_string(index=False), ""]
+    lines = [f"reference plan, profile {prof.name} ({prof.describe_repeats()}): estimated seconds on "
+             f"{gpu or f'one {TABLE_GPU}'}, measured by an earlier run on it where a "
+             f"results/reference/<machine>/{MANIFEST}.csv has the part, else from the {TABLE_GPU} step-time table "
+             "(optlab/commands/reference.py)", table.to_string(index=False), ""]
     lines += [f"set {name}: {int(row['count'])} parts, {row['sum'] / 60:.1f} min" for name, row in totals.iterrows()]
     measured = sum(part.estimate_from != "table" for part in parts)
     lines.append(f"estimates: {measured} part(s) measured, {len(parts) - measured} from the table")
+    runs = table["this run"] == "run"
     lines.append(f"all listed: {table['est_s'].sum() / 60:.1f} min; the command would run "
-                 f"{table['est_s'][table['this run'] == 'run'].sum() / 60:.1f} min of it"
-                 + (f" within --budget {budget_s:g} s" if budget_s is not None else ""))
+                 f"{table['est_s'][runs].sum() / 60:.1f} min of it"
+                 + (f" within --budget {budget_s:g} s (a deadline from the process start: {STARTUP_S:g} s of start-up "
+                    f"and {PACK_RESERVE_S:g} s to pack are kept out, {available_s(budget_s) / 60:.1f} min for parts)"
+                    if budget_s is not None else ""))
+    over = int((table["this run"] == "left: over budget").sum())
+    if over:
+        lines.append(f"left for a later run: {over} part(s); each part that does not fit is skipped and the later "
+                     "ones that fit still run")
+    lines += cut_lines(parts, table)
+    lines.append(f"recipe for one 10-minute command on an {TABLE_GPU}: {RECIPE[0]} ({RECIPE[1]}); a part that runs "
+                 f"past {SHARE_FACTOR:g} x its estimate stops at the end of a repeat, one that would end past the "
+                 "deadline is skipped, and the archive is packed after every part: run the same command again to add "
+                 "what was left")
     lines += [f"warning: {part.name} may need more than {PART_LIMIT_S} s" for part in parts
               if part.estimate_s > PART_LIMIT_S]
     return "\n".join(lines)
 
 
-def _run_part(part: Part, folder: Path, prof: Profile, device: str, progress: bool,
-              download: bool) -> ExperimentResult | None:
+def _run_part(part: Part, folder: Path, prof: Profile, device: str, progress: bool, download: bool,
+              deadline: float | None = None) -> ExperimentResult | None:
     if part.module:
         for path in importlib.import_module(f"optlab.studies.{part.module}").run_reference(folder, device):
             print(f"wrote {store.display_path(path)}")
         return None
     return run_experiment(part.technique, models=[part.model], profile=prof, device=device, out=folder,
-                          progress=progress, download=download, filename=f"{part.technique}.json", resume=True)
+                          progress=progress, download=download, filename=f"{part.technique}.json", resume=True,
+                          deadline=deadline)
 
 
 FULL = (errno.ENOSPC, errno.EDQUOT)  # the disk (or the quota) is full
@@ -364,110 +428,148 @@ class _Tee(io.TextIOBase):
             stream.flush()
 
 
-def finish(folder: Path, log: str, archive: str | Path | None) -> str | None:
-    """Append this run's ``log`` to ``folder``'s, and with ``archive``, pack the folder into it (the log included even
-    where the folder could not take it). Returns what went wrong, in one line, or None."""
-    path = folder / LOG
-    try:
-        text = (path.read_text() if path.is_file() else "") + log
-    except OSError:
-        text = log
-    with contextlib.suppress(OSError):  # a folder that cannot take the log has already stopped the run, saying so
-        store.atomic_write_text(path, text)
-    if archive is None:
+class RunLog:
+    """What this run printed, saved to ``<out>/reference.log`` after the earlier runs' lines, and the folder packed
+    into ``archive``: after every part, and when the run ends."""
+
+    def __init__(self, folder: Path, archive: str | Path | None) -> None:
+        self.folder, self.archive, self.buffer = folder, archive, io.StringIO()
+        try:
+            self.before = (folder / LOG).read_text() if (folder / LOG).is_file() else ""
+        except OSError:
+            self.before = ""
+
+    def save(self, final: bool = False) -> str | None:
+        """Write the log and, with an archive, pack the folder into it (the log included even where the folder
+        could not take it); ``final``: say where the archive is. Returns what went wrong, in one line, or None."""
+        text = self.before + self.buffer.getvalue()
+        with contextlib.suppress(OSError):  # a folder that cannot take the log has already stopped the run, saying so
+            store.atomic_write_text(self.folder / LOG, text)
+        if self.archive is None:
+            return None
+        try:
+            written, members = archives.pack(self.folder, self.archive, extra={LOG: text.encode()})
+        except OSError as error:
+            return (f"the archive {str(self.archive)!r} could not be written ({error.strerror or error}); the results "
+                    f"are in {store.display_path(self.folder)}")
+        if final:
+            print(f"archive: {written} ({len(members)} files, {written.stat().st_size / 1024:.0f} KiB); unpack it "
+                  f"with python -m optlab reference --unpack {written}")
         return None
-    try:
-        written, members = archives.pack(folder, archive, extra={LOG: text.encode()})
-    except OSError as error:
-        return (f"the archive {str(archive)!r} could not be written ({error.strerror or error}); the results are in "
-                f"{store.display_path(folder)}")
-    print(f"archive: {written} ({len(members)} files, {written.stat().st_size / 1024:.0f} KiB); unpack it with "
-          f"python -m optlab reference --unpack {written}")
-    return None
 
 
 def run_reference(out: str | Path, set_name: str = "seed", profile: str | Profile | None = None,
                   device: str = "auto", progress: bool = True, download: bool = False, budget_s: float | None = None,
                   repeats: int | None = None, archive: str | Path | None = None) -> Iterator[ExperimentResult]:
-    """Run every part of the set not yet recorded under ``out``, in priority order; with ``budget_s``, stop before
-    the first part whose estimate would not fit in what is left. Yields each technique part's result.
+    """Run every part of the set not yet recorded under ``out``, in priority order; with ``budget_s``, a deadline
+    that many seconds after the process start: a part whose estimate would end past it is skipped (the later ones
+    that fit still run), and a running part stops at the end of a repeat once it passes its share. Yields each
+    technique part's result.
 
     A part that fails, an OptlabError included, is reported and the run goes on; the end names every part that
     failed or was left. A full disk, or an output folder that can no longer be written, stops the run at once.
-    What the run prints is appended to ``out/reference.log``; with ``archive``, the folder is packed into that
-    tar.gz however the run ends.
+    After every part its lines are appended to ``out/reference.log`` and, with ``archive``, the folder is packed into
+    that tar.gz; SIGTERM, SIGINT and SIGHUP record the part in flight as interrupted, pack, and raise
+    :class:`~optlab.core.shutdown.Interrupted`.
     """
-    started = time.monotonic()
     if budget_s is not None and not budget_s > 0:
         raise OptlabError(f"--budget must be a positive number of seconds, got {budget_s:g}")
+    deadline = None if budget_s is None else shutdown.PROCESS_START + budget_s
     folder = store.writable_dir(out)
-    log = io.StringIO()
+    log = RunLog(folder, archive)
     ended = False
-    try:
-        with contextlib.redirect_stdout(_Tee(sys.stdout, log)):
-            print(f"optlab reference --set {set_name}, into {store.display_path(folder)}, started "
-                  f"{dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}")
-            yield from _run_parts(folder, set_name, profile, device, progress, download, budget_s, repeats, started,
-                                  log)
-        ended = True
-    except BaseException as error:
-        log.write(f"stopped: {type(error).__name__}: {error}\n")
-        raise
-    finally:
-        problem = finish(folder, log.getvalue(), archive)
-        if problem and ended:
-            raise OptlabError(problem)
-        if problem:
-            print(f"optlab: error: {problem}", file=sys.stderr)
+    with signals_interrupt() as received:
+        try:
+            with contextlib.redirect_stdout(_Tee(sys.stdout, log.buffer)):
+                print(f"optlab reference --set {set_name}, into {store.display_path(folder)}, started "
+                      f"{dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}")
+                yield from _run_parts(folder, set_name, profile, device, progress, download, budget_s, repeats,
+                                      deadline, log)
+            ended = True
+        except Interrupted as stop:
+            log.buffer.write(f"stopped: {stop} ({shutdown.now() - shutdown.PROCESS_START:.0f} s after the process "
+                             "start); every part finished before it is kept\n")
+            raise
+        except GeneratorExit:  # the caller closed the run between parts: on a signal, or of its own accord
+            why = signal.Signals(received[0]).name if received else "the caller"
+            log.buffer.write(f"stopped: {why}, between parts; every part finished before it is kept\n")
+            raise
+        except BaseException as error:
+            log.buffer.write(f"stopped: {type(error).__name__}: {error}\n")
+            raise
+        finally:
+            problem = log.save(final=True)
+            if problem and ended:
+                raise OptlabError(problem)
+            if problem:
+                print(f"optlab: error: {problem}", file=sys.stderr)
+
+
+def part_deadline(part: Part, deadline: float | None) -> float | None:
+    """When a running ``part`` stops at the end of its repeat: past its share (:data:`SHARE_FACTOR` x its estimate
+    and :data:`SHARE_SLACK_S`), and never later than the run's deadline less the reserve to pack."""
+    if deadline is None:
+        return None
+    return min(shutdown.now() + part.estimate_s * SHARE_FACTOR + SHARE_SLACK_S, deadline - PACK_RESERVE_S)
 
 
 def _run_parts(folder: Path, set_name: str, profile: str | Profile | None, device: str, progress: bool,
-               download: bool, budget_s: float | None, repeats: int | None, started: float,
-               log: io.StringIO) -> Iterator[ExperimentResult]:
+               download: bool, budget_s: float | None, repeats: int | None, deadline: float | None,
+               log: RunLog) -> Iterator[ExperimentResult]:
     info = resolve_device(device)
     prof = reference_profile(profile, info.is_cuda, repeats)
     parts = plan(set_name, prof, measured_seconds(target_gpu(info), prof, reference_folders(folder)))
     key = run_key(info)
     done = recorded(parts, folder, key, prof)
     failures, left, skipped, finished = [], [], [], 0
-    for index, part in enumerate(parts):
+    for part in parts:
         if part.name in done:
             skipped.append(part.name)
             continue
         if part.needs_cuda and not info.is_cuda:
             print(f"skip {part.name}: needs CUDA, this run is on {info.name}")
             continue
-        elapsed = time.monotonic() - started
-        if budget_s is not None and elapsed + part.estimate_s > budget_s:
-            left = [p for p in parts[index:] if p.name not in done and (info.is_cuda or not p.needs_cuda)]
-            break
+        if deadline is not None and shutdown.now() + part.estimate_s > deadline - PACK_RESERVE_S:
+            left.append(part)
+            room = max(deadline - PACK_RESERVE_S - shutdown.now(), 0)
+            print(f"skip {part.name} for now: about {part.estimate_s:.0f} s, and {room:.0f} s are left before "
+                  f"--budget {budget_s:g} s")
+            continue
         source = "measured" if part.estimate_from != "table" else f"on an {TABLE_GPU}"
         print(f"part {part.name} ({part.set_name}; about {part.estimate_s:.0f} s, {source})")
-        part_start, gpu_start = time.monotonic(), read_state(info.device)
+        part_start, watch = shutdown.now(), PartWatch(info.device)
+        watch.start()
         try:
-            result = _run_part(part, folder, prof, device, progress, download)
+            result = _run_part(part, folder, prof, device, progress, download, part_deadline(part, deadline))
             status = "ok"
+        except Interrupted:
+            with contextlib.suppress(OSError):
+                _note_part(folder, part, key, prof, "interrupted", shutdown.now() - part_start, watch.stop(), None)
+            print(f"interrupted in part {part.name}: recorded as interrupted; {finished} part(s) finished this run")
+            raise
         except Exception as error:  # noqa: BLE001  (an OptlabError too: this part failed, the others go on)
             problem = output_problem(error, folder)
             if problem is not None:
+                watch.stop()
                 raise OptlabError(stop_line(problem, folder, part, finished)) from error
             result, status = None, f"failed: {type(error).__name__}: {error}".splitlines()[0][:200]
             failures.append(part.name)
             traceback.print_exc()
-            log.write(traceback.format_exc())
+            log.buffer.write(traceback.format_exc())
         try:
-            _note_part(folder, part, key, prof, status, time.monotonic() - part_start,
-                       gpu_columns(gpu_start, read_state(info.device)))
+            _note_part(folder, part, key, prof, status, shutdown.now() - part_start, watch.stop(),
+                       repeats_run(result, part, prof))
         except OSError as error:
             problem = output_problem(error, folder)
             if problem is None:
                 raise
             raise OptlabError(stop_line(problem, folder, part, finished)) from error
         finished += status == "ok"
+        log.save()
         if result is not None:
             yield result
-    print(f"reference: {time.monotonic() - started:.0f} s; skipped {len(skipped)} part(s) already recorded under "
-          f"{store.display_path(folder)}")
+    print(f"reference: {shutdown.now() - shutdown.PROCESS_START:.0f} s since the process start; skipped "
+          f"{len(skipped)} part(s) already recorded under {store.display_path(folder)}")
     if left:
         print(f"left for a later run (over --budget {budget_s:g} s): {', '.join(p.name for p in left)} "
               f"(about {sum(p.estimate_s for p in left) / 60:.1f} min)")

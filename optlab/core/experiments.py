@@ -94,12 +94,14 @@ def run_experiment(
     download: bool = False,
     filename: str | None = None,
     resume: bool = False,
+    deadline: float | None = None,
 ) -> ExperimentResult:
     """Run ``experiment`` on every model, interleaving its variants; save the record under ``out`` if given.
 
     A variant that raises (out of memory, or any other error) is recorded with its status and left out of the
     later repeats; the other variants go on. ``resume``: keep the models already in ``out/filename`` when it comes
-    from this machine, torch version, commit and profile, and run only the others.
+    from this machine, torch version, commit and profile, and run only the others. ``deadline`` (on
+    :func:`optlab.core.shutdown.now`'s clock): no round starts that would end past it.
     """
     experiment = get_experiment(experiment)
     info = resolve_device(device)
@@ -161,7 +163,7 @@ def run_experiment(
     for model_name in to_run:
         before = machine_load.snapshot()
         ran = _run_model(experiment, model_name, effective[model_name], prof, info, datasets, source, download,
-                         seed, bar, untimed[model_name])
+                         seed, bar, untimed[model_name], deadline)
         load = machine_load.between(before, machine_load.snapshot())
         rows += ran.rows
         rounds[model_name] = ran.record() | {"machine_load": load}
@@ -262,10 +264,12 @@ class Rounds:
                 "early_stopping": EARLY_STOP_BIAS}
 
 
-def stopping_rule(prof: Profile, comparisons: dict[str, str], phases: Iterable[str]) -> StoppingRule:
+def stopping_rule(prof: Profile, comparisons: dict[str, str], phases: Iterable[str],
+                  deadline: float | None = None) -> StoppingRule:
     """The profile's rule for adding rounds, waiting for the ``comparisons`` (variant -> reference) in ``phases``
     (A/A control phases too: an answer there says whether the machine is calm enough to tell 2 %)."""
-    return StoppingRule(prof.repeats, prof.max_repeats, prof.time_budget_s, dict(comparisons), tuple(phases))
+    return StoppingRule(prof.repeats, prof.max_repeats, prof.time_budget_s, dict(comparisons), tuple(phases),
+                        deadline=math.inf if deadline is None else deadline)
 
 
 def bad_time(row: dict[str, Any]) -> str | None:
@@ -336,6 +340,8 @@ def stop_reason(rule: StoppingRule, repeats: int, rows: list[dict[str, Any]]) ->
     failures = sorted({f"{row['variant']} {row['status']} in round {row['repeat'] + 1}" for row in rows
                        if row["status"] != "ok"})
     also = f" ({'; '.join(failures)}: left the rule)" if failures else ""
+    if rule.past_deadline:
+        return f"at the run's deadline{also}"
     if rule.max_repeats == rule.min_repeats:
         return f"fixed at {repeats} repeats{also}"
     if rule.settled(rows):
@@ -347,7 +353,7 @@ def stop_reason(rule: StoppingRule, repeats: int, rows: list[dict[str, Any]]) ->
 
 def _run_model(experiment: Experiment, model_name: str, configs: dict, prof: Profile, info: DeviceInfo,
                datasets: tuple, source: data.DataSource, download: bool, seed: int, bar: tqdm,
-               untimed: dict[str, str] | None = None) -> Rounds:
+               untimed: dict[str, str] | None = None, deadline: float | None = None) -> Rounds:
     """Every round of every variant and phase on one model; the variants' objects are freed at the end. The
     ``untimed`` variants (label -> status, :func:`no_effect.no_effect_variants`) get one row per phase saying why,
     and no time."""
@@ -370,7 +376,7 @@ def _run_model(experiment: Experiment, model_name: str, configs: dict, prof: Pro
                    if label in configs and ref in configs and label not in untimed}
     ran = interleave(runners, {label: config for label, (config, _) in configs.items()}, experiment.phases, prof,
                      info, experiment.name, model_name, epoch_images, seed, bar,
-                     stopping_rule(prof, comparisons, experiment.phases))
+                     stopping_rule(prof, comparisons, experiment.phases, deadline))
     for variant in variants.values():
         variant.close()
     del variants

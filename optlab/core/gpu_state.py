@@ -25,15 +25,19 @@ THROTTLE_REASONS = {
     0x40: "hw_thermal_slowdown",
     0x80: "hw_power_brake_slowdown",
     0x100: "display_clock_setting",
+    0x200: "board_limit",  # the board's operating limit policy
+    0x400: "reliability",  # the reliability policy
 }
 # the reasons that slow a busy GPU below the clocks it was set to: a part that met one is flagged as throttled
-SLOWING = ("sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+SLOWING = ("sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown",
+           "board_limit", "reliability")
 
-SMI_FIELDS = {  # nvidia-smi --query-gpu field: the key a record keeps
-    "driver_version": "driver", "clocks.sm": "sm_clock_mhz", "clocks.mem": "mem_clock_mhz",
-    "power.limit": "power_limit_w", "power.draw": "power_draw_w", "temperature.gpu": "temperature_c",
-    "clocks_throttle_reasons.active": "throttle_reasons", "persistence_mode": "persistence_mode",
-    "mig.mode.current": "mig_mode",
+SMI_FIELDS = {  # the key a record keeps: its nvidia-smi --query-gpu names, the current one first, then older ones
+    "driver": ("driver_version",), "sm_clock_mhz": ("clocks.current.sm", "clocks.sm"),
+    "mem_clock_mhz": ("clocks.current.memory", "clocks.mem"), "power_limit_w": ("power.limit",),
+    "power_draw_w": ("power.draw",), "temperature_c": ("temperature.gpu",),
+    "throttle_reasons": ("clocks_event_reasons.active", "clocks_throttle_reasons.active"),
+    "persistence_mode": ("persistence_mode",), "mig_mode": ("mig.mode.current",),
 }
 
 
@@ -74,13 +78,33 @@ def _optional(read, *args) -> Any:
         return None
 
 
-def read_nvml(nvml: ModuleType, gpu: str) -> dict[str, Any]:
-    """The state of GPU ``gpu`` (a ``GPU-...`` UUID, or an NVML index as text) through ``nvml``."""
-    handle = (nvml.nvmlDeviceGetHandleByUUID(gpu) if gpu.startswith("GPU-")
-              else nvml.nvmlDeviceGetHandleByIndex(int(gpu)))
+def nvml_handle(nvml: ModuleType, gpu: str) -> Any:
+    """NVML's handle of the physical GPU ``gpu`` names (a ``GPU-`` or ``MIG-`` UUID, or an index as text): a MIG
+    slice's clocks, power and temperature are its parent's, so a slice resolves to its parent device. A UUID given
+    with the wrong prefix (``GPU-`` for a slice) is tried with the other."""
+    if not gpu.startswith(("GPU-", "MIG-")):
+        return nvml.nvmlDeviceGetHandleByIndex(int(gpu))
+    try:
+        handle = nvml.nvmlDeviceGetHandleByUUID(gpu)
+    except Exception:  # noqa: BLE001  (NVMLError_NotFound: try the slice's prefix)
+        handle = nvml.nvmlDeviceGetHandleByUUID(("MIG-" if gpu.startswith("GPU-") else "GPU-") + gpu[4:])
+    is_slice = getattr(nvml, "nvmlDeviceIsMigDeviceHandle", None)
+    if is_slice is not None and _optional(is_slice, handle):
+        handle = nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
+    return handle
+
+
+def throttle_mask(nvml: ModuleType, handle: Any) -> int | None:
+    """The clock event (throttle) reasons bitmask now, or None where unsupported."""
     reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
         nvml.nvmlDeviceGetCurrentClocksThrottleReasons
-    mask = _optional(reasons, handle)
+    return _optional(reasons, handle)
+
+
+def read_nvml(nvml: ModuleType, gpu: str) -> dict[str, Any]:
+    """The state of GPU ``gpu`` (a ``GPU-`` or ``MIG-`` UUID, or an NVML index as text) through ``nvml``."""
+    handle = nvml_handle(nvml, gpu)
+    mask = throttle_mask(nvml, handle)
     limit, draw = _optional(nvml.nvmlDeviceGetPowerManagementLimit, handle), _optional(nvml.nvmlDeviceGetPowerUsage, handle)
     mig = _optional(nvml.nvmlDeviceGetMigMode, handle)
     persistence = _optional(nvml.nvmlDeviceGetPersistenceMode, handle)
@@ -106,9 +130,14 @@ def _number(text: str) -> float | int | None:
 
 
 def parse_smi(line: str) -> dict[str, Any]:
-    """One line of ``nvidia-smi --query-gpu=<SMI_FIELDS> --format=csv,noheader,nounits`` as a state."""
-    values = dict(zip(SMI_FIELDS.values(), (part.strip() for part in line.split(","))))
-    state: dict[str, Any] = {key: values.get(key) for key in SMI_FIELDS.values()}
+    """One line of ``nvidia-smi --query-gpu=<SMI_FIELDS' first names> --format=csv,noheader,nounits`` as a state."""
+    return smi_state(dict(zip(SMI_FIELDS, (part.strip() for part in line.split(",")))))
+
+
+def smi_state(values: dict[str, str]) -> dict[str, Any]:
+    """The state from nvidia-smi's text of each key (a key missing: a field no name of which was read)."""
+    values = {key: text for key, text in values.items() if text is not None}
+    state: dict[str, Any] = {key: values.get(key) for key in SMI_FIELDS}
     for key in ("sm_clock_mhz", "mem_clock_mhz", "power_limit_w", "power_draw_w", "temperature_c"):
         state[key] = _number(values.get(key, ""))
     mask = values.get("throttle_reasons", "")
@@ -118,14 +147,38 @@ def parse_smi(line: str) -> dict[str, Any]:
     return state
 
 
-def read_smi(gpu: str) -> dict[str, Any] | None:
-    """The state of GPU ``gpu`` from nvidia-smi, or None where it is missing or fails."""
-    command = ["nvidia-smi", "-i", gpu, f"--query-gpu={','.join(SMI_FIELDS)}", "--format=csv,noheader,nounits"]
+def _smi(*arguments: str) -> str | None:
+    """nvidia-smi's output, or None where it is missing or refuses (an unknown field, an unknown GPU)."""
     try:
-        out = subprocess.run(command, capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        out = subprocess.run(["nvidia-smi", *arguments], capture_output=True, text=True, timeout=10, check=True)
     except (OSError, subprocess.SubprocessError):
         return None
-    return parse_smi(out.splitlines()[0]) if out else None
+    return out.stdout.strip() or None
+
+
+def smi_parent(listing: str, mig: str) -> str | None:
+    """The ``GPU-`` UUID of the GPU that MIG slice ``mig`` is part of, from ``nvidia-smi -L``'s listing."""
+    parent = None
+    for line in listing.splitlines():
+        if line.startswith("GPU ") and "UUID: GPU-" in line:
+            parent = line.split("UUID: ", 1)[1].rstrip(")").strip()
+        elif mig in line:
+            return parent
+    return None
+
+
+def read_smi(gpu: str) -> dict[str, Any] | None:
+    """The state of GPU ``gpu`` from nvidia-smi (a MIG slice: its parent's), or None where it is missing or fails.
+    All fields are asked at once; where nvidia-smi refuses that, each field alone, its current name first, so that
+    one field this driver does not know is the only one lost."""
+    if gpu.startswith("MIG-"):
+        gpu = smi_parent(_smi("-L") or "", gpu) or gpu
+    query = lambda *names: _smi("-i", gpu, f"--query-gpu={','.join(names)}", "--format=csv,noheader,nounits")
+    out = query(*(names[0] for names in SMI_FIELDS.values()))
+    if out:
+        return parse_smi(out.splitlines()[0])
+    values = {key: next((text for name in names if (text := query(name))), None) for key, names in SMI_FIELDS.items()}
+    return smi_state(values) if any(values.values()) else None
 
 
 def gpu_id(index: int) -> str:

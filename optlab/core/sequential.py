@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable
 
 import pandas as pd
 
+from . import shutdown
 from .summary import failed_variants, paired_epoch_times
 from .timing import CLEAR, CONFIDENCE, SMALLEST_LOOK_ERROR, error_spent, speed_up
 
@@ -99,7 +100,9 @@ class StoppingRule:
     """When a run of rounds stops: ``min_repeats`` always, more in pairs while an answer is unclear, at most
     ``max_repeats`` (a hard cap), and no new pair once ``time_budget_s`` would be passed; every look at its own
     share of the error rate. ``comparisons`` maps each variant to its reference, waited for in ``phases``.
-    ``clock`` is where the seconds come from (a simulation passes its own); ``look_every``: rounds between looks."""
+    ``clock`` is where the seconds come from (a simulation passes its own); ``look_every``: rounds between looks.
+    ``deadline`` (on :func:`optlab.core.shutdown.now`'s clock) is hard: no round starts that would end past it,
+    the minimum of repeats notwithstanding."""
 
     min_repeats: int
     max_repeats: int
@@ -108,6 +111,10 @@ class StoppingRule:
     phases: tuple[str, ...] = ("train", "test")
     clock: Callable[[], float] = time.perf_counter
     look_every: int = LOOK_EVERY
+    deadline: float = math.inf
+    past_deadline: bool = field(init=False, default=False)
+    _mark: float = field(init=False, default=0.0)  # the deadline clock at the last round's end
+    _longest: float = field(init=False, default=0.0)  # the longest round so far, on that clock
     looks: list[Look] = field(init=False, default_factory=list)
     _started: float = field(init=False, default=0.0)
     _round_s: list[float] = field(init=False, default_factory=list)
@@ -118,6 +125,7 @@ class StoppingRule:
 
     def start(self) -> None:
         self._started, self._round_s, self.looks, self._spent = self.clock(), [], [], 0.0
+        self._mark, self._longest = shutdown.now(), 0.0
 
     def round_done(self, seconds: float) -> None:
         """Record how long a timed round took (the budget's forecast of the next ones)."""
@@ -155,7 +163,13 @@ class StoppingRule:
     def stop_on(self, repeats: int, settled: Callable[[float], bool]) -> bool:
         """The rule itself: never before the minimum, always at the last look (the cap, or the last that fits the
         budget), and at every look in between that reads when ``settled(confidence)`` (every comparison still
-        running has a clear answer at that look's level)."""
+        running has a clear answer at that look's level); and after any round once the next would end past the
+        deadline."""
+        now = shutdown.now()
+        self._longest, self._mark = max(self._longest, now - self._mark), now
+        if now + self._longest > self.deadline:
+            self.past_deadline = True
+            return True
         look = self.look(repeats)
         if look is None:
             return False

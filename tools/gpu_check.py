@@ -1,0 +1,143 @@
+"""The CUDA paths, checked before a GPU reference run: every test that skips without CUDA, and the check cells of the
+chapters that take a CUDA branch, run with plain Python (no Jupyter: the chapters' code cells in order, in one
+namespace, in the smoke profile). On a machine without CUDA it says so in one line and exits 0.
+
+    make gpu-check                               # or, without the venv:
+    PYTHONPATH=. python3 tools/gpu_check.py      # --list: print what it would run, and run nothing
+"""
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib.util
+import json
+import os
+import sys
+import time
+import traceback
+import types
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+CHAPTERS = ("11_cuda_graphs", "14_data_pipeline", "15_profiling", "18_your_model")  # check cells with is_cuda branches
+NOTHING = "gpu-check: no CUDA device here, so nothing to run (the CUDA-only tests and the chapters' CUDA checks need one)"
+
+
+def _mentions_cuda(marker) -> bool:
+    return "cuda" in str(marker.kwargs.get("reason", "")).lower()
+
+
+def cuda_only(item) -> bool:
+    """Whether a collected test is one that skips without CUDA: a skipif marker whose reason names CUDA."""
+    return any(_mentions_cuda(marker) for marker in item.iter_markers("skipif"))
+
+
+def _skips_without_cuda(decorator: ast.expr, names: set[str]) -> bool:
+    return (isinstance(decorator, ast.Name) and decorator.id in names) or \
+        ("skipif" in ast.unparse(decorator) and "cuda" in ast.unparse(decorator).lower())
+
+
+def test_files() -> list[Path]:
+    """The test files with a test that skips without CUDA (read, not imported: the GPU machine may lack Jupyter)."""
+    found = []
+    for path in sorted(TESTS.glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        markers = {target.id for node in tree.body if isinstance(node, ast.Assign)
+                   for target in node.targets if isinstance(target, ast.Name)
+                   and "skipif" in ast.unparse(node.value) and "cuda" in ast.unparse(node.value).lower()}
+        if any(_skips_without_cuda(decorator, markers) for node in ast.walk(tree)
+               if isinstance(node, ast.FunctionDef) for decorator in node.decorator_list):
+            found.append(path)
+    return found
+
+
+class OnlyCuda:
+    """A pytest plugin that keeps the CUDA-only tests of the files it is given and deselects the rest."""
+
+    def __init__(self) -> None:
+        self.kept: list[str] = []
+
+    def pytest_collection_modifyitems(self, config, items) -> None:
+        keep = [item for item in items if cuda_only(item)]
+        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+        items[:] = keep
+        self.kept = [item.nodeid for item in keep]
+
+
+def check_cells(chapter: str) -> list[str]:
+    """A chapter's code cells in order, without IPython's magics (lines that start with % or !)."""
+    notebook = json.loads((ROOT / "notebooks" / f"{chapter}.ipynb").read_text())
+    return ["\n".join(line for line in "".join(cell["source"]).splitlines() if not line.lstrip().startswith(("%", "!")))
+            for cell in notebook["cells"] if cell["cell_type"] == "code"]
+
+
+def _without_jupyter() -> None:
+    """Where IPython is missing, a stand-in ``IPython.display.display`` that prints: the cells call it."""
+    if importlib.util.find_spec("IPython") is None:
+        display = types.ModuleType("IPython.display")
+        display.display = lambda *objects, **kwargs: [print(o) for o in objects]
+        sys.modules["IPython"], sys.modules["IPython.display"] = types.ModuleType("IPython"), display
+
+
+def run_chapter(chapter: str) -> None:
+    """Every code cell of ``chapter``, in one namespace, as Jupyter would run them; raises what a cell raises."""
+    namespace: dict = {"__name__": "__main__"}
+    with contextlib.chdir(ROOT / "notebooks"):  # where Jupyter runs a notebook
+        for index, source in enumerate(check_cells(chapter)):
+            exec(compile(source, f"{chapter}.ipynb cell {index}", "exec"), namespace)
+
+
+def main(argv: list[str]) -> int:
+    try:
+        import torch
+    except ImportError:
+        print(f"gpu-check: {sys.executable} has no torch; run it with the Python that has (PYTHON=... make gpu-check)")
+        return 2
+
+    sys.path.insert(0, str(ROOT))
+    files = test_files()
+    options = ["-q", "-p", "no:cacheprovider", "--rootdir", str(ROOT)]
+    if importlib.util.find_spec("yaml") is None:
+        options.append("--noconftest")  # tests/conftest.py reads _toc.yml with PyYAML; the CUDA tests need neither
+    if "--list" in argv:
+        import pytest
+
+        plugin = OnlyCuda()
+        with contextlib.redirect_stdout(open(os.devnull, "w")):
+            pytest.main([*options, "--collect-only", *map(str, files)], plugins=[plugin])
+        print("\n".join(f"test {node}" for node in plugin.kept))
+        print("\n".join(f"chapter notebooks/{chapter}.ipynb" for chapter in CHAPTERS))
+        return 0
+    if not torch.cuda.is_available():
+        print(NOTHING)
+        return 0
+    import pytest
+
+    os.environ["OPTLAB_PROFILE"] = "smoke"  # the chapters' CI size: a check of the CUDA paths, not a measurement
+    os.environ["MPLBACKEND"] = "Agg"
+    started, plugin = time.monotonic(), OnlyCuda()
+    print(f"gpu-check on {torch.cuda.get_device_name()}: the CUDA-only tests of {len(files)} files, then the checks of "
+          f"chapters {', '.join(c.split('_')[0] for c in CHAPTERS)}")
+    tests_code = pytest.main([*options, *map(str, files)], plugins=[plugin])
+    print(f"CUDA-only tests: {len(plugin.kept)} run, exit status {int(tests_code)}")
+    failed = [] if tests_code == 0 else ["tests"]
+    _without_jupyter()
+    for chapter in CHAPTERS:
+        began = time.monotonic()
+        try:
+            with contextlib.redirect_stdout(open(os.devnull, "w")):
+                run_chapter(chapter)
+        except Exception:  # noqa: BLE001  (reported, and the other chapters still run)
+            traceback.print_exc()
+            failed.append(chapter)
+            print(f"chapter {chapter}: FAILED after {time.monotonic() - began:.0f} s")
+        else:
+            print(f"chapter {chapter}: every check passed in {time.monotonic() - began:.0f} s")
+    print(f"gpu-check: {'failed: ' + ', '.join(failed) if failed else 'all passed'} "
+          f"in {time.monotonic() - started:.0f} s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
