@@ -93,14 +93,14 @@ def test_train_phase_keeps_raw_samples_after_warmup():
     config = _config(batch_size=8)
     result = train_phase(model, _loader(), make_optimizer(model), make_scaler(config, CPU), config, CPU, steps=3, warmup=2)
     assert len(result.step_times_s) == 3 and len(result.losses) == 3
-    assert result.images == 24 and result.startup_s >= 0 and result.wall_s > 0 and result.peak_mem_mb > 0
+    assert result.samples == 24 and result.startup_s >= 0 and result.wall_s > 0 and result.peak_mem_mb > 0
 
 
 def test_whole_epoch_when_steps_is_none():
     model = _bn_free_model()
     config = _config(batch_size=8)
     result = eval_phase(model, _loader(40, 8), config, CPU, steps=None, warmup=1)
-    assert len(result.step_times_s) == 4 and result.images == 32 and 0 <= result.correct <= 32
+    assert len(result.step_times_s) == 4 and result.samples == result.predictions == 32 and 0 <= result.correct <= 32
 
 
 def test_autocast_bf16_runs_on_cpu():

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from . import compiler, memory
 from .config import RunConfig
 from .device import TORCH_DTYPES
 from .timing import StepTimer
+from .workload import LossFn, correct_predictions
 
 
 @dataclass
@@ -29,8 +31,9 @@ class PhaseResult:
     peak_mem_mb: float  # see memory.memory_kind: on CUDA the variant's resident tensors + this phase's increase
     warmup_times_s: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
-    correct: int = 0
-    images: int = 0
+    correct: int = 0  # evaluation: predictions that equal their targets
+    predictions: int = 0  # evaluation: predictions made (one per sample, or one per token)
+    samples: int = 0  # samples in the timed steps
     warmup_losses: list[float] = field(default_factory=list)  # the first is every variant's loss on the same weights
     graphs_compiled: int = 0  # graphs torch.compile built during this pass (warm-up included)
     inductor_cache: str | None = None  # when it compiled: "cold", "warm" or "mixed" (compiler.cache_state)
@@ -106,9 +109,6 @@ def prefetch_to_device(batches: Iterable, config: RunConfig, device: torch.devic
         yield hand_over(pending)
 
 
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
 def train_step(model, batch, optimizer, scaler, config: RunConfig, device: torch.device, micro_step: int,
                loss_fn: LossFn = F.cross_entropy) -> torch.Tensor:
     """One micro-step; the optimizer steps every ``accumulation_steps`` micro-steps. Returns the detached loss."""
@@ -130,12 +130,13 @@ def grad_mode(mode: str) -> contextlib.AbstractContextManager:
 
 
 def eval_step(model, batch, config: RunConfig, device: torch.device) -> torch.Tensor:
-    """One evaluation step; returns the number of correct predictions as a device tensor."""
+    """One evaluation step; returns the number of correct predictions (argmax over the outputs' last dimension, so
+    ``[N, C]`` logits or ``[N, T, V]`` per token) as a device tensor."""
     inputs, targets = to_device(batch, config, device)
     amp_dtype = TORCH_DTYPES[config.amp_dtype]
     with grad_mode(config.eval_grad_mode), torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
         outputs = model(inputs)
-    return (outputs.argmax(dim=1) == targets).sum()
+    return correct_predictions(outputs, targets)
 
 
 @contextlib.contextmanager
@@ -170,6 +171,8 @@ def run_timed(step, loader, device, steps, warmup, resident: Iterable[object] = 
               prefetch: RunConfig | None = None) -> tuple[PhaseResult, list[torch.Tensor]]:
     """Every step is timed; the first ``warmup`` (compilation, autotuning, cold caches) are kept apart.
 
+    On the CPU the last batch then runs once more, untimed, under the profiler's memory records
+    (:func:`memory.cpu_step_increase_mb`): the phase's peak memory without the profiler's cost on a timed step.
     ``resident``: what the variant holds (model, optimizer, loader), counted for the phase's memory. ``prefetch``:
     the config to copy batches with, one step ahead on a side stream (:func:`prefetch_to_device`).
     """
@@ -182,6 +185,7 @@ def run_timed(step, loader, device, steps, warmup, resident: Iterable[object] = 
     timer = StepTimer(device)
     outputs = []
     timer.start()
+    index, batch = -1, None
     for index, batch in enumerate(batches):
         out = step(batch, index)
         timer.mark()
@@ -190,9 +194,10 @@ def run_timed(step, loader, device, steps, warmup, resident: Iterable[object] = 
     intervals, wall = timer.finish()
     if len(intervals) <= warmup:
         raise RuntimeError(f"the loader ran out before {warmup} warm-up steps and one timed step")
+    increase_mb = memory.cpu_step_increase_mb(lambda: step(batch, index + 1)) if device.type == "cpu" else math.nan
     graphs = compiler.compiled_graphs() - graphs_before
     cache = {key: count - cache_before[key] for key, count in compiler.cache_counts().items()}
-    result = PhaseResult(startup, intervals[warmup:], wall, memory.phase_peak_mb(device, start_bytes, resident_mb),
+    result = PhaseResult(startup, intervals[warmup:], wall, memory.phase_peak_mb(device, start_bytes, resident_mb, increase_mb),
                          warmup_times_s=intervals[:warmup], graphs_compiled=graphs, resident_mem_mb=resident_mb)
     if graphs:
         result.inductor_cache = compiler.cache_state(cache["cache hits"], cache["cache misses"])
@@ -237,7 +242,7 @@ def train_phase(model, loader, optimizer, scaler, config: RunConfig, device: tor
     count_graph_pool(result, config, device)
     result.losses = torch.stack(losses).float().cpu().tolist()
     result.warmup_losses = torch.stack(warmup_losses).float().cpu().tolist() if warmup_losses else []
-    result.images = len(losses) * config.images_per_step
+    result.samples = len(losses) * config.samples_per_step
     return result
 
 
@@ -246,10 +251,16 @@ def eval_phase(model, loader, config: RunConfig, device: torch.device, steps: in
     the optimizer that inference does not use)."""
     model.eval()
     prefetch = config if config.prefetch_to_device else None
+    predictions: dict[int, int] = {}
+
+    def step(batch, index: int) -> torch.Tensor:
+        predictions[index] = batch[1].numel()  # one per sample, or one per token
+        return eval_step(model, batch, config, device)
+
     with backend_flags(config):
-        result, correct = run_timed(lambda batch, i: eval_step(model, batch, config, device), loader, device, steps,
-                                    warmup, (model, loader), prefetch)
+        result, correct = run_timed(step, loader, device, steps, warmup, (model, loader), prefetch)
     count_graph_pool(result, config, device)
     result.correct = int(torch.stack(correct).sum())
-    result.images = len(correct) * config.images_per_step
+    result.predictions = sum(predictions[i] for i in range(warmup, warmup + len(correct)))
+    result.samples = len(correct) * config.samples_per_step
     return result

@@ -1,16 +1,16 @@
-"""A variant's live objects: the model built from the same seed, its optimizer, scaler and loaders."""
+"""A variant's live objects: its workload's model built from the same seed, its optimizer, scaler and loaders."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
 
-from . import data
 from .config import RunConfig
 from .device import DeviceInfo
-from .device_data import DeviceResidentLoader
+from .errors import OptlabError
+from .loader import make_loader
 from .loops import make_optimizer, make_scaler, prepare_model
-from .models import build_model
+from .workload import get_workload
 
 
 @dataclass
@@ -25,17 +25,22 @@ class VariantState:
 
 
 def build_state(config: RunConfig, info: DeviceInfo, train_set, test_set, seed: int) -> VariantState:
-    """A fresh model (same weights for every seed), its optimizer, scaler and loaders, as ``config`` asks."""
+    """A fresh model of ``config.workload`` (same weights for every seed), its optimizer, scaler and loaders, as
+    ``config`` asks."""
+    workload = get_workload(config.workload)
+    if config.data_on_device and workload.device_loader is None:
+        raise OptlabError(f"data_on_device=True: the {workload.name} workload cannot hold its data on the device; "
+                          "leave it False")
     torch.manual_seed(seed)  # every variant starts from the same weights
-    model = build_model(config.model, config.model_variant, config.width)
+    model = workload.build_model(config.model, config.model_variant, config.width)
     model = prepare_model(model, config, info.device)
     if config.data_on_device:
-        loaders = {phase: DeviceResidentLoader(dataset, config.images_per_step, info.device, phase == "train",
-                                               config.drop_last, seed)
+        loaders = {phase: workload.device_loader(dataset, config.samples_per_step, info.device, phase == "train",
+                                                 config.drop_last, seed)
                    for phase, dataset in (("train", train_set), ("test", test_set))}
     else:
         loaders = {
-            "train": data.make_loader(train_set, config, train=True, seed=seed),
-            "test": data.make_loader(test_set, config, train=False, seed=seed),
+            "train": make_loader(train_set, config, train=True, seed=seed),
+            "test": make_loader(test_set, config, train=False, seed=seed),
         }
     return VariantState(config, model, make_optimizer(model, config), make_scaler(config, info.device), loaders)
