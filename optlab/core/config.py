@@ -53,6 +53,9 @@ class RunConfig:
         workload = get_workload(self.workload)
         if self.model not in workload.model_names:
             raise choice_error("model", self.model, workload.model_names)
+        if self.data_on_device and workload.device_loader is None:
+            raise OptlabError(f"data_on_device=True: the {workload.name} workload cannot hold its data on the device; "
+                              "leave it False")
         if self.model_variant not in MODEL_VARIANTS:
             raise choice_error("model variant", self.model_variant, MODEL_VARIANTS)
         if self.amp_dtype not in AMP_DTYPES:

@@ -7,7 +7,6 @@ import torch
 
 from .config import RunConfig
 from .device import DeviceInfo
-from .errors import OptlabError
 from .loader import make_loader
 from .loops import make_optimizer, make_scaler, prepare_model
 from .workload import get_workload
@@ -28,9 +27,6 @@ def build_state(config: RunConfig, info: DeviceInfo, train_set, test_set, seed: 
     """A fresh model of ``config.workload`` (same weights for every seed), its optimizer, scaler and loaders, as
     ``config`` asks."""
     workload = get_workload(config.workload)
-    if config.data_on_device and workload.device_loader is None:
-        raise OptlabError(f"data_on_device=True: the {workload.name} workload cannot hold its data on the device; "
-                          "leave it False")
     torch.manual_seed(seed)  # every variant starts from the same weights
     model = workload.build_model(config.model, config.model_variant, config.width)
     model = prepare_model(model, config, info.device)
