@@ -1,6 +1,7 @@
 import copy
 import math
 
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -141,3 +142,11 @@ def test_cpu_peak_memory_is_no_number_where_no_step_was_profiled():
     assert memory.phase_peak_mb(CPU, 0, resident=10.0, step_increase_mb=2.5) == 12.5
     block = memory.cpu_step_increase_mb(lambda: torch.empty(4 * 2**20, dtype=torch.uint8))  # 4 MiB, freed at once
     assert 4 <= block < 4.5
+
+
+def test_a_known_cpu_figure_spares_the_profiled_step(monkeypatch):
+    monkeypatch.setattr(memory, "cpu_step_increase_mb", lambda step: pytest.fail("profiled again"))
+    model = _bn_free_model()
+    config = _config(batch_size=8)
+    result = eval_phase(model, _loader(), config, CPU, steps=2, warmup=1, step_increase_mb=1.5)
+    assert result.peak_mem_mb == pytest.approx(result.resident_mem_mb + 1.5)

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from optlab.core import loops
+from optlab.core import loops, memory
 from optlab.core.config import RunConfig
 from optlab.core.errors import OptlabError
 from optlab.core.experiments import run_experiment
@@ -20,10 +20,13 @@ from tests.helpers import TINY
 TABULAR_PROFILE = replace(TINY, models=("mlp",), width=1.0)
 
 
-def test_a_third_workload_in_one_module_runs_a_registered_technique(capsys):
+def test_a_third_workload_in_one_module_runs_a_registered_technique(capsys, monkeypatch):
     assert get_workload("tabular") is tabular_workload.TABULAR and "cifar" in WORKLOADS
     technique = replace(get_experiment("set_to_none"), workload="tabular")
+    profiled, real = [], memory.cpu_step_increase_mb
+    monkeypatch.setattr(memory, "cpu_step_increase_mb", lambda step: profiled.append(1) or real(step))
     result = run_experiment(technique, profile=TABULAR_PROFILE, progress=False)
+    assert len(profiled) == len(technique.labels) * len(technique.phases)  # one profiled step per variant and phase
     assert "data source: stand-in (synthetic tabular rows)" in capsys.readouterr().out
     samples = result.samples
     assert set(samples["model"]) == {"mlp"} and set(samples["status"]) == {"ok"}

@@ -40,6 +40,7 @@ class PhaseResult:
     resident_mem_mb: float = 0.0  # the variant's own tensors on the device when the pass began
     cudagraph_skips: int = 0  # graphs Inductor compiled for CUDA-graph replay but ran without (compiler.cache_counts)
     graph_pool_mb: float = 0.0  # captured graphs' private pool, counted in peak_mem_mb (count_graph_pool)
+    step_increase_mb: float = math.nan  # CPU: one profiled step's own peak (memory.cpu_step_increase_mb)
     pid: int = field(default_factory=os.getpid)  # the process that ran the pass
 
 
@@ -168,11 +169,14 @@ def _timed_batches(loader: DataLoader, steps: int | None, warmup: int) -> tuple[
 
 
 def run_timed(step, loader, device, steps, warmup, resident: Iterable[object] = (),
-              prefetch: RunConfig | None = None) -> tuple[PhaseResult, list[torch.Tensor]]:
+              prefetch: RunConfig | None = None,
+              step_increase_mb: float | None = None) -> tuple[PhaseResult, list[torch.Tensor]]:
     """Every step is timed; the first ``warmup`` (compilation, autotuning, cold caches) are kept apart.
 
     On the CPU the last batch then runs once more, untimed, under the profiler's memory records
     (:func:`memory.cpu_step_increase_mb`): the phase's peak memory without the profiler's cost on a timed step.
+    ``step_increase_mb``: that figure from an earlier pass of the same variant and phase (the same shapes), which
+    spares the extra step.
     ``resident``: what the variant holds (model, optimizer, loader), counted for the phase's memory. ``prefetch``:
     the config to copy batches with, one step ahead on a side stream (:func:`prefetch_to_device`).
     """
@@ -194,11 +198,15 @@ def run_timed(step, loader, device, steps, warmup, resident: Iterable[object] = 
     intervals, wall = timer.finish()
     if len(intervals) <= warmup:
         raise RuntimeError(f"the loader ran out before {warmup} warm-up steps and one timed step")
-    increase_mb = memory.cpu_step_increase_mb(lambda: step(batch, index + 1)) if device.type == "cpu" else math.nan
+    increase_mb = math.nan
+    if device.type == "cpu":
+        increase_mb = (step_increase_mb if step_increase_mb is not None
+                       else memory.cpu_step_increase_mb(lambda: step(batch, index + 1)))
     graphs = compiler.compiled_graphs() - graphs_before
     cache = {key: count - cache_before[key] for key, count in compiler.cache_counts().items()}
     result = PhaseResult(startup, intervals[warmup:], wall, memory.phase_peak_mb(device, start_bytes, resident_mb, increase_mb),
-                         warmup_times_s=intervals[:warmup], graphs_compiled=graphs, resident_mem_mb=resident_mb)
+                         warmup_times_s=intervals[:warmup], graphs_compiled=graphs, resident_mem_mb=resident_mb,
+                         step_increase_mb=increase_mb)
     if graphs:
         result.inductor_cache = compiler.cache_state(cache["cache hits"], cache["cache misses"])
     result.cudagraph_skips = cache["cudagraph skips"]
@@ -219,11 +227,12 @@ StepContext = Callable[[int], contextlib.AbstractContextManager]
 
 def train_phase(model, loader, optimizer, scaler, config: RunConfig, device: torch.device,
                 steps: int | None, warmup: int, step_context: StepContext | None = None,
-                loss_fn: LossFn = F.cross_entropy) -> PhaseResult:
+                loss_fn: LossFn = F.cross_entropy, step_increase_mb: float | None = None) -> PhaseResult:
     """Time ``steps`` training micro-steps after ``warmup`` untimed ones (``steps=None``: the whole epoch).
 
     ``step_context(micro_step)``, if given, wraps each micro-step (DDP's ``no_sync`` between optimizer steps);
-    ``loss_fn(outputs, targets)`` is the loss (cross-entropy unless a reader's own model needs another).
+    ``loss_fn(outputs, targets)`` is the loss (cross-entropy unless a reader's own model needs another);
+    ``step_increase_mb`` as for :func:`run_timed`.
     """
     model.train()
     optimizer.zero_grad(set_to_none=config.set_to_none)
@@ -238,7 +247,8 @@ def train_phase(model, loader, optimizer, scaler, config: RunConfig, device: tor
 
     prefetch = config if config.prefetch_to_device else None
     with backend_flags(config):
-        result, losses = run_timed(step, loader, device, steps, warmup, (model, optimizer, loader), prefetch)
+        result, losses = run_timed(step, loader, device, steps, warmup, (model, optimizer, loader), prefetch,
+                                   step_increase_mb)
     count_graph_pool(result, config, device)
     result.losses = torch.stack(losses).float().cpu().tolist()
     result.warmup_losses = torch.stack(warmup_losses).float().cpu().tolist() if warmup_losses else []
@@ -246,7 +256,8 @@ def train_phase(model, loader, optimizer, scaler, config: RunConfig, device: tor
     return result
 
 
-def eval_phase(model, loader, config: RunConfig, device: torch.device, steps: int | None, warmup: int) -> PhaseResult:
+def eval_phase(model, loader, config: RunConfig, device: torch.device, steps: int | None, warmup: int,
+               step_increase_mb: float | None = None) -> PhaseResult:
     """Time ``steps`` evaluation steps after ``warmup`` untimed ones (the memory counts the model and its data, not
     the optimizer that inference does not use)."""
     model.eval()
@@ -258,7 +269,7 @@ def eval_phase(model, loader, config: RunConfig, device: torch.device, steps: in
         return eval_step(model, batch, config, device)
 
     with backend_flags(config):
-        result, correct = run_timed(step, loader, device, steps, warmup, (model, loader), prefetch)
+        result, correct = run_timed(step, loader, device, steps, warmup, (model, loader), prefetch, step_increase_mb)
     count_graph_pool(result, config, device)
     result.correct = int(torch.stack(correct).sum())
     result.predictions = sum(predictions[i] for i in range(warmup, warmup + len(correct)))

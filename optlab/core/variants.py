@@ -1,7 +1,7 @@
 """A variant's live objects: its workload's model built from the same seed, its optimizer, scaler and loaders."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -14,13 +14,15 @@ from .workload import get_workload
 
 @dataclass
 class VariantState:
-    """A variant's live objects during a run: its model, optimizer, scaler and loaders."""
+    """A variant's live objects during a run: its model, optimizer, scaler and loaders; and each phase's CPU memory
+    figure once measured (the same shapes every repeat, so one profiled step per variant and phase)."""
 
     config: RunConfig
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     loaders: dict[str, torch.utils.data.DataLoader]
+    step_increase_mb: dict[str, float] = field(default_factory=dict)  # phase -> its profiled CPU step's peak
 
 
 def build_state(config: RunConfig, info: DeviceInfo, train_set, test_set, seed: int) -> VariantState:
