@@ -16,12 +16,14 @@ from .core.experiments import ExperimentResult, run_experiment
 from .core.registry import Experiment, get_experiment, list_experiments
 from .core.profiles import get_profile
 from .core.store import load_record, load_samples, load_summaries
+from .core.workload import Workload, get_workload, register_workload
 from .studies.tune import TuneResult, tune
 from .studies.tune_inference import InferenceResult
 
 __all__ = [
     "Experiment", "ExperimentResult", "InferenceResult", "OptlabError", "RunConfig", "TuneResult", "capture_environment",
     "changed_knobs", "environment_report", "get_experiment", "get_profile", "list_experiments", "load_record",
-    "load_samples", "load_summaries", "resolve_device", "run_experiment", "tune",
+    "load_samples", "load_summaries", "register_workload", "resolve_device", "run_experiment", "tune", "Workload",
+    "get_workload",
 ]
 __version__ = "0.1.0"

@@ -87,17 +87,18 @@ def test_a_distributed_run_writes_a_record_that_loads_back_like_any_other(tmp_pa
     assert len(distributed.stored_samples(tmp_path)) == len(samples)  # the chapter shows distributed records only
 
 
-def _phase(warmup_times, step_times, losses, correct=0, images=0):
+def _phase(warmup_times, step_times, losses, correct=0, samples=0):
     return PhaseResult(startup_s=0.1, step_times_s=step_times, wall_s=sum(step_times), peak_mem_mb=10.0,
-                       warmup_times_s=warmup_times, losses=losses, correct=correct, images=images)
+                       warmup_times_s=warmup_times, losses=losses, correct=correct, predictions=samples,
+                       samples=samples)
 
 
 def test_the_job_step_ends_when_the_slowest_rank_ends_it():
-    slow_start = _phase([2.0], [1.0, 3.0], [2.0, 1.0], correct=3, images=4)  # steps end at 2, 3, 6
-    fast_start = _phase([1.0], [2.0, 1.0], [4.0, 3.0], correct=1, images=4)  # steps end at 1, 3, 4
+    slow_start = _phase([2.0], [1.0, 3.0], [2.0, 1.0], correct=3, samples=4)  # steps end at 2, 3, 6
+    fast_start = _phase([1.0], [2.0, 1.0], [4.0, 3.0], correct=1, samples=4)  # steps end at 1, 3, 4
     job = distributed.merge_ranks([slow_start, fast_start])
     assert job.warmup_times_s == [2.0] and job.step_times_s == [1.0, 3.0]  # the job's steps end at 2, 3, 6
-    assert job.losses == [3.0, 2.0] and (job.correct, job.images) == (4, 8)
+    assert job.losses == [3.0, 2.0] and (job.correct, job.predictions, job.samples) == (4, 8, 8)
 
 
 @pytest.fixture

@@ -1,9 +1,12 @@
 import copy
+import math
 
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from optlab.core import memory
 from optlab.core.config import RunConfig
 from optlab.core.loops import eval_phase, grad_mode, make_optimizer, make_scaler, train_phase, train_step
 
@@ -93,14 +96,14 @@ def test_train_phase_keeps_raw_samples_after_warmup():
     config = _config(batch_size=8)
     result = train_phase(model, _loader(), make_optimizer(model), make_scaler(config, CPU), config, CPU, steps=3, warmup=2)
     assert len(result.step_times_s) == 3 and len(result.losses) == 3
-    assert result.images == 24 and result.startup_s >= 0 and result.wall_s > 0 and result.peak_mem_mb > 0
+    assert result.samples == 24 and result.startup_s >= 0 and result.wall_s > 0 and result.peak_mem_mb > 0
 
 
 def test_whole_epoch_when_steps_is_none():
     model = _bn_free_model()
     config = _config(batch_size=8)
     result = eval_phase(model, _loader(40, 8), config, CPU, steps=None, warmup=1)
-    assert len(result.step_times_s) == 4 and result.images == 32 and 0 <= result.correct <= 32
+    assert len(result.step_times_s) == 4 and result.samples == result.predictions == 32 and 0 <= result.correct <= 32
 
 
 def test_autocast_bf16_runs_on_cpu():
@@ -108,3 +111,42 @@ def test_autocast_bf16_runs_on_cpu():
     config = _config(amp_dtype="bf16")
     loss = train_step(model, _batch(4), make_optimizer(model), make_scaler(config, CPU), config, CPU, 0)
     assert torch.isfinite(loss)
+
+
+def _wide_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
+                         nn.Flatten(), nn.Linear(32 * 8 * 8, 10))
+
+
+def _phase_peaks(batch: int) -> tuple:
+    model, config = _wide_model(), _config(batch_size=batch)
+    loader = _loader(batch * 4, batch)
+    train = train_phase(model, loader, make_optimizer(model), make_scaler(config, CPU), config, CPU, steps=2, warmup=1)
+    return train, eval_phase(model, loader, config, CPU, steps=2, warmup=1)
+
+
+def test_cpu_peak_memory_is_per_variant_and_per_phase():
+    """On the CPU the peak is the variant's resident tensors plus one profiled step's own increase: a bigger batch
+    holds more activations, and training (activations kept for backward) holds more than evaluation."""
+    small_train, small_eval = _phase_peaks(4)
+    big_train, big_eval = _phase_peaks(64)
+    assert big_train.peak_mem_mb - big_train.resident_mem_mb > 8 * (small_train.peak_mem_mb - small_train.resident_mem_mb)
+    assert big_eval.peak_mem_mb > big_eval.resident_mem_mb  # the eval step's own activations count too
+    assert big_train.peak_mem_mb - big_train.resident_mem_mb > 1.3 * (big_eval.peak_mem_mb - big_eval.resident_mem_mb)
+    assert len(big_train.step_times_s) == len(big_train.losses) == 2  # the profiled step is not a timed one
+
+
+def test_cpu_peak_memory_is_no_number_where_no_step_was_profiled():
+    assert math.isnan(memory.phase_peak_mb(CPU, 0, resident=10.0))
+    assert memory.phase_peak_mb(CPU, 0, resident=10.0, step_increase_mb=2.5) == 12.5
+    block = memory.cpu_step_increase_mb(lambda: torch.empty(4 * 2**20, dtype=torch.uint8))  # 4 MiB, freed at once
+    assert 4 <= block < 4.5
+
+
+def test_a_known_cpu_figure_spares_the_profiled_step(monkeypatch):
+    monkeypatch.setattr(memory, "cpu_step_increase_mb", lambda step: pytest.fail("profiled again"))
+    model = _bn_free_model()
+    config = _config(batch_size=8)
+    result = eval_phase(model, _loader(), config, CPU, steps=2, warmup=1, step_increase_mb=1.5)
+    assert result.peak_mem_mb == pytest.approx(result.resident_mem_mb + 1.5)

@@ -51,5 +51,5 @@ def test_unknown_model_lists_valid_names():
 
 def test_training_flops_are_three_forwards_per_image():
     forward = forward_flops_per_image("resnet18", "base", 0.125)
-    assert step_flops("resnet18", "base", 0.125, images=4, train=True) == 12 * forward
-    assert step_flops("resnet18", "base", 0.125, images=4, train=False) == 4 * forward
+    assert step_flops("resnet18", "base", 0.125, samples=4, train=True) == 12 * forward
+    assert step_flops("resnet18", "base", 0.125, samples=4, train=False) == 4 * forward

@@ -1,7 +1,8 @@
 """The measurement core: every measurement goes through these modules.
 
-The knobs (``config``, ``profiles``), the device (``device``, ``environment``, ``compiler``), the data (``data``,
-``device_data``), the models (``models``, ``flops``), the measured loops (``loops``, ``memory``, ``timing``), the
+The knobs (``config``, ``profiles``), the device (``device``, ``environment``, ``compiler``), the workloads
+(``workload``: the type and its registry; ``cifar``: CIFAR-10's data in ``data``, ``device_data`` and its CNNs in
+``models``), loading (``loader``), FLOPs (``flops``), the measured loops (``loops``, ``memory``, ``timing``), the
 registry of techniques (``registry``, filled by ``techniques``), running an experiment (``variants``,
 ``experiments``, ``samples``), the statistics of a comparison (``summary``, ``timing``), and results on disk
 (``store``, ``seed``).
@@ -22,4 +23,6 @@ logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 if not torch.cuda.is_available():
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # kineto logs nothing; it reads this when a profile starts
 
+# The workloads, one line each (a new workload is one module and one line here), then the techniques.
+from . import cifar  # noqa: E402,F401  (registers the CIFAR-10 workload)
 from . import techniques  # noqa: E402,F401  (fills the registry)

@@ -5,6 +5,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from .errors import OptlabError, choice_error
+from .workload import get_workload
 
 AMP_DTYPES = ("none", "fp16", "bf16")
 EVAL_GRAD_MODES = ("grad", "no_grad", "inference_mode")
@@ -21,11 +22,12 @@ class RunConfig:
     The defaults are the seed article's base configuration (4 workers, pinned memory, batch 128).
     """
 
-    model: str = "resnet18"
+    workload: str = "cifar"  # what is trained (workload.WORKLOADS): its data, models, loss and unit
+    model: str = "resnet18"  # one of the workload's model names
     model_variant: str = "base"  # "rec": every conv/linear layer one channel narrower (seed section 3.1)
     width: float = 1.0  # channel multiplier, below 1 for tiny CPU runs
     batch_size: int = 128
-    batch_offset: int = 0  # images added to batch_size (the seed's "rec" runs used 128 + 1)
+    batch_offset: int = 0  # samples added to batch_size (the seed's "rec" runs used 128 + 1)
     num_workers: int = 4
     pin_memory: bool = True
     persistent_workers: bool = False
@@ -48,10 +50,12 @@ class RunConfig:
     data_on_device: bool = False  # the whole data set resident on the device, augmented there in batches
 
     def __post_init__(self) -> None:
-        from .models import MODEL_NAMES  # late import: models imports torchvision
-
-        if self.model not in MODEL_NAMES:
-            raise choice_error("model", self.model, MODEL_NAMES)
+        workload = get_workload(self.workload)
+        if self.model not in workload.model_names:
+            raise choice_error("model", self.model, workload.model_names)
+        if self.data_on_device and workload.device_loader is None:
+            raise OptlabError(f"data_on_device=True: the {workload.name} workload cannot hold its data on the device; "
+                              "leave it False")
         if self.model_variant not in MODEL_VARIANTS:
             raise choice_error("model variant", self.model_variant, MODEL_VARIANTS)
         if self.amp_dtype not in AMP_DTYPES:
@@ -78,9 +82,14 @@ class RunConfig:
             raise OptlabError(f"width must be a number in (0, 4], got {self.width!r}")
 
     @property
-    def images_per_step(self) -> int:
-        """Images in one micro-batch: the batch size plus any offset."""
+    def samples_per_step(self) -> int:
+        """Samples in one micro-batch (images, token sequences, ...): the batch size plus any offset."""
         return self.batch_size + self.batch_offset
+
+    @property
+    def images_per_step(self) -> int:
+        """:attr:`samples_per_step` under the name the image chapters and their records use."""
+        return self.samples_per_step
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

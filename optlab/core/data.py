@@ -7,24 +7,23 @@ and costs the same to load. Each class has its own colour pattern under noise, s
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import Dataset
 from torchvision import transforms
 from torchvision.datasets import CIFAR10, VisionDataset
 
-from .config import RunConfig
 from .errors import OptlabError
+from .loader import WORKER_TIMEOUT_S, make_loader  # noqa: F401  (data.make_loader, as before)
+from .workload import DataSource
 
 DEFAULT_DATA_DIR = Path.home() / ".cache" / "optlab" / "data"
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 TRAIN_SIZE, TEST_SIZE = 50_000, 10_000
-WORKER_TIMEOUT_S = 300  # a stuck worker becomes an error instead of a hang
 
 
 def data_dir() -> Path:
@@ -73,14 +72,6 @@ def standin_arrays(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
-@dataclass(frozen=True)
-class DataSource:
-    """Which data a run used, in the words every record stores."""
-
-    kind: str  # "cifar10" or "stand-in"
-    description: str
-
-
 def find_source(download: bool = False) -> DataSource:
     """Real CIFAR-10 if it is under :func:`data_dir` (or ``download`` is asked for), else the stand-in."""
     root = data_dir()  # named by its variable below: records and pages show no machine's own path
@@ -104,29 +95,3 @@ def datasets(source: DataSource, download: bool = False) -> tuple[Dataset, Datas
             f"CIFAR-10 under {root} could not be loaded ({error}); remove that folder to use the stand-in, "
             "or fix it with --download"
         ) from error
-
-
-def make_loader(
-    dataset: Dataset,
-    config: RunConfig,
-    train: bool,
-    seed: int = 0,
-    multiprocessing_context: str | None = None,
-    sampler: Sampler | None = None,
-) -> DataLoader:
-    """A DataLoader with the config's knobs. The shuffle order depends only on ``seed`` (or on ``sampler``)."""
-    workers = config.num_workers > 0
-    return DataLoader(
-        dataset,
-        batch_size=config.images_per_step,
-        shuffle=train if sampler is None else None,
-        sampler=sampler,
-        num_workers=config.num_workers,
-        pin_memory=config.pin_memory,
-        drop_last=config.drop_last,
-        persistent_workers=config.persistent_workers,
-        prefetch_factor=config.prefetch_factor if workers else None,
-        timeout=WORKER_TIMEOUT_S if workers else 0,
-        multiprocessing_context=multiprocessing_context if workers else None,
-        generator=torch.Generator().manual_seed(seed),
-    )

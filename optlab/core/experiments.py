@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import importlib
 import math
 import multiprocessing
 import sys
@@ -27,7 +28,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from . import compiler, data, machine_load, quiet, store
+from . import compiler, machine_load, quiet, store
 from .config import RunConfig
 from .device import DeviceInfo, effective_config, resolve_device
 from .environment import capture
@@ -35,7 +36,6 @@ from .errors import OptlabError
 from .limits import check_overrides, check_phase_sizes
 from .loops import PhaseResult, eval_phase, train_phase
 from .memory import memory_kind
-from .models import validate_names
 from .no_effect import no_effect_variants
 from .profiles import Profile, get_profile
 from .registry import Experiment, get_experiment
@@ -44,6 +44,7 @@ from .sequential import StoppingRule, visit_order
 from .summary import LOOK_CONFIDENCE, summarize_runs
 from .timing import BAD_TIME, EARLY_STOP_BIAS, INTERVAL
 from .variants import VariantState, build_state
+from .workload import DataSource, Workload, get_workload
 
 LOADER_WARNING = "This DataLoader will create"  # more workers than CPUs: the run's notes say it once
 
@@ -60,18 +61,23 @@ class ExperimentResult:
 
 
 @functools.lru_cache(maxsize=2)
-def cached_datasets(source: data.DataSource, download: bool = False) -> tuple:
-    """The train and test data sets, built once per process (a reference run calls many experiments)."""
-    return data.datasets(source, download)
+def cached_datasets(workload: Workload, source: DataSource, download: bool = False) -> tuple:
+    """The workload's train and test data sets, built once per process (a reference run calls many experiments)."""
+    return workload.datasets(source, download)
 
 
 def run_phase(state: VariantState, phase: str, profile: Profile, info: DeviceInfo) -> PhaseResult:
     """One timed pass of ``phase`` with the variant's own loader and the profile's step counts."""
+    known = state.step_increase_mb.get(phase)  # the CPU memory figure: profiled on the variant's first pass only
     if phase == "train":
-        return train_phase(state.model, state.loaders["train"], state.optimizer, state.scaler, state.config,
-                           info.device, profile.steps, profile.warmup_steps)
-    return eval_phase(state.model, state.loaders["test"], state.config, info.device, profile.test_steps,
-                      profile.warmup_steps)
+        result = train_phase(state.model, state.loaders["train"], state.optimizer, state.scaler, state.config,
+                             info.device, profile.steps, profile.warmup_steps,
+                             loss_fn=get_workload(state.config.workload).loss, step_increase_mb=known)
+    else:
+        result = eval_phase(state.model, state.loaders["test"], state.config, info.device, profile.test_steps,
+                            profile.warmup_steps, step_increase_mb=known)
+    state.step_increase_mb[phase] = result.step_increase_mb
+    return result
 
 
 def failure_status(error: BaseException) -> str:
@@ -109,17 +115,18 @@ def run_experiment(
         raise OptlabError(f"{experiment.name} needs a CUDA device and this run is on {info.name} (cpu); "
                           "its chapter shows the stored GPU reference instead")
     prof = get_profile(profile, info.is_cuda)
-    chosen = validate_names(models or experiment.default_models(prof))
-    check_overrides(overrides or {})
+    workload = get_workload(experiment.workload)
+    chosen = workload.validate_models(models or experiment.default_models(prof))
+    check_overrides(overrides or {}, workload)
     requested = {m: experiment.configs(m, prof, overrides) for m in chosen}
     effective = {m: {label: effective_config(c, info) for label, c in cfgs.items()} for m, cfgs in requested.items()}
     check_phase_sizes([c for cfgs in effective.values() for c, _ in cfgs.values()], experiment.phases,
                       prof.warmup_steps, {"train": prof.steps, "test": prof.test_steps},
-                      {"train": data.TRAIN_SIZE, "test": data.TEST_SIZE})
+                      workload.sizes(), workload.sample_name)
     compiler.require_compiler([c for cfgs in effective.values() for c, _ in cfgs.values()], info)
     out_dir = store.writable_dir(out) if out is not None else None
     filename = filename or store.record_filename(experiment.name)
-    source = data.find_source(download)
+    source = workload.find_source(download)
     print(f"optlab {experiment.name}: {prof.describe(chosen)}")
     threads = quiet.fix_threads(info.is_cuda)
     print(f"device: {info.describe()}; {threads} torch thread{'s' if threads != 1 else ''}")
@@ -131,7 +138,7 @@ def run_experiment(
     for label, status in {label: s for skipped in untimed.values() for label, s in skipped.items()}.items():
         print(f"not timed: {label}: {status}")
     warnings.filterwarnings("ignore", message=LOADER_WARNING)
-    datasets = cached_datasets(source, download)
+    datasets = cached_datasets(workload, source, download)
     environment = capture(info, source.description, prof.name)
     previous = store.resumable(out_dir / filename, environment, prof) if resume and out_dir else None
     rows: list[dict[str, Any]] = list(previous["samples"]) if previous else []
@@ -210,12 +217,15 @@ class LocalVariant:
 _WORKER: dict[str, Any] = {}  # inside an isolated variant's own process: its device and state
 
 
-def _isolated_build(config: RunConfig, device: str, source: data.DataSource, download: bool, seed: int,
-                    threads: int) -> None:
+def _isolated_build(config: RunConfig, device: str, workload_module: str, source: DataSource, download: bool,
+                    seed: int, threads: int) -> None:
     torch.set_num_threads(threads)
     warnings.filterwarnings("ignore", message=LOADER_WARNING)
+    if workload_module:
+        importlib.import_module(workload_module)  # registers the workload in this fresh process
     info = resolve_device(device)
-    _WORKER.update(info=info, state=build_state(config, info, *data.datasets(source, download), seed))
+    datasets = get_workload(config.workload).datasets(source, download)
+    _WORKER.update(info=info, state=build_state(config, info, *datasets, seed))
 
 
 def _isolated_phase(phase: str, profile: Profile, phase_seed: int) -> PhaseResult:
@@ -227,12 +237,12 @@ class IsolatedVariant:
     that lives per process is shared with the other variants (cuDNN's plan cache, oneDNN's primitives, the caching
     allocator's pools, compiled code)."""
 
-    def __init__(self, config: RunConfig, info: DeviceInfo, source: data.DataSource, download: bool,
+    def __init__(self, config: RunConfig, info: DeviceInfo, source: DataSource, download: bool,
                  seed: int) -> None:
         self.pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
         try:
-            self.pool.submit(_isolated_build, config, str(info.device), source, download, seed,
-                             torch.get_num_threads()).result()
+            self.pool.submit(_isolated_build, config, str(info.device), get_workload(config.workload).module, source,
+                             download, seed, torch.get_num_threads()).result()
         except BaseException:
             self.pool.shutdown(cancel_futures=True)
             raise
@@ -352,7 +362,7 @@ def stop_reason(rule: StoppingRule, repeats: int, rows: list[dict[str, Any]]) ->
 
 
 def _run_model(experiment: Experiment, model_name: str, configs: dict, prof: Profile, info: DeviceInfo,
-               datasets: tuple, source: data.DataSource, download: bool, seed: int, bar: tqdm,
+               datasets: tuple, source: DataSource, download: bool, seed: int, bar: tqdm,
                untimed: dict[str, str] | None = None, deadline: float | None = None) -> Rounds:
     """Every round of every variant and phase on one model; the variants' objects are freed at the end. The
     ``untimed`` variants (label -> status, :func:`no_effect.no_effect_variants`) get one row per phase saying why,

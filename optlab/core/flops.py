@@ -6,29 +6,37 @@ from functools import lru_cache
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from .models import build_model
+from .workload import get_workload
 
-TRAIN_TO_FORWARD = 3  # backward costs about twice the forward: the usual 6 x MACs per trained image
+TRAIN_TO_FORWARD = 3  # backward costs about twice the forward: the usual 6 x MACs per trained sample
 
 
 @lru_cache(maxsize=None)
-def forward_flops_per_image(model: str, variant: str = "base", width: float = 1.0) -> int:
-    """FLOPs of one forward pass on one 32x32 image, counted by FlopCounterMode on the meta device.
+def forward_flops_per_sample(model: str, variant: str = "base", width: float = 1.0, workload: str = "cifar") -> int:
+    """FLOPs of one forward pass on one sample of ``workload`` (its ``example_input(1)``: one image, one token
+    sequence), counted by FlopCounterMode on the meta device (attention included where the model has it).
 
     Training FLOPs are derived as 3 x forward rather than counted, because FlopCounterMode overcounts the
     backward of depthwise convolutions (MobileNetV2: 21x the forward in torch 2.14).
     """
+    spec = get_workload(workload)
     with torch.device("meta"):
-        net = build_model(model, variant, width)
+        net = spec.build_model(model, variant, width)
+        example = spec.example_input(1)
     with FlopCounterMode(display=False) as counter, torch.no_grad():
-        net(torch.empty(1, 3, 32, 32, device="meta"))
+        net(example)
     return counter.get_total_flops()
 
 
-def step_flops(model: str, variant: str, width: float, images: int, train: bool) -> int:
-    """FLOPs of one step over ``images`` images: forward only for evaluation, forward + backward for training."""
-    per_image = forward_flops_per_image(model, variant, width)
-    return per_image * images * (TRAIN_TO_FORWARD if train else 1)
+def forward_flops_per_image(model: str, variant: str = "base", width: float = 1.0) -> int:
+    """:func:`forward_flops_per_sample` of a CIFAR model: one 32x32 image."""
+    return forward_flops_per_sample(model, variant, width, "cifar")
+
+
+def step_flops(model: str, variant: str, width: float, samples: int, train: bool, workload: str = "cifar") -> int:
+    """FLOPs of one step over ``samples`` samples: forward only for evaluation, forward + backward for training."""
+    per_sample = forward_flops_per_sample(model, variant, width, workload)
+    return per_sample * samples * (TRAIN_TO_FORWARD if train else 1)
 
 
 def tflops(flops: float, seconds: float) -> float:

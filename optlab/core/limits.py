@@ -7,11 +7,12 @@ from typing import Any, Iterable
 
 from .config import RunConfig
 from .errors import OptlabError
+from .workload import Workload, get_workload
 
 WORKERS_PER_CORE = 4  # DataLoader workers beyond this only queue for the same cores
 MAX_REPEATS = 100  # a paired t interval hardly narrows past this; more is a typo, not a plan
 MAX_TIME_BUDGET_S = 86_400  # seconds one model's comparison may take: a day
-MAX_STEPS = 100_000  # timed steps per repeat (the train set holds 50,000 images: batch 1 would need 50,000)
+MAX_STEPS = 100_000  # timed steps per repeat (CIFAR-10's train set holds 50,000 images: batch 1 needs 50,000)
 
 
 def cpu_cores() -> int:
@@ -35,27 +36,29 @@ def check_count(name: str, value: Any, minimum: int, maximum: int, why: str) -> 
     return value
 
 
-def check_overrides(overrides: dict[str, Any]) -> None:
-    """The knobs a user typed for every variant: workers bounded by the cores, batch size by the data sets."""
+def check_overrides(overrides: dict[str, Any], workload: Workload | None = None) -> None:
+    """The knobs a user typed for every variant: workers bounded by the cores, batch size by ``workload``'s test set
+    (CIFAR-10's when none is given)."""
     if "num_workers" in overrides:
         cores = cpu_cores()
         check_count("num_workers", overrides["num_workers"], 0, max_workers(),
                     f"{WORKERS_PER_CORE} per CPU core, {cores} core{'s' if cores != 1 else ''} here")
     if "batch_size" in overrides:
-        from .data import TEST_SIZE
-
-        check_count("batch_size", overrides["batch_size"], 1, TEST_SIZE, f"the test set holds {TEST_SIZE:,} images")
+        workload = workload or get_workload("cifar")
+        check_count("batch_size", overrides["batch_size"], 1, workload.test_size,
+                    f"the test set holds {workload.test_size:,} {workload.sample_name}")
 
 
 def check_phase_sizes(configs: Iterable[RunConfig], phases: Iterable[str], warmup: int, steps: dict[str, int | None],
-                      sizes: dict[str, int]) -> None:
-    """Every phase must get ``warmup`` + ``steps`` whole batches from its data set (timed loops drop the last,
-    partial batch); a whole-epoch phase needs one warm-up batch and one timed batch more."""
+                      sizes: dict[str, int], sample_name: str = "images") -> None:
+    """Every phase must get ``warmup`` + ``steps`` whole batches from its data set of ``sizes[phase]`` samples (timed
+    loops drop the last, partial batch); a whole-epoch phase needs one warm-up batch and one timed batch more."""
     for config in configs:
         for phase in phases:
             needed = warmup + (steps[phase] if steps[phase] is not None else 1)
             most = sizes[phase] // needed
-            if config.images_per_step > most:
+            if config.samples_per_step > most:
                 raise OptlabError(
-                    f"batch of {config.images_per_step} images is too large for the {phase} phase: its data set holds "
-                    f"{sizes[phase]:,} images and the run needs {needed} batches of it, so at most {most} images a batch")
+                    f"batch of {config.samples_per_step} {sample_name} is too large for the {phase} phase: its data set "
+                    f"holds {sizes[phase]:,} {sample_name} and the run needs {needed} batches of it, so at most {most} "
+                    f"{sample_name} a batch")

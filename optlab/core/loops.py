@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from . import compiler, memory
 from .config import RunConfig
 from .device import TORCH_DTYPES
 from .timing import StepTimer
+from .workload import LossFn, correct_predictions
 
 
 @dataclass
@@ -29,14 +31,16 @@ class PhaseResult:
     peak_mem_mb: float  # see memory.memory_kind: on CUDA the variant's resident tensors + this phase's increase
     warmup_times_s: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
-    correct: int = 0
-    images: int = 0
+    correct: int = 0  # evaluation: predictions that equal their targets
+    predictions: int = 0  # evaluation: predictions made (one per sample, or one per token)
+    samples: int = 0  # samples in the timed steps
     warmup_losses: list[float] = field(default_factory=list)  # the first is every variant's loss on the same weights
     graphs_compiled: int = 0  # graphs torch.compile built during this pass (warm-up included)
     inductor_cache: str | None = None  # when it compiled: "cold", "warm" or "mixed" (compiler.cache_state)
     resident_mem_mb: float = 0.0  # the variant's own tensors on the device when the pass began
     cudagraph_skips: int = 0  # graphs Inductor compiled for CUDA-graph replay but ran without (compiler.cache_counts)
     graph_pool_mb: float = 0.0  # captured graphs' private pool, counted in peak_mem_mb (count_graph_pool)
+    step_increase_mb: float = math.nan  # CPU: one profiled step's own peak (memory.cpu_step_increase_mb)
     pid: int = field(default_factory=os.getpid)  # the process that ran the pass
 
 
@@ -106,9 +110,6 @@ def prefetch_to_device(batches: Iterable, config: RunConfig, device: torch.devic
         yield hand_over(pending)
 
 
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
 def train_step(model, batch, optimizer, scaler, config: RunConfig, device: torch.device, micro_step: int,
                loss_fn: LossFn = F.cross_entropy) -> torch.Tensor:
     """One micro-step; the optimizer steps every ``accumulation_steps`` micro-steps. Returns the detached loss."""
@@ -130,12 +131,13 @@ def grad_mode(mode: str) -> contextlib.AbstractContextManager:
 
 
 def eval_step(model, batch, config: RunConfig, device: torch.device) -> torch.Tensor:
-    """One evaluation step; returns the number of correct predictions as a device tensor."""
+    """One evaluation step; returns the number of correct predictions (argmax over the outputs' last dimension, so
+    ``[N, C]`` logits or ``[N, T, V]`` per token) as a device tensor."""
     inputs, targets = to_device(batch, config, device)
     amp_dtype = TORCH_DTYPES[config.amp_dtype]
     with grad_mode(config.eval_grad_mode), torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
         outputs = model(inputs)
-    return (outputs.argmax(dim=1) == targets).sum()
+    return correct_predictions(outputs, targets)
 
 
 @contextlib.contextmanager
@@ -167,9 +169,14 @@ def _timed_batches(loader: DataLoader, steps: int | None, warmup: int) -> tuple[
 
 
 def run_timed(step, loader, device, steps, warmup, resident: Iterable[object] = (),
-              prefetch: RunConfig | None = None) -> tuple[PhaseResult, list[torch.Tensor]]:
+              prefetch: RunConfig | None = None,
+              step_increase_mb: float | None = None) -> tuple[PhaseResult, list[torch.Tensor]]:
     """Every step is timed; the first ``warmup`` (compilation, autotuning, cold caches) are kept apart.
 
+    On the CPU the last batch then runs once more, untimed, under the profiler's memory records
+    (:func:`memory.cpu_step_increase_mb`): the phase's peak memory without the profiler's cost on a timed step.
+    ``step_increase_mb``: that figure from an earlier pass of the same variant and phase (the same shapes), which
+    spares the extra step.
     ``resident``: what the variant holds (model, optimizer, loader), counted for the phase's memory. ``prefetch``:
     the config to copy batches with, one step ahead on a side stream (:func:`prefetch_to_device`).
     """
@@ -182,6 +189,7 @@ def run_timed(step, loader, device, steps, warmup, resident: Iterable[object] = 
     timer = StepTimer(device)
     outputs = []
     timer.start()
+    index, batch = -1, None
     for index, batch in enumerate(batches):
         out = step(batch, index)
         timer.mark()
@@ -190,10 +198,15 @@ def run_timed(step, loader, device, steps, warmup, resident: Iterable[object] = 
     intervals, wall = timer.finish()
     if len(intervals) <= warmup:
         raise RuntimeError(f"the loader ran out before {warmup} warm-up steps and one timed step")
+    increase_mb = math.nan
+    if device.type == "cpu":
+        increase_mb = (step_increase_mb if step_increase_mb is not None
+                       else memory.cpu_step_increase_mb(lambda: step(batch, index + 1)))
     graphs = compiler.compiled_graphs() - graphs_before
     cache = {key: count - cache_before[key] for key, count in compiler.cache_counts().items()}
-    result = PhaseResult(startup, intervals[warmup:], wall, memory.phase_peak_mb(device, start_bytes, resident_mb),
-                         warmup_times_s=intervals[:warmup], graphs_compiled=graphs, resident_mem_mb=resident_mb)
+    result = PhaseResult(startup, intervals[warmup:], wall, memory.phase_peak_mb(device, start_bytes, resident_mb, increase_mb),
+                         warmup_times_s=intervals[:warmup], graphs_compiled=graphs, resident_mem_mb=resident_mb,
+                         step_increase_mb=increase_mb)
     if graphs:
         result.inductor_cache = compiler.cache_state(cache["cache hits"], cache["cache misses"])
     result.cudagraph_skips = cache["cudagraph skips"]
@@ -214,11 +227,12 @@ StepContext = Callable[[int], contextlib.AbstractContextManager]
 
 def train_phase(model, loader, optimizer, scaler, config: RunConfig, device: torch.device,
                 steps: int | None, warmup: int, step_context: StepContext | None = None,
-                loss_fn: LossFn = F.cross_entropy) -> PhaseResult:
+                loss_fn: LossFn = F.cross_entropy, step_increase_mb: float | None = None) -> PhaseResult:
     """Time ``steps`` training micro-steps after ``warmup`` untimed ones (``steps=None``: the whole epoch).
 
     ``step_context(micro_step)``, if given, wraps each micro-step (DDP's ``no_sync`` between optimizer steps);
-    ``loss_fn(outputs, targets)`` is the loss (cross-entropy unless a reader's own model needs another).
+    ``loss_fn(outputs, targets)`` is the loss (cross-entropy unless a reader's own model needs another);
+    ``step_increase_mb`` as for :func:`run_timed`.
     """
     model.train()
     optimizer.zero_grad(set_to_none=config.set_to_none)
@@ -233,23 +247,31 @@ def train_phase(model, loader, optimizer, scaler, config: RunConfig, device: tor
 
     prefetch = config if config.prefetch_to_device else None
     with backend_flags(config):
-        result, losses = run_timed(step, loader, device, steps, warmup, (model, optimizer, loader), prefetch)
+        result, losses = run_timed(step, loader, device, steps, warmup, (model, optimizer, loader), prefetch,
+                                   step_increase_mb)
     count_graph_pool(result, config, device)
     result.losses = torch.stack(losses).float().cpu().tolist()
     result.warmup_losses = torch.stack(warmup_losses).float().cpu().tolist() if warmup_losses else []
-    result.images = len(losses) * config.images_per_step
+    result.samples = len(losses) * config.samples_per_step
     return result
 
 
-def eval_phase(model, loader, config: RunConfig, device: torch.device, steps: int | None, warmup: int) -> PhaseResult:
+def eval_phase(model, loader, config: RunConfig, device: torch.device, steps: int | None, warmup: int,
+               step_increase_mb: float | None = None) -> PhaseResult:
     """Time ``steps`` evaluation steps after ``warmup`` untimed ones (the memory counts the model and its data, not
     the optimizer that inference does not use)."""
     model.eval()
     prefetch = config if config.prefetch_to_device else None
+    predictions: dict[int, int] = {}
+
+    def step(batch, index: int) -> torch.Tensor:
+        predictions[index] = batch[1].numel()  # one per sample, or one per token
+        return eval_step(model, batch, config, device)
+
     with backend_flags(config):
-        result, correct = run_timed(lambda batch, i: eval_step(model, batch, config, device), loader, device, steps,
-                                    warmup, (model, loader), prefetch)
+        result, correct = run_timed(step, loader, device, steps, warmup, (model, loader), prefetch, step_increase_mb)
     count_graph_pool(result, config, device)
     result.correct = int(torch.stack(correct).sum())
-    result.images = len(correct) * config.images_per_step
+    result.predictions = sum(predictions[i] for i in range(warmup, warmup + len(correct)))
+    result.samples = len(correct) * config.samples_per_step
     return result

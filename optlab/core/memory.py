@@ -6,16 +6,25 @@ the variant's own resident tensors at its start (:func:`resident_mb`: parameters
 state, a data set held on the device) plus the phase's own increase (the allocator's peak during the phase minus
 what was allocated when it began). Memory another variant holds is in both the start and the peak, so it cancels.
 
-On the CPU there is no allocator counter to reset: the number is the process's peak resident set size over its
-whole life (every variant, every phase so far), and :func:`memory_kind` says so.
+On the CPU there is no allocator counter to reset, so the phase's increase comes from torch.profiler's memory
+records (``profile_memory=True`` records every CPU tensor allocation and free): :func:`cpu_step_increase_mb` runs one
+step under the profiler and takes the running sum's maximum. The loops profile one extra, untimed step after the
+timed ones (:func:`loops.run_timed`): the profiler's overhead stays off every timed step, and by then the step has
+settled (gradients and optimizer state exist, as in the timed steps), which a warm-up step has not. A variant's
+steps have the same shapes every repeat, so each variant profiles one step per phase, on its first pass
+(``experiments.run_phase`` keeps the figure). The same
+resident tensors are added, so a CPU figure means what a CUDA one does. Where no step could be profiled (no batch
+left after the timed ones), there is no number (NaN) rather than the process's lifetime peak.
 """
 from __future__ import annotations
 
-import resource
-import sys
-from typing import Iterable
+import itertools
+import math
+from typing import Callable, Iterable
 
 import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
 
 
 def _tensors(owner: object) -> Iterable[torch.Tensor]:
@@ -52,13 +61,23 @@ def phase_start(device: torch.device) -> int:
     return torch.cuda.memory_allocated(device)
 
 
-def phase_peak_mb(device: torch.device, start_bytes: int, resident: float) -> float:
-    """CUDA: ``resident`` MiB plus the phase's own increase since :func:`phase_start`. CPU: the process's lifetime
-    peak RSS."""
+def cpu_step_increase_mb(step: Callable[[], object]) -> float:
+    """Run ``step`` once under torch.profiler with its memory records, and return the peak MiB of CPU tensor memory
+    it held above what was allocated when it began (allocations minus frees, at their highest point)."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    running = itertools.accumulate((e.nbytes() for e in events if e.device_type() == DeviceType.CPU), initial=0)
+    return max(running) / 2**20
+
+
+def phase_peak_mb(device: torch.device, start_bytes: int, resident: float, step_increase_mb: float = math.nan) -> float:
+    """``resident`` MiB plus the phase's own increase: on CUDA the allocator's peak since :func:`phase_start`; on the
+    CPU ``step_increase_mb`` from :func:`cpu_step_increase_mb` (NaN when no step was profiled: no number)."""
     if device.type == "cuda":
         return resident + max(0, torch.cuda.max_memory_allocated(device) - start_bytes) / 2**20
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / 2**20 if sys.platform == "darwin" else rss / 2**10
+    return resident + step_increase_mb
 
 
 def graph_pool_mb(device: torch.device) -> float:
@@ -77,4 +96,4 @@ def memory_kind(device: torch.device) -> str:
     """What a record's peak memory means on ``device``, in the words the record stores."""
     if device.type == "cuda":
         return "variant's resident CUDA tensors plus its phase's peak increase"
-    return "process's lifetime peak RSS (every variant and phase so far, not per phase)"
+    return "variant's resident CPU tensors plus its phase's peak increase (profiler memory records, one untimed step)"

@@ -13,6 +13,7 @@ import pandas as pd
 from .config import PHASE_KNOBS, RunConfig, apply_changes, changed_knobs
 from .errors import OptlabError, choice_error
 from .profiles import Profile
+from .workload import get_workload
 
 PHASES = ("train", "test")
 
@@ -33,8 +34,10 @@ class Experiment:
     variant_models: dict[str, tuple[str, ...]] = field(default_factory=dict)  # label -> the only models it runs on
     isolate_variants: bool = False  # each variant in a fresh process of its own (state that lives per process)
     references: dict[str, str] = field(default_factory=dict)  # label -> the variant it is compared with (baseline)
+    workload: str = "cifar"  # what it trains (workload.WORKLOADS)
 
     def __post_init__(self) -> None:
+        get_workload(self.workload)
         if len(self.variants) < 2:
             raise OptlabError(f"experiment {self.name!r} needs a baseline and at least one variant")
         bad = set(self.phases) - set(PHASES)
@@ -66,19 +69,23 @@ class Experiment:
     def control_phases(self) -> tuple[str, ...]:
         """The timed phases that no variant's knobs reach (the evaluation loop of a technique that changes only the
         optimizer step): there the variants run the same code, so the comparison is an A/A control, not a claim."""
-        configs = [apply_changes(apply_changes(RunConfig(), self.base), changes) for _, changes in self.variants]
+        first = RunConfig(workload=self.workload, model=get_workload(self.workload).model_names[0])
+        configs = [apply_changes(apply_changes(first, self.base), changes) for _, changes in self.variants]
         changed = {knob for config in configs[1:] for knob in changed_knobs(configs[0], config)}
         return tuple(phase for phase in self.phases if not changed & PHASE_KNOBS[phase])
 
     def default_models(self, profile: Profile) -> tuple[str, ...]:
-        """The models a run uses when none are given: the profile's, narrowed to this technique's own if it has
-        any (compiling every model would take a GPU reference run past its time budget)."""
-        chosen = tuple(m for m in profile.models if self.models is None or m in self.models)
-        return chosen or profile.models
+        """The models a run uses when none are given: the profile's that belong to this technique's workload,
+        narrowed to the technique's own if it has any (compiling every model would take a GPU reference run past its
+        time budget); a workload none of the profile's models belong to runs its first model."""
+        names = get_workload(self.workload).model_names
+        ours = tuple(m for m in profile.models if m in names) or names[:1]
+        chosen = tuple(m for m in ours if self.models is None or m in self.models)
+        return chosen or ours
 
     def configs(self, model: str, profile: Profile, overrides: dict[str, Any] | None = None) -> dict[str, RunConfig]:
         """The requested config of every variant for ``model`` under ``profile`` and user ``overrides``."""
-        common = RunConfig(model=model, batch_size=profile.batch_size, width=profile.width,
+        common = RunConfig(workload=self.workload, model=model, batch_size=profile.batch_size, width=profile.width,
                            num_workers=profile.num_workers)
         common = apply_changes(apply_changes(common, self.base), overrides or {})
         return {label: apply_changes(common, changes) for label, changes in self.variants

@@ -9,12 +9,14 @@ from .config import RunConfig
 from .flops import step_flops, tflops
 from .loops import PhaseResult
 from .timing import epoch_equivalent
+from .workload import get_workload
 
 
 def base_row(technique: str, model: str, label: str, repeat: int, phase: str, config: RunConfig) -> dict[str, Any]:
-    """The keys every row has, whatever became of the run."""
+    """The keys every row has, whatever became of the run. ``images_per_step`` counts samples (images, sequences)
+    under the name the records have always used."""
     return {"technique": technique, "model": model, "variant": label, "repeat": repeat, "phase": phase,
-            "images_per_step": config.images_per_step}
+            "images_per_step": config.samples_per_step}
 
 
 def failed_row(technique: str, model: str, label: str, repeat: int, phase: str, config: RunConfig,
@@ -27,12 +29,16 @@ def sample_row(technique: str, model: str, label: str, repeat: int, phase: str, 
                result: PhaseResult, epoch_images: int, flops: int | None = None) -> dict[str, Any]:
     """A finished run: its raw samples, epoch-equivalent time, throughput, FLOP rate, memory and losses.
 
+    Throughput is ``images_per_s`` (samples per second, the records' name) and ``items_per_s`` in the workload's
+    ``unit`` (images, or tokens: sequences x sequence length). ``epoch_images`` is the samples of one epoch.
     ``flops`` is one step's FLOP count, for a model that is not one of optlab's own (default: counted for
-    ``config.model``)."""
+    ``config.model`` of ``config.workload``)."""
+    workload = get_workload(config.workload)
     steps = result.step_times_s
     mean_step = sum(steps) / len(steps)
     if flops is None:
-        flops = step_flops(config.model, config.model_variant, config.width, config.images_per_step, phase == "train")
+        flops = step_flops(config.model, config.model_variant, config.width, config.samples_per_step,
+                           phase == "train", config.workload)
     return {
         **base_row(technique, model, label, repeat, phase, config),
         "status": "ok",
@@ -42,14 +48,16 @@ def sample_row(technique: str, model: str, label: str, repeat: int, phase: str, 
         "wall_s": result.wall_s,
         "steps": len(steps),
         "step_median_s": float(pd.Series(steps).median()),
-        "epoch_equiv_s": epoch_equivalent(result.startup_s, steps, config.images_per_step, epoch_images),
-        "images_per_s": config.images_per_step / mean_step,
+        "epoch_equiv_s": epoch_equivalent(result.startup_s, steps, config.samples_per_step, epoch_images),
+        "images_per_s": config.samples_per_step / mean_step,
+        "unit": workload.unit,
+        "items_per_s": config.samples_per_step * workload.items_per_sample / mean_step,
         "peak_mem_mb": result.peak_mem_mb,
         "resident_mem_mb": result.resident_mem_mb,
         "flops_per_step": flops,
         "tflops": tflops(flops, mean_step),
         "loss_last": result.losses[-1] if result.losses else None,
-        "accuracy": result.correct / result.images if phase == "test" and result.images else None,
+        "accuracy": result.correct / result.predictions if phase == "test" and result.predictions else None,
         "step_times_s": steps,
         "warmup_times_s": result.warmup_times_s,
         "losses": result.losses,

@@ -16,6 +16,7 @@ would cost twice the latency. Running out of memory (``torch.OutOfMemoryError`` 
 from __future__ import annotations
 
 import gc
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -64,7 +65,8 @@ def is_out_of_memory(error: BaseException) -> bool:
 def measure(target: SweepTarget, batch: int, device: torch.device, calls: int, warmup: int,
             budget_s: float = float("inf")) -> dict:
     """One batch size of one configuration: untimed first calls, then ``calls`` timed calls, or fewer (never under
-    :data:`MIN_CALLS`) once they have taken ``budget_s`` seconds."""
+    :data:`MIN_CALLS`) once they have taken ``budget_s`` seconds; on the CPU one more, untimed, under the profiler
+    gives the peak memory (:func:`memory.cpu_step_increase_mb`)."""
     resident = memory.resident_mb(target.holds, device)
     start_bytes = memory.phase_start(device)
     call = target.make_call(batch)
@@ -84,9 +86,10 @@ def measure(target: SweepTarget, batch: int, device: torch.device, calls: int, w
         done += 1
     times, _ = timer.finish()
     median, p90, p99 = np.percentile(times, [50, 90, 99])
+    increase_mb = memory.cpu_step_increase_mb(call) if device.type == "cpu" else math.nan  # one untimed call
     return {"batch": batch, "status": "ok", "calls": len(times), "median_ms": 1e3 * median, "p90_ms": 1e3 * p90,
             "p99_ms": 1e3 * p99, "samples_per_s": batch / median,
-            "peak_mem_mb": memory.phase_peak_mb(device, start_bytes, resident), "first_call_s": first_call_s}
+            "peak_mem_mb": memory.phase_peak_mb(device, start_bytes, resident, increase_mb), "first_call_s": first_call_s}
 
 
 def sweep(targets: dict[str, SweepTarget], device: torch.device, max_batch: int, calls: int, warmup: int,

@@ -81,7 +81,7 @@ def merge_ranks(results: Sequence[loops.PhaseResult]) -> loops.PhaseResult:
     """The job's phase from every rank's: warm-up and timed steps end with the slowest rank.
 
     Ranks start each phase together (a barrier). Losses are averaged over ranks (each is its shard's mean, so the mean
-    is the whole batch's loss); correct predictions and images are summed.
+    is the whole batch's loss); correct predictions, predictions and samples are summed.
     """
     losses = np.mean([r.losses for r in results], axis=0).tolist() if results[0].losses else []
     warmup = _slowest([r.warmup_times_s for r in results])
@@ -94,7 +94,8 @@ def merge_ranks(results: Sequence[loops.PhaseResult]) -> loops.PhaseResult:
         warmup_times_s=warmup,
         losses=losses,
         correct=sum(r.correct for r in results),
-        images=sum(r.images for r in results),
+        predictions=sum(r.predictions for r in results),
+        samples=sum(r.samples for r in results),
         graphs_compiled=max(r.graphs_compiled for r in results),
         inductor_cache=caches[0] if len(caches) == 1 else "mixed" if caches else None,
         resident_mem_mb=max(r.resident_mem_mb for r in results),
