@@ -16,8 +16,7 @@ from .core.experiments import ExperimentResult, run_experiment
 from .core.registry import Experiment, get_experiment, list_experiments
 from .core.profiles import get_profile
 from .core.store import load_record, load_samples, load_summaries
-from .studies.tune import TuneResult, tune
-from .studies.tune_inference import InferenceResult
+from .studies.tune import InferenceResult, TuneResult, tune
 
 __all__ = [
     "Experiment", "ExperimentResult", "InferenceResult", "OptlabError", "RunConfig", "TuneResult", "capture_environment",

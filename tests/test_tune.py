@@ -14,8 +14,8 @@ from optlab.core import compiler
 from optlab.core.config import RunConfig
 from optlab.core.errors import OptlabError
 from optlab.core.store import load_samples
-from optlab.studies import tune as tune_module
-from optlab.studies.tune import code_lines, decide, loss_change, stack_steps
+from optlab.studies.tune import training as tune_module
+from optlab.studies.tune.training import code_lines, decide, loss_change, stack_steps
 from tests.helpers import TINY
 
 LABELS = [label for label, _ in stack_steps()]
@@ -319,7 +319,7 @@ def test_synthetic_batches_on_cuda_are_pinned_once_and_their_copy_is_charged_to_
     the pinned copy alone, not with a pageable blocking copy that no real pinned loader would pay."""
     from optlab.core import loops
     from optlab.core.config import RunConfig
-    from optlab.studies import tune_inputs
+    from optlab.studies.tune import inputs as tune_inputs
 
     clock, copies, pins = _FakeClock(), [], []
     real_to, real_pin = torch.Tensor.to, torch.Tensor.pin_memory

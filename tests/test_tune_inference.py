@@ -16,10 +16,10 @@ from optlab.commands.cli import main
 from optlab.core import compiler
 from optlab.core.errors import OptlabError
 from optlab.core.store import load_samples
-from optlab.studies import batch_sweep, tune as tune_module, tune_inference as inference
-from optlab.studies.batch_sweep import SweepTarget, doubling_series, is_out_of_memory, sweep
-from optlab.studies.output_check import output_change, within_tolerance
-from optlab.studies.tune_inference import (AUTOCAST, CHANNELS_LAST, COMPILE, CUDA_GRAPHS, INFERENCE_MODE,
+from optlab.studies.tune import batch_sweep, inference, training as tune_module
+from optlab.studies.tune.batch_sweep import SweepTarget, doubling_series, is_out_of_memory, sweep
+from optlab.studies.tune.output_check import output_change, within_tolerance
+from optlab.studies.tune.inference import (AUTOCAST, CHANNELS_LAST, COMPILE, CUDA_GRAPHS, INFERENCE_MODE,
                                            STEP_LABELS, code_lines)
 from tests.helpers import TINY
 
@@ -385,8 +385,8 @@ def test_a_model_whose_outputs_are_all_the_same_is_said_to_defeat_the_check(caps
 
 def test_on_a_gpu_fp32_is_held_to_tf32s_tolerance_and_autocast_falls_back_to_fp16(monkeypatch):
     from optlab.core.device import DeviceInfo
-    from optlab.studies.output_check import precision, tolerance
-    from optlab.studies.tune_inference import autocast_dtype
+    from optlab.studies.tune.output_check import precision, tolerance
+    from optlab.studies.tune.inference import autocast_dtype
 
     gpu, cpu = DeviceInfo(torch.device("cuda", 0), "a GPU", ("none", "fp16")), optlab.resolve_device("cpu")
     assert (precision(optlab.RunConfig(), gpu), tolerance(optlab.RunConfig(), gpu)) == ("fp32 (TF32 convolutions)", 1e-2)

@@ -176,7 +176,7 @@ def _reference(args: argparse.Namespace) -> None:
 
 def _tune(args: argparse.Namespace) -> None:
     from ..studies.tune import tune
-    from ..studies.tune_inputs import callable_from_spec, model_from_spec, parse_kwargs, parse_shape
+    from ..studies.tune.inputs import callable_from_spec, model_from_spec, parse_kwargs, parse_shape
 
     shape = parse_shape(args.input_shape)
     model_fn = model_from_spec(args.model, parse_kwargs(args.kwargs))

@@ -22,23 +22,23 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from ..core import compiler, loops, store
-from ..core.config import RunConfig, apply_changes, changed_knobs
-from ..core.device import DeviceInfo, effective_config, native_bf16, resolve_device
-from ..core.environment import capture
-from ..core.errors import OptlabError, choice_error
-from ..core.experiments import failure_status, interleave, stopping_rule
-from ..core.flops import TRAIN_TO_FORWARD
-from ..core.limits import MAX_STEPS, check_count, cpu_cores
-from ..core.memory import memory_kind
-from ..core.profiles import Profile, get_profile
-from ..core.samples import failed_row
-from ..core.summary import summarize_runs
-from ..core.techniques import ALL_TOGETHER
-from ..core.timing import FASTER, INTERVAL
-from .compile_cost import LOSS_RTOL
-from .tune_inference import InferenceResult, OutputFn, tune_inference
-from .tune_inputs import (MAX_BATCH_SIZE, Batches, LossFn, ModelFn, Probe, build_model, dataset_batches,
+from ...core import compiler, loops, store
+from ...core.config import RunConfig, apply_changes, changed_knobs
+from ...core.device import DeviceInfo, effective_config, native_bf16, resolve_device
+from ...core.environment import capture
+from ...core.errors import OptlabError, choice_error
+from ...core.experiments import failure_status, interleave, stopping_rule
+from ...core.flops import TRAIN_TO_FORWARD
+from ...core.limits import MAX_STEPS, check_count, cpu_cores
+from ...core.memory import memory_kind
+from ...core.profiles import Profile, get_profile
+from ...core.samples import failed_row
+from ...core.summary import summarize_runs
+from ...core.techniques import ALL_TOGETHER
+from ...core.timing import FASTER, INTERVAL
+from ..compile_cost import LOSS_RTOL
+from .inference import InferenceResult, OutputFn, tune_inference
+from .inputs import (MAX_BATCH_SIZE, Batches, LossFn, ModelFn, Probe, build_model, dataset_batches,
                           loader_batches, model_name, probe, synthetic_batches)
 
 START = "starting point"

@@ -24,9 +24,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core import memory
-from ..core.experiments import failure_status, visit_order
-from ..core.timing import StepTimer
+from ...core import memory
+from ...core.experiments import failure_status, visit_order
+from ...core.timing import StepTimer
 
 PLATEAU_GAIN = 0.10  # a doubling must raise the best throughput so far by more than this to count as a gain
 PLATEAU_DOUBLINGS = 2  # this many doublings in a row without a gain: throughput has stopped rising

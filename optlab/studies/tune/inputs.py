@@ -23,11 +23,11 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data.dataloader import default_collate
 from torch.utils.flop_counter import FlopCounterMode
 
-from ..core import data
-from ..core.config import RunConfig
-from ..core.errors import OptlabError
-from ..core.experiments import failure_status
-from ..core.limits import check_count
+from ...core import data
+from ...core.config import RunConfig
+from ...core.errors import OptlabError
+from ...core.experiments import failure_status
+from ...core.limits import check_count
 
 MAX_BATCH_SIZE = 65_536
 MAX_DIM = 65_536  # one dimension of one input

@@ -7,7 +7,7 @@ tune's machinery (the two take turns, repeat after repeat; the speed-up, its int
 rule), and kept only if it was faster and left the outputs where they were: on the same inputs, its outputs against
 the starting point's (fp32 eager), within a tolerance per precision, and for a classifier its top-1 classes. The kept
 steps are then timed afresh against the starting point, and both configurations are swept over batch sizes
-(:mod:`optlab.studies.batch_sweep`). A compiled model's first call (its compilation) is timed apart, never inside
+(:mod:`optlab.studies.tune.batch_sweep`). A compiled model's first call (its compilation) is timed apart, never inside
 the comparison.
 """
 from __future__ import annotations
@@ -28,22 +28,22 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 from tqdm import tqdm
 
-from ..core import compiler, loops, store
-from ..core.config import RunConfig, apply_changes
-from ..core.device import TORCH_DTYPES, DeviceInfo, effective_config, native_bf16, native_fp16, resolve_device
-from ..core.environment import capture
-from ..core.errors import OptlabError, choice_error
-from ..core.experiments import failure_status, interleave, stopping_rule
-from ..core.limits import MAX_STEPS, check_count
-from ..core.memory import memory_kind
-from ..core.profiles import Profile, get_profile
-from ..core.samples import failed_row
-from ..core.summary import summarize_runs
-from ..core.timing import FASTER, INTERVAL
+from ...core import compiler, loops, store
+from ...core.config import RunConfig, apply_changes
+from ...core.device import TORCH_DTYPES, DeviceInfo, effective_config, native_bf16, native_fp16, resolve_device
+from ...core.environment import capture
+from ...core.errors import OptlabError, choice_error
+from ...core.experiments import failure_status, interleave, stopping_rule
+from ...core.limits import MAX_STEPS, check_count
+from ...core.memory import memory_kind
+from ...core.profiles import Profile, get_profile
+from ...core.samples import failed_row
+from ...core.summary import summarize_runs
+from ...core.timing import FASTER, INTERVAL
 from .batch_sweep import PLATEAU_DOUBLINGS, PLATEAU_GAIN, SweepTarget, sweep
 from .output_check import (OUTPUT_TOLERANCE, OutputFn, output_change, pick_output, precision, tolerance,
                            within_tolerance)
-from .tune_inputs import (MAX_BATCH_ELEMENTS, MAX_BATCH_SIZE, MAX_CLASSES, POOL_BATCHES, ModelFn, build_model,
+from .inputs import (MAX_BATCH_ELEMENTS, MAX_BATCH_SIZE, MAX_CLASSES, POOL_BATCHES, ModelFn, build_model,
                           check_shape, describe_error, model_name)
 
 START = "starting point"

@@ -7,10 +7,10 @@ from typing import Any, Callable
 
 import torch
 
-from ..core.config import RunConfig
-from ..core.device import DeviceInfo
-from ..core.errors import OptlabError
-from .tune_inputs import describe_error
+from ...core.config import RunConfig
+from ...core.device import DeviceInfo
+from ...core.errors import OptlabError
+from .inputs import describe_error
 
 # Outputs against the starting point's, per sample: the largest difference over the largest reference output. TF32
 # rounds convolution inputs to 10 mantissa bits (the starting point's own precision on a GPU, but another algorithm,
