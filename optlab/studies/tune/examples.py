@@ -61,18 +61,23 @@ def parse_input(text: str) -> InputSpec:
         raise OptlabError(f"--input {text!r}: {name!r} is not a keyword name; the forms are {INPUT_FORMS}")
     kind, _, rest = body.partition(":")
     parts = rest.split(":") if rest else []
+    numbers = _whole_numbers(parts[0].split(",") if kind == "float" and len(parts) == 1 else
+                             parts[:2] if kind == "tokens" and len(parts) in (2, 3) and parts[2:] in ([], ["mask"])
+                             else None)
+    if numbers is None:
+        raise OptlabError(f"--input {text!r} is not an input description; the forms are {INPUT_FORMS}, such as "
+                          "tokens:32000:128:mask or float:3,224,224")
+    if kind == "float":
+        return InputSpec("float", check_shape(numbers), name=name)
+    check_count("the vocabulary size", numbers[0], 2, MAX_VOCAB, "token ids")
+    return InputSpec("tokens", check_shape(numbers[1:]), numbers[0], len(parts) == 3, name)
+
+
+def _whole_numbers(texts: list[str] | None) -> list[int] | None:
     try:
-        if kind == "float" and len(parts) == 1:
-            shape = tuple(int(size) for size in parts[0].split(","))
-            return InputSpec("float", check_shape(shape), name=name)
-        if kind == "tokens" and len(parts) in (2, 3) and parts[2:] in ([], ["mask"]):
-            vocab, length = int(parts[0]), int(parts[1])
-            check_count("the vocabulary size", vocab, 2, MAX_VOCAB, "token ids")
-            return InputSpec("tokens", check_shape((length,)), vocab, len(parts) == 3, name)
+        return None if texts is None else [int(text) for text in texts]
     except ValueError:
-        pass
-    raise OptlabError(f"--input {text!r} is not an input description; the forms are {INPUT_FORMS}, such as "
-                      "tokens:32000:128:mask or float:3,224,224")
+        return None
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
