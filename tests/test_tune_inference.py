@@ -108,7 +108,8 @@ def quick(model_fn, **options):
 @pytest.fixture(scope="module")
 def cnn_result(tmp_path_factory):
     out = tmp_path_factory.mktemp("tune-inference")
-    return quick(TinyCNN, input_shape=(3, 8, 8), num_classes=4, techniques=NO_COMPILE, max_batch=16, out=out), out
+    return quick(TinyCNN, input_shape=(3, 8, 8), num_classes=4, techniques=NO_COMPILE, max_batch=16, out=out,
+                 request_batches=[8, 1]), out
 
 
 def test_every_step_has_a_row_with_its_precision_and_output_check(cnn_result):
@@ -145,18 +146,19 @@ def test_the_sweep_doubles_the_batch_for_both_configurations(cnn_result):
     for label, rows in sweep_rows.groupby("config"):
         assert list(rows["batch"]) == doubling_series(16)[:len(rows)]
         ok = rows[rows["status"] == "ok"]
-        assert (ok["call_ms"] > 0).all() and list(ok["samples_per_s"]) == pytest.approx(list(ok["batch"] / ok["call_ms"] * 1e3))
+        assert (ok["call_ms"] > 0).all()
+        assert list(ok["samples_per_s"]) == pytest.approx(list(ok["batch"] / ok["call_ms"] * 1e3))
         assert (ok["calls"] >= batch_sweep.MIN_CALLS).all()
     assert "throughput across batch sizes, starting point: " in result.describe()
     assert "model.eval()" in result.describe()
 
 
-def test_request_latency_is_timed_one_request_at_a_time_at_batch_1_and_the_batch_size(cnn_result):
+def test_request_latency_is_timed_one_request_at_a_time_at_the_batch_sizes_asked_for(cnn_result):
     result, _ = cnn_result
     latency = result.latency
     assert set(latency["config"]) == set(result.sweep_ends)
     for _, rows in latency.groupby("config"):
-        assert list(rows["batch"]) == [1, result.start.batch_size] and (rows["status"] == "ok").all()
+        assert list(rows["batch"]) == [1, 8] and (rows["status"] == "ok").all()
     assert (latency["requests"] >= batch_sweep.MIN_REQUESTS).all() and (latency["seconds"] >= 0.05).all()
     assert (latency["p50_ms"] <= latency["p90_ms"]).all() and (latency["p90_ms"] <= latency["p99_ms"]).all()
     assert (latency["iqr_ms"] >= 0).all()
@@ -303,6 +305,8 @@ CNN = {"input_shape": (3, 8, 8)}
     (tiny_mlp, {"input_shape": None, "inputs": {"x": torch.zeros(2, 12), "y": torch.zeros(3, 12)}},
      "must have the same first (batch) dimension"),
     (tiny_mlp, {"request_seconds": 0}, "request_seconds must be a number of seconds above 0"),
+    (tiny_mlp, {"request_batches": [1, 10**9]}, "each request batch size 1000000000 is more"),
+    (tiny_mlp, {"request_batches": []}, "request_batches must name 1 to 8 batch sizes, got 0"),
     (tiny_mlp, {"loss_tolerance": 0.1}, "loss_tolerance is for training"),
 ])
 def test_bad_input_is_one_error_before_any_timing(model_fn, options, message, tmp_path):

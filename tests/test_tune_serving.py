@@ -66,6 +66,18 @@ def test_described_inputs_scale_the_first_dimension_and_give_next_token_targets(
     assert torch.equal(rows["input_ids"][3], example_tokens()["input_ids"][0])  # the example's rows, in turn
 
 
+def test_inference_takes_the_inputs_of_the_datas_first_batch():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from optlab.studies.tune.inputs import first_inputs
+    ids = torch.randint(0, VOCAB, (6, LENGTH))
+    pairs = TensorDataset(ids, torch.zeros(6, dtype=torch.long))
+    assert torch.equal(first_inputs(DataLoader(pairs, batch_size=4), 8), ids[:4])  # (inputs, targets): the inputs
+    assert torch.equal(first_inputs(pairs, 8), ids)  # a dataset: its first samples, collated
+    keyword = [{"input_ids": row, "attention_mask": torch.ones_like(row)} for row in ids]
+    assert set(first_inputs(DataLoader(keyword, batch_size=2), 8)) == {"input_ids", "attention_mask"}
+
+
 def test_the_output_check_reads_a_token_models_outputs_per_token():
     reference = torch.zeros(2, 3, 5)
     reference[..., 0] = 1.0  # every token's top-1 is 0

@@ -23,6 +23,10 @@ def _whole_number(text: str) -> int:
     return value
 
 
+def _whole_numbers(text: str) -> list[int]:
+    return [_whole_number(part) for part in text.split(",")]
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a mistyped argument ends like every other bad input: one ``optlab: error:`` line, exit 2."""
 
@@ -109,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     inference.add_argument("--request-seconds", type=float, metavar="SECONDS",
                            help="time request latency (one request at a time) for at least this long at each batch "
                                 "size, and at least 30 requests (default 2)")
+    inference.add_argument("--request-batches", type=_whole_numbers, metavar="B1,B2,...",
+                           help="the batch sizes whose request latency is timed (default 1)")
     return parser
 
 
@@ -216,7 +222,7 @@ def _tune(args: argparse.Namespace) -> None:
                                                       "mypackage.serving:logits")
     options = {"inference": args.inference, "output_fn": output_fn, "max_batch": args.max_batch,
                "amp_dtype": args.dtype, "sweep_compile": args.sweep_compile, "optimizer": args.optimizer,
-               "request_seconds": args.request_seconds}
+               "request_seconds": args.request_seconds, "request_batches": args.request_batches}
     result = tune(model_fn, num_classes=args.num_classes, batch_size=args.batch_size, device=args.device,
                   profile=_sized_profile(args), steps=args.steps, name=args.model, out=args.out,
                   progress=not args.quiet, **inputs, **options)

@@ -8,8 +8,8 @@ rule), and kept only if it was faster and left the outputs where they were: on t
 the starting point's (fp32 eager), within a tolerance per precision, and for scores over classes (a classifier's, or
 a token model's per token) their top-1 choices. The inputs are of any kind (:mod:`.examples`). The kept steps are
 then timed afresh against the starting point, and both configurations are swept over batch sizes for their
-throughput and timed one request at a time for their request latency (:mod:`.batch_sweep`). A compiled model's first call (its compilation) is timed apart, never inside
-the comparison.
+throughput and timed one request at a time for their request latency (:mod:`.batch_sweep`). A compiled model's
+first call (its compilation) is timed apart, never inside the comparison.
 """
 from __future__ import annotations
 
@@ -61,6 +61,7 @@ INFERENCE_MODE, AUTOCAST, CHANNELS_LAST, COMPILE, CUDA_GRAPHS = (
 STEP_LABELS = (INFERENCE_MODE, AUTOCAST, CHANNELS_LAST, COMPILE, CUDA_GRAPHS)
 AMP_CHOICES = ("auto", "bf16", "fp16", "none")
 DEFAULT_MAX_BATCH = 1024
+MAX_REQUEST_BATCHES = 8  # batch sizes whose request latency is timed
 SWEEP_CALLS = 10  # timed calls per batch size, at most, or 5 per timed step of the profile if that is more
 SWEEP_SECONDS_PER_CALL = 0.05  # a batch size's time budget: 0.5 s for 10 calls (at least 5 calls are timed)
 STEP_COLUMNS = ["step", "precision", "decision", "speedup", "ci_low", "ci_high", "verdict", "max_error",
@@ -443,6 +444,17 @@ def _check_sizes(prof: Profile, techniques: Sequence[str] | None, batch_size: in
     return batch, timed, max_batch
 
 
+def _check_request_batches(batches: Sequence[int], values_per_sample: int) -> list[int]:
+    """The batch sizes whose request latency is timed, each within bounds, in order, without repeats."""
+    batches = sorted(set(batches))
+    if not 1 <= len(batches) <= MAX_REQUEST_BATCHES:
+        raise OptlabError(f"request_batches must name 1 to {MAX_REQUEST_BATCHES} batch sizes, got {len(batches)}")
+    most = min(MAX_BATCH_SIZE, MAX_BATCH_ELEMENTS // values_per_sample)
+    for batch in batches:
+        check_count("each request batch size", batch, 1, most, f"{MAX_BATCH_ELEMENTS:,} input values a batch")
+    return batches
+
+
 def _inputs(examples: Examples, batch: int) -> list[Inputs]:
     """A few batches of inputs, made once: every configuration gets the same ones."""
     count = max(1, min(POOL_BATCHES, MAX_BATCH_ELEMENTS // (batch * examples.values_per_sample)))
@@ -470,6 +482,7 @@ def tune_inference(
     num_classes: int | None = None,
     output_fn: OutputFn | None = None,
     request_seconds: float = REQUEST_SECONDS,
+    request_batches: Sequence[int] = (1,),
     batch_size: int | None = None,
     max_batch: int | None = None,
     amp_dtype: str = "auto",
@@ -495,7 +508,8 @@ def tune_inference(
     ``auto`` (bf16 where native, else fp16), ``bf16``, ``fp16`` or ``none``; ``techniques`` names the steps to try.
     The sweep runs the recommendation without ``torch.compile`` unless ``sweep_compile``: a compiled model compiles
     every new batch size again (tens of seconds each on a CPU). Request latency (one request at a time, at batch 1
-    and ``batch_size``) is timed for at least ``request_seconds`` and 30 requests. ``out``: a folder for the record.
+    and each of ``request_batches``) is timed for at least ``request_seconds`` and 30 requests. ``out``: a folder
+    for the record.
     """
     info = resolve_device(device)
     prof = get_profile(profile, info.is_cuda)
@@ -507,6 +521,7 @@ def tune_inference(
     batch, timed, max_batch = _check_sizes(prof, techniques, batch_size, steps, max_batch, examples.values_per_sample,
                                            num_classes)
     check_seconds("request_seconds", request_seconds, MAX_REQUEST_SECONDS)
+    request_batches = _check_request_batches(request_batches, examples.values_per_sample)
     dtype, autocast_skip = autocast_dtype(amp_dtype, info)
     if output_fn is not None and not callable(output_fn):
         raise OptlabError(f"output_fn must be a function of the model's output, got a {type(output_fn).__name__}")
@@ -525,7 +540,7 @@ def tune_inference(
                disable=not progress, file=sys.stderr, leave=False)
     run = _Run(name, model_fn, output_fn, pool, prof, info, int(facts.forward_flops_per_sample * batch), seed, bar)
     description = f"{examples.description}: {len(pool)} batches of {batch}, made once"
-    _print_header(run, facts, description, max_batch, request_seconds)
+    _print_header(run, facts, description, max_batch, request_batches, request_seconds)
     run.reference = _prepare(run, start).outputs  # the starting point's outputs; also its untimed warm-up
     if bool((run.reference == run.reference[:1]).all()):
         notes.append("the starting point gives every input the same output (a head initialised at zero?), so the "
@@ -569,7 +584,7 @@ def tune_inference(
     calls = max(SWEEP_CALLS, 5 * timed)
     sweep_rows, ends, latency = sweep(_sweep_targets(run, swept, examples), info.device, max_batch, calls,
                                       max(2, prof.warmup_steps), SWEEP_SECONDS_PER_CALL * calls, sweep_bar.update,
-                                      sorted({1, batch}), request_seconds)
+                                      request_batches, request_seconds)
     sweep_bar.close()
     _clean_up(info, swept.values())
     notes = sorted(set(notes))
@@ -589,7 +604,8 @@ def tune_inference(
     return result
 
 
-def _print_header(run: _Run, facts: InferenceProbe, description: str, max_batch: int, request_seconds: float) -> None:
+def _print_header(run: _Run, facts: InferenceProbe, description: str, max_batch: int, request_batches: list[int],
+                  request_seconds: float) -> None:
     prof = run.profile
     print(f"optlab tune --inference {run.name}: {facts.parameters / 1e6:.3g} M parameters, "
           f"{facts.forward_flops_per_sample / 1e9:.3g} GFLOP per sample, outputs of {list(facts.output_shape)} "
@@ -605,7 +621,7 @@ def _print_header(run: _Run, facts: InferenceProbe, description: str, max_batch:
     print(f"throughput (back-to-back calls, inputs on the device) at batch sizes 1, 2, 4, ... up to {max_batch}, "
           f"until memory runs out or {PLATEAU_DOUBLINGS} doublings in a row gain {round(100 * PLATEAU_GAIN)} % or less")
     print(f"request latency (one request at a time: copy in, call, copy out, synchronise) at batch "
-          f"{', '.join(str(b) for b in sorted({1, run.profile.batch_size}))}: {REQUEST_WARMUP} untimed, then at least "
+          f"{', '.join(str(b) for b in request_batches)}: {REQUEST_WARMUP} untimed, then at least "
           f"{MIN_REQUESTS} requests and {request_seconds:g} s; p50, p90, p99 and the spread")
 
 

@@ -133,7 +133,8 @@ class SyntheticBatches:
 
     def __init__(self, inputs: Inputs, targets: torch.Tensor, batch_size: int, count: int,
                  copy_to: torch.device | None = None) -> None:
-        self.inputs, self.targets, self.batch_size, self.count, self.copy_to = inputs, targets, batch_size, count, copy_to
+        self.inputs, self.targets, self.batch_size, self.count = inputs, targets, batch_size, count
+        self.copy_to = copy_to
         self.pool = len(targets) // batch_size
 
     def __len__(self) -> int:

@@ -426,6 +426,7 @@ def tune(
     amp_dtype: str = "auto",
     sweep_compile: bool = False,
     request_seconds: float | None = None,
+    request_batches: Sequence[int] | None = None,
 ) -> TuneResult | InferenceResult:
     """Try the stack's steps on the model that ``model_fn`` builds, one at a time, keeping each only if it was faster.
 
@@ -441,8 +442,9 @@ def tune(
     default 0.1 % in fp32, 5 % in fp16 or bf16) of the configuration's before it. ``out``: a folder for the record.
 
     ``inference=True`` tries the inference stack instead, then sweeps batch sizes, and returns an
-    :class:`~optlab.InferenceResult`; ``output_fn``, ``max_batch``, ``amp_dtype``, ``sweep_compile`` and
-    ``request_seconds`` are for that mode only.
+    :class:`~optlab.InferenceResult`; ``output_fn``, ``max_batch``, ``amp_dtype``, ``sweep_compile``,
+    ``request_seconds`` and ``request_batches`` (batch sizes whose request latency is timed, default batch 1) are for
+    that mode only.
     """
     if inference:
         given = [key for key, value in {"targets": targets, "loss_fn": loss_fn,
@@ -454,11 +456,12 @@ def tune(
         seconds = REQUEST_SECONDS if request_seconds is None else request_seconds
         return tune_inference(model_fn, input_shape=input_shape, inputs=inputs, data=data, num_classes=num_classes,
                               output_fn=output_fn, batch_size=batch_size, max_batch=max_batch, amp_dtype=amp_dtype,
-                              sweep_compile=sweep_compile, request_seconds=seconds, device=device, profile=profile,
+                              sweep_compile=sweep_compile, request_seconds=seconds,
+                              request_batches=request_batches or (1,), device=device, profile=profile,
                               steps=steps, techniques=techniques, name=name, out=out, seed=seed, progress=progress)
     inference_only = {"output_fn": output_fn is not None, "max_batch": max_batch is not None,
                       "amp_dtype": amp_dtype != "auto", "sweep_compile": sweep_compile,
-                      "request_seconds": request_seconds is not None}
+                      "request_seconds": request_seconds is not None, "request_batches": request_batches is not None}
     if any(inference_only.values()):
         raise OptlabError(f"{', '.join(k for k, v in inference_only.items() if v)}: only with inference=True "
                           "(--inference; amp_dtype is --dtype there)")
