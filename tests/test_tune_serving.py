@@ -81,8 +81,9 @@ def test_inference_takes_the_inputs_of_the_datas_first_batch():
 def test_the_output_check_reads_a_token_models_outputs_per_token():
     reference = torch.zeros(2, 3, 5)
     reference[..., 0] = 1.0  # every token's top-1 is 0
+    reference[1, 0, 0] = 10.0  # a token of larger scores: it does not set the scale of the others
     moved = reference.clone()
-    moved[1, 2] = torch.tensor([0.0, 2.0, 0, 0, 0])  # one token of six changes its top-1, by twice its scale
+    moved[1, 2] = torch.tensor([0.0, 2.0, 0, 0, 0])  # one token of six changes its top-1, by twice its own scale
     error, top1 = output_change(reference, moved)
     assert top1 == pytest.approx(5 / 6) and error == pytest.approx(2.0)
 
@@ -260,6 +261,7 @@ class FakeDevice:
             holder = nn.Module()
             key = id(holder)
             self.loaded[key] = weights
+            self.most_loaded = max(self.most_loaded, len(self.loaded))
             weakref.finalize(holder, self.loaded.pop, key)
 
             def forward(inputs):

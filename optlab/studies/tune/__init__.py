@@ -1,6 +1,7 @@
 """``optlab tune`` on the reader's own model: the book's stack, one step at a time, for training (:mod:`.training`)
-and for serving (:mod:`.inference`), with what both are given (:mod:`.inputs`), the inference outputs' check
-(:mod:`.output_check`) and the batch-size sweep (:mod:`.batch_sweep`).
+and for serving (:mod:`.inference`); what both are given (:mod:`.inputs`: the model, its batches) and the model's
+inputs of any kind (:mod:`.examples`), the inference outputs' check (:mod:`.output_check`), throughput and request
+latency (:mod:`.batch_sweep`), and the recommendation both return (:mod:`.recommendation`).
 
 The modules' earlier paths (``optlab.studies.tune_inference``, ``tune_inputs``, ``output_check``, ``batch_sweep``)
 still import, as names of the same modules.

@@ -12,7 +12,6 @@ import difflib
 import functools
 import importlib
 import json
-import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
@@ -28,7 +27,6 @@ from ...core.loops import Inputs
 from ...core.config import RunConfig
 from ...core.errors import OptlabError
 from ...core.experiments import failure_status
-from ...core.limits import check_count
 from .examples import Examples, checked_example, describe_inputs
 
 MAX_BATCH_SIZE = 65_536

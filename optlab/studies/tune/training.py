@@ -18,7 +18,6 @@ from typing import Any, Sequence
 
 import pandas as pd
 import torch
-import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
@@ -457,8 +456,9 @@ def tune(
         return tune_inference(model_fn, input_shape=input_shape, inputs=inputs, data=data, num_classes=num_classes,
                               output_fn=output_fn, batch_size=batch_size, max_batch=max_batch, amp_dtype=amp_dtype,
                               sweep_compile=sweep_compile, request_seconds=seconds,
-                              request_batches=request_batches or (1,), device=device, profile=profile,
-                              steps=steps, techniques=techniques, name=name, out=out, seed=seed, progress=progress)
+                              request_batches=(1,) if request_batches is None else request_batches, device=device,
+                              profile=profile, steps=steps, techniques=techniques, name=name, out=out, seed=seed,
+                              progress=progress)
     inference_only = {"output_fn": output_fn is not None, "max_batch": max_batch is not None,
                       "amp_dtype": amp_dtype != "auto", "sweep_compile": sweep_compile,
                       "request_seconds": request_seconds is not None, "request_batches": request_batches is not None}
