@@ -17,8 +17,7 @@ from .core.registry import Experiment, get_experiment, list_experiments
 from .core.profiles import get_profile
 from .core.store import load_record, load_samples, load_summaries
 from .core.workload import Workload, get_workload, register_workload
-from .studies.tune import TuneResult, tune
-from .studies.tune_inference import InferenceResult
+from .studies.tune import InferenceResult, TuneResult, tune
 
 __all__ = [
     "Experiment", "ExperimentResult", "InferenceResult", "OptlabError", "RunConfig", "TuneResult", "capture_environment",

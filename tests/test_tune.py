@@ -14,8 +14,8 @@ from optlab.core import compiler
 from optlab.core.config import RunConfig
 from optlab.core.errors import OptlabError
 from optlab.core.store import load_samples
-from optlab.studies import tune as tune_module
-from optlab.studies.tune import code_lines, decide, loss_change, stack_steps
+from optlab.studies.tune import training as tune_module
+from optlab.studies.tune.training import code_lines, decide, loss_change, stack_steps
 from tests.helpers import TINY
 
 LABELS = [label for label, _ in stack_steps()]
@@ -207,9 +207,11 @@ def test_the_recommendation_is_the_lines_of_code_to_add():
     best = RunConfig(amp_dtype="bf16", channels_last=True, optimizer_impl="fused")
     lines = code_lines(start, best, torch.device("cuda"))
     assert "model = model.to(memory_format=torch.channels_last)" in lines
-    assert 'with torch.autocast("cuda", dtype=torch.bfloat16):  # around the forward and the loss' in lines
-    assert "optimizer = torch.optim.SGD(model.parameters(), ..., fused=True)" in lines
-    assert "optimizer.zero_grad(set_to_none=True)" in lines
+    assert ('with torch.autocast("cuda", dtype=torch.bfloat16):  # the forward and the loss',
+            "    loss = loss_fn(model(inputs), targets)") == tuple(lines[-4:-2])
+    assert "optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4, fused=True)  " \
+           "# or your own settings, fused" in lines
+    assert "optimizer.zero_grad(set_to_none=True)" in lines and lines[-2:] == ["loss.backward()", "optimizer.step()"]
     assert code_lines(start, start, torch.device("cpu")) == []
 
 
@@ -233,12 +235,19 @@ class Stream(IterableDataset):
     (TinyCNN, {"input_shape": (3, 8, 8), "num_classes": 1}, "num_classes must be at least 2"),
     (TinyCNN, {"input_shape": (3, 8, 8), "num_classes": 10**9}, "num_classes 1000000000 is more"),
     (TinyCNN, {"input_shape": (3, 8, 8), "num_classes": 4, "steps": 0}, "steps must be at least 1"),
-    (TinyCNN, {"input_shape": (3, 8, 8)}, "give input_shape and num_classes for synthetic batches, or data="),
-    (TinyCNN, {"input_shape": (3, 8, 8), "num_classes": 4, "data": images()}, "give either data= or input_shape"),
+    (TinyCNN, {"input_shape": (3, 8, 8)}, "training needs targets: give num_classes (random class labels)"),
+    (TinyCNN, {}, "give input_shape (one input's shape, such as (3, 224, 224)), inputs (an example batch"),
+    (TinyCNN, {"input_shape": (3, 8, 8), "num_classes": 4, "data": images()},
+     "give either data= or input_shape, num_classes, not both"),
+    (TinyCNN, {"inputs": torch.zeros(4, 3, 8, 8), "targets": torch.zeros(3, dtype=torch.long)},
+     "the targets must be a tensor with the example's 4 rows first"),
+    (TinyCNN, {"inputs": "images:3,8,8", "num_classes": 4}, "--input 'images:3,8,8' is not an input description"),
+    (TinyCNN, {"inputs": ["x=float:3,8,8", "float:3,8,8"], "num_classes": 4},
+     "name every input (NAME=..., keyword inputs) or none"),
     (TinyCNN, {"data": Stream()}, "a DataLoader or a map-style dataset"),
     (TinyCNN, {"data": images(16), "batch_size": 8}, "make 2 full batches of 8; each timed run needs 4"),
     (TinyCNN, {"data": DataLoader(images(), batch_size=8), "batch_size": 4}, "the DataLoader's batch_size is 8"),
-    (TinyCNN, {"data": TensorDataset(torch.zeros(64, 3, 8, 8))}, "each batch must be (inputs, targets) tensors"),
+    (TinyCNN, {"data": TensorDataset(torch.zeros(64, 3, 8, 8))}, "each batch must be (inputs, targets), the targets"),
     (TinyCNN, {"input_shape": (3, 8, 8), "num_classes": 4, "techniques": ["+ turbo"]}, "unknown stack step '+ turbo'"),
     (TinyCNN, {"input_shape": (3, 8, 8), "num_classes": 4, "loss_tolerance": -1}, "loss_tolerance must be a number"),
     (TinyCNN, {"input_shape": (3, 8, 8), "num_classes": 4, "optimizer": "lion"}, "unknown optimizer 'lion'"),
@@ -319,7 +328,7 @@ def test_synthetic_batches_on_cuda_are_pinned_once_and_their_copy_is_charged_to_
     the pinned copy alone, not with a pageable blocking copy that no real pinned loader would pay."""
     from optlab.core import loops
     from optlab.core.config import RunConfig
-    from optlab.studies import tune_inputs
+    from optlab.studies.tune import inputs as tune_inputs
 
     clock, copies, pins = _FakeClock(), [], []
     real_to, real_pin = torch.Tensor.to, torch.Tensor.pin_memory
@@ -339,7 +348,9 @@ def test_synthetic_batches_on_cuda_are_pinned_once_and_their_copy_is_charged_to_
     monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
     monkeypatch.setattr(torch.Tensor, "to", to)
     monkeypatch.setattr(time, "perf_counter", clock)
-    batches = tune_inputs.synthetic_batches((3, 4, 4), 10, batch_size=2, steps_per_run=4, seed=0)
+    from optlab.studies.tune.examples import examples_from
+    batches = tune_inputs.synthetic_batches(examples_from(None, None, (3, 4, 4), 10, seed=0), batch_size=2,
+                                            steps_per_run=4)
     cuda = torch.device("cuda")
 
     def step_ms(config):

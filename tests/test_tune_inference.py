@@ -16,10 +16,10 @@ from optlab.commands.cli import main
 from optlab.core import compiler, machine_load
 from optlab.core.errors import OptlabError
 from optlab.core.store import load_samples
-from optlab.studies import batch_sweep, tune as tune_module, tune_inference as inference
-from optlab.studies.batch_sweep import SweepTarget, doubling_series, is_out_of_memory, sweep
-from optlab.studies.output_check import output_change, within_tolerance
-from optlab.studies.tune_inference import (AUTOCAST, CHANNELS_LAST, COMPILE, CUDA_GRAPHS, INFERENCE_MODE,
+from optlab.studies.tune import batch_sweep, inference, training as tune_module
+from optlab.studies.tune.batch_sweep import SweepTarget, doubling_series, is_out_of_memory, sweep
+from optlab.studies.tune.output_check import output_change, within_tolerance
+from optlab.studies.tune.inference import (AUTOCAST, CHANNELS_LAST, COMPILE, CUDA_GRAPHS, INFERENCE_MODE,
                                            STEP_LABELS, code_lines)
 from tests.helpers import TINY
 
@@ -48,6 +48,17 @@ class DictModel(nn.Module):
 
     def forward(self, x):
         return {"logits": self.body(x), "hidden": x}
+
+
+class DictWithoutLogits(nn.Module):
+    """Returns a dict of two tensors, neither named logits: which one to compare is the reader's to say."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(12, 4)
+
+    def forward(self, x):
+        return {"scores": self.body(x), "hidden": x}
 
 
 def logits(output):
@@ -90,14 +101,15 @@ def tiny_mlp() -> nn.Module:
 
 
 def quick(model_fn, **options):
-    options = {"input_shape": (12,), "max_batch": 8, **options}
+    options = {"input_shape": (12,), "max_batch": 8, "request_seconds": 0.05, **options}
     return optlab.tune(model_fn, inference=True, profile=TINY, device="cpu", progress=False, **options)
 
 
 @pytest.fixture(scope="module")
 def cnn_result(tmp_path_factory):
     out = tmp_path_factory.mktemp("tune-inference")
-    return quick(TinyCNN, input_shape=(3, 8, 8), num_classes=4, techniques=NO_COMPILE, max_batch=16, out=out), out
+    return quick(TinyCNN, input_shape=(3, 8, 8), num_classes=4, techniques=NO_COMPILE, max_batch=16, out=out,
+                 request_batches=[8, 1]), out
 
 
 def test_every_step_has_a_row_with_its_precision_and_output_check(cnn_result):
@@ -134,9 +146,24 @@ def test_the_sweep_doubles_the_batch_for_both_configurations(cnn_result):
     for label, rows in sweep_rows.groupby("config"):
         assert list(rows["batch"]) == doubling_series(16)[:len(rows)]
         ok = rows[rows["status"] == "ok"]
-        assert (ok["median_ms"] <= ok["p90_ms"]).all() and (ok["p90_ms"] <= ok["p99_ms"]).all()
-        assert (ok["samples_per_s"] > 0).all() and (ok["calls"] >= batch_sweep.MIN_CALLS).all()
-    assert "batch sizes, starting point: " in result.describe() and "model.eval()" in result.describe()
+        assert (ok["call_ms"] > 0).all()
+        assert list(ok["samples_per_s"]) == pytest.approx(list(ok["batch"] / ok["call_ms"] * 1e3))
+        assert (ok["calls"] >= batch_sweep.MIN_CALLS).all()
+    assert "throughput across batch sizes, starting point: " in result.describe()
+    assert "model.eval()" in result.describe()
+
+
+def test_request_latency_is_timed_one_request_at_a_time_at_the_batch_sizes_asked_for(cnn_result):
+    result, _ = cnn_result
+    latency = result.latency
+    assert set(latency["config"]) == set(result.sweep_ends)
+    for _, rows in latency.groupby("config"):
+        assert list(rows["batch"]) == [1, 8] and (rows["status"] == "ok").all()
+    assert (latency["requests"] >= batch_sweep.MIN_REQUESTS).all() and (latency["seconds"] >= 0.05).all()
+    assert (latency["p50_ms"] <= latency["p90_ms"]).all() and (latency["p90_ms"] <= latency["p99_ms"]).all()
+    assert (latency["iqr_ms"] >= 0).all()
+    assert {"request p50 ms", "request p90 ms", "request p99 ms", "spread (IQR) ms"} <= set(result.latency_table())
+    assert "request latency at batch 1, starting point: p50 " in result.describe()
 
 
 def test_the_record_keeps_device_state_data_and_sweep(cnn_result):
@@ -172,7 +199,7 @@ def test_the_output_check_reads_relative_error_and_top1():
     assert not within_tolerance(0.0, 0.9, 0.05)  # a tenth of the classes changed
     assert output_change(reference, reference[:, :2])[0] == math.inf
     assert output_change(reference, reference * math.nan)[0] == math.inf
-    assert output_change(torch.ones(2, 3, 4), torch.ones(2, 3, 4))[1] is None  # not a classifier's [N, C]
+    assert output_change(torch.ones(2, 3, 4, 5), torch.ones(2, 3, 4, 5))[1] is None  # not scores over classes
 
 
 def test_out_of_memory_is_the_sweeps_end_not_a_crash():
@@ -189,14 +216,15 @@ def test_out_of_memory_is_the_sweeps_end_not_a_crash():
 def test_the_sweep_stops_after_two_doublings_without_a_gain(monkeypatch):
     throughput = {1: 100.0, 2: 200.0, 4: 390.0, 8: 420.0, 16: 450.0, 32: 900.0}  # +8 %, then +7 % over the best
 
-    def fake_measure(target, batch, device, calls, warmup, budget_s):
-        return {"batch": batch, "status": "ok", "calls": calls, "samples_per_s": throughput[batch]}
+    def fake_measure(served, inputs, device, calls, warmup, budget_s):
+        return {"status": "ok", "calls": calls, "samples_per_s": throughput[len(inputs)]}
 
     monkeypatch.setattr(batch_sweep, "measure", fake_measure)
-    rows, ends = sweep({"a": SweepTarget(lambda batch: None)}, torch.device("cpu"), 32, 10, 1)
+    target = SweepTarget(lambda: batch_sweep.Served(lambda x: x, lambda x: x), lambda batch: torch.zeros(batch))
+    rows, ends, _ = sweep({"a": target}, torch.device("cpu"), 32, 10, 1)
     assert list(rows["batch"]) == [1, 2, 4, 8, 16]
     assert ends["a"] == "throughput stopped rising: the 2 doublings after batch 4 each gained 10 % or less"
-    rows, ends = sweep({"a": SweepTarget(lambda batch: None)}, torch.device("cpu"), 4, 10, 1)
+    rows, ends, _ = sweep({"a": target}, torch.device("cpu"), 4, 10, 1)
     assert list(rows["batch"]) == [1, 2, 4] and ends["a"] == "reached the largest batch asked for (4)"
 
 
@@ -209,14 +237,17 @@ def test_a_model_returning_a_dict_runs_with_an_output_function():
 def test_the_code_lines_are_the_serving_code():
     start = optlab.RunConfig(eval_grad_mode="grad")
     assert code_lines(start, torch.device("cpu")) == ["# once, where the model is made:",
-                                                      "model.eval()  # always: dropout off, batch-norm statistics frozen"]
+                                                      "model.eval()  # always: dropout off, batch-norm statistics frozen",
+                                                      "# every forward:", "outputs = model(inputs)"]
     best = optlab.RunConfig(eval_grad_mode="inference_mode", amp_dtype="bf16", channels_last=True,
                             compile_mode="reduce-overhead")
-    lines = code_lines(best, torch.device("cuda"))
+    lines = code_lines(best, torch.device("cuda"), "model(**inputs)")
     assert 'model = torch.compile(model, mode="reduce-overhead")  # CUDA graphs' in lines
-    assert "with torch.inference_mode():  # around the forward" in lines
-    assert 'with torch.autocast("cuda", dtype=torch.bfloat16):  # around the forward' in lines
-    assert "inputs = inputs.contiguous(memory_format=torch.channels_last)" in lines
+    assert lines[lines.index("# every forward:") + 1:] == [
+        "with torch.inference_mode():",
+        '    with torch.autocast("cuda", dtype=torch.bfloat16):',
+        "        inputs = inputs.contiguous(memory_format=torch.channels_last)",
+        "        outputs = model(**inputs).clone()  # a CUDA graph reuses its output memory on the next call"]
 
 
 def test_steps_that_do_not_apply_are_skipped_with_the_reason(monkeypatch):
@@ -252,7 +283,7 @@ CNN = {"input_shape": (3, 8, 8)}
     (RefusesEval, CNN, "the model cannot run in eval mode: model.eval() failed: NotImplementedError: this model has"),
     (TrainOnly, CNN, "the model failed a forward pass in eval mode on inputs of shape [2, 3, 8, 8]: RuntimeError:"),
     (TinyCNN, {"input_shape": (5, 8, 8)}, "the model failed a forward pass in eval mode on inputs of shape [2, 5, 8"),
-    (DictModel, {}, "the model returned a dict, not a tensor: pass output_fn (--output-fn"),
+    (DictWithoutLogits, {}, "the model returned a dict without 'logits' or a single tensor: pass output_fn"),
     (DictModel, {"output_fn": lambda out: out["nope"]}, "output_fn failed on the model's output (a dict): KeyError"),
     (DictModel, {"output_fn": lambda out: out["logits"].tolist()}, "output_fn returned a list, not a tensor"),
     (DictModel, {"output_fn": lambda out: out["logits"].argmax(1)}, "the output to compare is a tensor of torch.int64"),
@@ -269,7 +300,13 @@ CNN = {"input_shape": (3, 8, 8)}
     (tiny_mlp, {"amp_dtype": "fp8"}, "unknown autocast dtype 'fp8'; choose one of: auto, bf16, fp16, none"),
     (tiny_mlp, {"input_shape": None}, "give input_shape"),
     (tiny_mlp, {"input_shape": (0,)}, "each input dimension must be at least 1"),
-    (tiny_mlp, {"data": TensorDataset(torch.zeros(8, 12))}, "data is for training"),
+    (tiny_mlp, {"targets": torch.zeros(8)}, "targets is for training"),
+    (tiny_mlp, {"input_shape": None, "inputs": "tokens:0:12"}, "the vocabulary size must be at least 2"),
+    (tiny_mlp, {"input_shape": None, "inputs": {"x": torch.zeros(2, 12), "y": torch.zeros(3, 12)}},
+     "must have the same first (batch) dimension"),
+    (tiny_mlp, {"request_seconds": 0}, "request_seconds must be a number of seconds above 0"),
+    (tiny_mlp, {"request_batches": [1, 10**9]}, "each request batch size 1000000000 is more"),
+    (tiny_mlp, {"request_batches": []}, "request_batches must name 1 to 8 batch sizes, got 0"),
     (tiny_mlp, {"loss_tolerance": 0.1}, "loss_tolerance is for training"),
 ])
 def test_bad_input_is_one_error_before_any_timing(model_fn, options, message, tmp_path):
@@ -282,7 +319,8 @@ def test_bad_input_is_one_error_before_any_timing(model_fn, options, message, tm
 
 
 def test_inference_options_need_inference():
-    for options in ({"output_fn": logits}, {"max_batch": 8}, {"amp_dtype": "fp16"}, {"sweep_compile": True}):
+    for options in ({"output_fn": logits}, {"max_batch": 8}, {"amp_dtype": "fp16"}, {"sweep_compile": True},
+                    {"request_seconds": 1.0}):
         with pytest.raises(OptlabError, match="only with inference=True"):
             optlab.tune(tiny_mlp, input_shape=(12,), num_classes=4, device="cpu", profile=TINY, **options)
 
@@ -298,7 +336,7 @@ def cli(argv: list[str]) -> int:
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--model", "tests.test_tune_inference:DictModel"], "the model returned a dict, not a tensor"),
+    (["--model", "tests.test_tune_inference:DictWithoutLogits"], "the model returned a dict without 'logits'"),
     (["--model", "tests.test_tune_inference:DictModel", "--output-fn", "nosuch.module:logits"],
      "cannot import 'nosuch.module' for --output-fn 'nosuch.module:logits'"),
     (["--model", "tests.test_tune_inference:DictModel", "--output-fn", "tests.test_tune_inference"],
@@ -353,21 +391,27 @@ def test_training_loader_workers_are_sized_by_the_machine(monkeypatch, capsys):
     assert len(workers) and (workers["status"] == "ok").all()
 
 
-def test_the_figure_is_throughput_and_p99_on_log_axes_with_the_out_of_memory_point():
+def test_the_figure_names_throughput_and_request_latency_apart_with_the_out_of_memory_point():
     from optlab.book.report import plot_batch_sizes
 
     rows = [{"config": config, "batch": batch, "status": "ok", "samples_per_s": gain * min(batch, 4) * 100,
-             "p99_ms": 10 * batch / min(batch, 4)} for config, gain in (("starting point", 1), ("recommended", 2))
+             "call_ms": 10 * batch / min(batch, 4)} for config, gain in (("starting point", 1), ("recommended", 2))
             for batch in (1, 2, 4, 8)] + [{"config": "recommended", "batch": 16, "status": "out of memory"}]
-    grid = plot_batch_sizes(pd.DataFrame(rows), model="tiny")
-    throughput, latency = grid.axes.flat
-    assert [ax.get_xscale() for ax in (throughput, latency)] == ["log", "log"]
-    assert [ax.get_yscale() for ax in (throughput, latency)] == ["log", "log"]
-    assert len(throughput.get_lines()) >= 2 and "samples/s" in throughput.get_title()
-    crosses = [line for line in latency.get_lines() if line.get_marker() == "x"]
+    latency = pd.DataFrame([{"config": config, "batch": batch, "status": "ok", "p50_ms": 20.0 * batch,
+                             "p99_ms": 30.0 * batch} for config in ("starting point", "recommended") for batch in (1, 4)])
+    grid = plot_batch_sizes(pd.DataFrame(rows), model="tiny", latency=latency)
+    throughput, times = grid.axes.flat
+    assert [ax.get_xscale() for ax in (throughput, times)] == ["log", "log"]
+    assert [ax.get_yscale() for ax in (throughput, times)] == ["log", "log"]
+    assert len(throughput.get_lines()) >= 2 and "back-to-back" in throughput.get_title()
+    assert "a request one at a time (p50 to p99)" in times.get_title()
+    points = [line for line in times.get_lines() if line.get_marker() == "D"]
+    assert sorted(float(line.get_ydata()[0]) for line in points) == [20.0, 20.0, 80.0, 80.0]  # each p50
+    crosses = [line for line in times.get_lines() if line.get_marker() == "x"]
     assert len(crosses) == 1 and list(crosses[0].get_xdata()) == [16]
     import matplotlib.pyplot as plt
     plt.close(grid.figure)
+    plt.close(plot_batch_sizes(pd.DataFrame(rows), model="tiny").figure)  # without request latency, as before
 
 
 def test_a_model_whose_outputs_are_all_the_same_is_said_to_defeat_the_check(capsys):
@@ -385,8 +429,8 @@ def test_a_model_whose_outputs_are_all_the_same_is_said_to_defeat_the_check(caps
 
 def test_on_a_gpu_fp32_is_held_to_tf32s_tolerance_and_autocast_falls_back_to_fp16(monkeypatch):
     from optlab.core.device import DeviceInfo
-    from optlab.studies.output_check import precision, tolerance
-    from optlab.studies.tune_inference import autocast_dtype
+    from optlab.studies.tune.output_check import precision, tolerance
+    from optlab.studies.tune.inference import autocast_dtype
 
     gpu, cpu = DeviceInfo(torch.device("cuda", 0), "a GPU", ("none", "fp16")), optlab.resolve_device("cpu")
     assert (precision(optlab.RunConfig(), gpu), tolerance(optlab.RunConfig(), gpu)) == ("fp32 (TF32 convolutions)", 1e-2)

@@ -558,29 +558,42 @@ def plot_sweep(frame: pd.DataFrame, title: str = ""):
     return grid
 
 
-def plot_batch_sizes(sweep: pd.DataFrame, model: str | None = None):
-    """Throughput and p99 latency against batch size, log-log, one line per configuration (an inference tune's
-    ``sweep``; a ``model`` column, if there is one, gives a column of panels per model). An out-of-memory point is a
-    cross on the x axis of the latency panel."""
+THROUGHPUT = "throughput, samples/s (back-to-back calls)"
+CALL_TIME = "ms: a call back-to-back (line); a request one at a time (p50 to p99)"
+
+
+def plot_batch_sizes(sweep: pd.DataFrame, model: str | None = None, latency: pd.DataFrame | None = None):
+    """An inference tune's two serving numbers against batch size, log-log, one line per configuration: throughput
+    (back-to-back calls, inputs on the device: its ``sweep``) above, the time per call below, with its request latency
+    (one request at a time, copy in and out included: its ``latency``, if given) as a p50 point and a bar to p99. A
+    ``model`` column, if there is one, gives a column of panels per model. An out-of-memory point is a cross on the
+    x axis of the lower panel."""
     set_theme()
     frame = sweep.assign(model=sweep["model"] if "model" in sweep else model or "")
     ok = frame[frame["status"] == "ok"]
-    long = pd.concat([ok.assign(metric="samples/s", value=ok["samples_per_s"]),
-                      ok.assign(metric="p99 latency, ms", value=ok["p99_ms"])], ignore_index=True)
+    long = pd.concat([ok.assign(metric=THROUGHPUT, value=ok["samples_per_s"]),
+                      ok.assign(metric=CALL_TIME, value=ok["call_ms"])], ignore_index=True)
     configs = list(dict.fromkeys(frame["config"]))
     grid = sns.relplot(data=long, kind="line", x="batch", y="value", hue="config", style="config", hue_order=configs,
                        style_order=configs, markers=True, dashes=False, row="metric", col="model", height=3.0,
                        aspect=1.3, facet_kws={"sharey": False, "sharex": False})
+    requests = pd.DataFrame() if latency is None else \
+        latency.assign(model=latency["model"] if "model" in latency else model or "").query("status == 'ok'")
+    colours = dict(zip(configs, sns.color_palette(n_colors=len(configs))))
     plain = ticker.FuncFormatter(lambda value, _: f"{value:g}")
     grid.set(xscale="log", yscale="log")
     for (metric, name), ax in grid.axes_dict.items():
         ax.set_xticks(sorted(set(frame.loc[frame["model"] == name, "batch"])))
         ax.xaxis.set_major_formatter(plain)
         ax.xaxis.set_minor_locator(ticker.NullLocator())
+        if metric == CALL_TIME and len(requests):
+            for row in requests[requests["model"] == name].itertuples():
+                ax.errorbar([row.batch], [row.p50_ms], yerr=[[0], [row.p99_ms - row.p50_ms]], fmt="D",
+                            color=colours.get(row.config), markerfacecolor="white", capsize=3)
         for set_formatter in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
             set_formatter(ticker.LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.4)))  # plain numbers
         out_of_memory = frame[(frame["model"] == name) & (frame["status"] == "out of memory")]
-        if metric.startswith("p99") and len(out_of_memory):
+        if metric == CALL_TIME and len(out_of_memory):
             low = ax.get_ylim()[0]
             ax.plot(out_of_memory["batch"], [low] * len(out_of_memory), "x", color="black", markersize=9,
                     clip_on=False)

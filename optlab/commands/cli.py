@@ -26,6 +26,10 @@ def _whole_number(text: str) -> int:
     return value
 
 
+def _whole_numbers(text: str) -> list[int]:
+    return [_whole_number(part) for part in text.split(",")]
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a mistyped argument ends like every other bad input: one ``optlab: error:`` line, exit 2."""
 
@@ -79,7 +83,17 @@ def build_parser() -> argparse.ArgumentParser:
                       help="what builds the model, such as torchvision.models:resnet50")
     tune.add_argument("--kwargs", default="{}", metavar="JSON",
                       help='keyword arguments for it, as a JSON object, such as \'{"num_classes": 10}\'')
-    tune.add_argument("--input-shape", required=True, metavar="C,H,W", help="one input's shape, such as 3,224,224")
+    inputs = tune.add_argument_group("inputs", "one of --input-shape, --input or --example-batch; a batch size scales "
+                                               "the first dimension")
+    inputs.add_argument("--input-shape", metavar="C,H,W", help="one input's shape, random normal, such as 3,224,224")
+    inputs.add_argument("--input", action="append", metavar="[NAME=]KIND:...",
+                        help="an input of the model, repeated for several (positional in order, or all NAME= for "
+                             "keyword inputs): float:D1,D2,... (random normal) or tokens:VOCAB:LEN[:mask] (integer "
+                             "ids, with an attention mask; training targets are the next tokens), such as "
+                             "--input input_ids=tokens:32000:128:mask")
+    inputs.add_argument("--example-batch", metavar="PACKAGE.MODULE:CALLABLE",
+                        help="returns an example batch: with --inference the inputs (a tensor, a tuple, a dict of "
+                             "keyword tensors), for training (inputs, targets)")
     tune.add_argument("--num-classes", type=_whole_number,
                       help="classes of the synthetic labels (training); with --inference, checked against the output")
     tune.add_argument("--batch-size", type=_whole_number, help="samples per batch (default: the profile's)")
@@ -101,6 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "else fp16), bf16, fp16 or none")
     inference.add_argument("--sweep-compile", action="store_true",
                            help="sweep batch sizes with torch.compile too (it compiles each batch size again)")
+    inference.add_argument("--request-seconds", type=float, metavar="SECONDS",
+                           help="time request latency (one request at a time) for at least this long at each batch "
+                                "size, and at least 30 requests (default 2)")
+    inference.add_argument("--request-batches", type=_whole_numbers, metavar="B1,B2,...",
+                           help="the batch sizes whose request latency is timed (default 1)")
     return parser
 
 
@@ -187,24 +206,45 @@ def _reference(args: argparse.Namespace) -> None:
         raise
 
 
+def _tune_inputs(args: argparse.Namespace) -> dict:
+    """What the model is given, from --input-shape, --input or --example-batch (exactly one)."""
+    from ..studies.tune.examples import parse_input, parse_shape
+    from ..studies.tune.inputs import example_from_spec
+
+    given = [flag for flag, value in (("--input-shape", args.input_shape), ("--input", args.input),
+                                      ("--example-batch", args.example_batch)) if value]
+    if len(given) != 1:
+        raise OptlabError(f"give one of --input-shape, --input or --example-batch (got "
+                          f"{', '.join(given) or 'none'}), such as --input-shape 3,224,224 or --input "
+                          "tokens:32000:128:mask")
+    if args.input_shape:
+        return {"input_shape": parse_shape(args.input_shape)}
+    if args.input:
+        return {"inputs": [parse_input(text) and text for text in args.input]}  # each checked here, at once
+    inputs, targets = example_from_spec(args.example_batch, training=not args.inference)
+    return {"inputs": inputs} | ({"targets": targets} if targets is not None else {})
+
+
 def _tune(args: argparse.Namespace) -> None:
     from ..studies.tune import tune
-    from ..studies.tune_inputs import callable_from_spec, model_from_spec, parse_kwargs, parse_shape
+    from ..studies.tune.inputs import callable_from_spec, model_from_spec, parse_kwargs
 
-    shape = parse_shape(args.input_shape)
     model_fn = model_from_spec(args.model, parse_kwargs(args.kwargs))
+    inputs = _tune_inputs(args)
     output_fn = args.output_fn and callable_from_spec(args.output_fn, "--output-fn", "picks the output tensor",
                                                       "mypackage.serving:logits")
     options = {"inference": args.inference, "output_fn": output_fn, "max_batch": args.max_batch,
-               "amp_dtype": args.dtype, "sweep_compile": args.sweep_compile, "optimizer": args.optimizer}
-    result = tune(model_fn, input_shape=shape, num_classes=args.num_classes, batch_size=args.batch_size,
-                  device=args.device, profile=_sized_profile(args), steps=args.steps, name=args.model,
-                  out=args.out, progress=not args.quiet, **options)
+               "amp_dtype": args.dtype, "sweep_compile": args.sweep_compile, "optimizer": args.optimizer,
+               "request_seconds": args.request_seconds, "request_batches": args.request_batches}
+    result = tune(model_fn, num_classes=args.num_classes, batch_size=args.batch_size, device=args.device,
+                  profile=_sized_profile(args), steps=args.steps, name=args.model, out=args.out,
+                  progress=not args.quiet, **inputs, **options)
     with pd.option_context("display.width", 250, "display.max_columns", 20, "display.max_colwidth", 70):
         print(result.table().to_string(index=False))
         print(TIMES_BESIDE)
         if args.inference:
             print(result.sweep_table().to_string(index=False))
+            print(result.latency_table().to_string(index=False))
     print(result.describe())
 
 

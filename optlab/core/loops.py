@@ -7,7 +7,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Union
 
 import torch
 import torch.nn.functional as F
@@ -70,14 +70,48 @@ def prepare_model(model: nn.Module, config: RunConfig, device: torch.device) -> 
     return model
 
 
-def to_device(batch: tuple[torch.Tensor, torch.Tensor], config: RunConfig, device: torch.device):
+Inputs = Union[torch.Tensor, tuple[torch.Tensor, ...], dict[str, torch.Tensor]]  # one, positional or keyword
+
+
+def input_tensors(inputs: Inputs) -> list[torch.Tensor]:
+    """The tensors of a model's inputs, in order."""
+    if isinstance(inputs, dict):
+        return list(inputs.values())
+    return list(inputs) if isinstance(inputs, (tuple, list)) else [inputs]
+
+
+def map_inputs(function: Callable[[torch.Tensor], torch.Tensor], inputs: Inputs) -> Inputs:
+    """The same inputs with ``function`` applied to each tensor."""
+    if isinstance(inputs, dict):
+        return {key: function(tensor) for key, tensor in inputs.items()}
+    if isinstance(inputs, (tuple, list)):
+        return tuple(function(tensor) for tensor in inputs)
+    return function(inputs)
+
+
+def call_model(model: Callable, inputs: Inputs):
+    """``model(x)``, ``model(*inputs)`` for a tuple, ``model(**inputs)`` for a dict of keyword tensors."""
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    return model(*inputs) if isinstance(inputs, (tuple, list)) else model(inputs)
+
+
+def inputs_to(inputs: Inputs, device: torch.device, channels_last: bool = False, non_blocking: bool = False) -> Inputs:
+    """Inputs on ``device``; with ``channels_last``, 4-D floating-point ones (images) in that layout, every other
+    tensor contiguous."""
+    def move(tensor: torch.Tensor) -> torch.Tensor:
+        image = channels_last and tensor.dim() == 4 and tensor.is_floating_point()
+        layout = torch.channels_last if image else torch.contiguous_format
+        return tensor.to(device, non_blocking=non_blocking).contiguous(memory_format=layout)
+    return map_inputs(move, inputs)
+
+
+def to_device(batch: tuple[Inputs, torch.Tensor], config: RunConfig, device: torch.device):
     """The batch on ``device`` in the config's memory format, whatever layout it came in (a device-resident batch
     can arrive channels-last strided from its augmentation)."""
     inputs, targets = batch
-    inputs = inputs.to(device, non_blocking=config.non_blocking)
-    targets = targets.to(device, non_blocking=config.non_blocking)
-    layout = torch.channels_last if config.channels_last else torch.contiguous_format
-    return inputs.contiguous(memory_format=layout), targets
+    return (inputs_to(inputs, device, config.channels_last, config.non_blocking),
+            targets.to(device, non_blocking=config.non_blocking))
 
 
 def prefetch_to_device(batches: Iterable, config: RunConfig, device: torch.device) -> Iterator:
@@ -96,7 +130,7 @@ def prefetch_to_device(batches: Iterable, config: RunConfig, device: torch.devic
     def hand_over(copied):
         tensors, landed = copied
         compute.wait_event(landed)  # this batch only: the next batch's copy keeps running
-        for tensor in tensors:
+        for tensor in [*input_tensors(tensors[0]), tensors[1]]:
             tensor.record_stream(compute)  # the allocator must not reuse its memory while the step reads it
         return tensors
 
@@ -116,7 +150,7 @@ def train_step(model, batch, optimizer, scaler, config: RunConfig, device: torch
     inputs, targets = to_device(batch, config, device)
     amp_dtype = TORCH_DTYPES[config.amp_dtype]
     with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-        loss = loss_fn(model(inputs), targets)
+        loss = loss_fn(call_model(model, inputs), targets)
     scaler.scale(loss / config.accumulation_steps).backward()
     if (micro_step + 1) % config.accumulation_steps == 0:
         scaler.step(optimizer)
@@ -136,7 +170,7 @@ def eval_step(model, batch, config: RunConfig, device: torch.device) -> torch.Te
     inputs, targets = to_device(batch, config, device)
     amp_dtype = TORCH_DTYPES[config.amp_dtype]
     with grad_mode(config.eval_grad_mode), torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-        outputs = model(inputs)
+        outputs = call_model(model, inputs)
     return correct_predictions(outputs, targets)
 
 

@@ -7,10 +7,10 @@ from typing import Any, Callable
 
 import torch
 
-from ..core.config import RunConfig
-from ..core.device import DeviceInfo
-from ..core.errors import OptlabError
-from .tune_inputs import describe_error
+from ...core.config import RunConfig
+from ...core.device import DeviceInfo
+from ...core.errors import OptlabError
+from .inputs import describe_error, main_output
 
 # Outputs against the starting point's, per sample: the largest difference over the largest reference output. TF32
 # rounds convolution inputs to 10 mantissa bits (the starting point's own precision on a GPU, but another algorithm,
@@ -37,20 +37,28 @@ def tolerance(config: RunConfig, info: DeviceInfo) -> float:
     return OUTPUT_TOLERANCE["tf32" if info.is_cuda and (config.cudnn_tf32 or config.matmul_tf32) else "fp32"]
 
 
+def _classes(reference: torch.Tensor) -> bool:
+    """A classifier's ``[N, C]`` or a token model's ``[N, T, V]`` outputs: scores over the last dimension."""
+    return reference.dim() in (2, 3) and reference.shape[-1] >= 2
+
+
 def output_change(reference: torch.Tensor, outputs: torch.Tensor) -> tuple[float, float | None]:
-    """The largest relative error (per sample: the largest absolute difference over the largest absolute reference
-    output; the worst sample) and, for a classifier's ``[N, C]`` outputs, the share of samples whose top-1 class is
-    unchanged (None otherwise). Outputs of another shape, or not finite, are infinitely far."""
+    """The largest relative error and, for scores over classes, the share of top-1 choices unchanged (None
+    otherwise). Per sample for ``[N, C]`` outputs, per token for ``[N, T, V]`` (each position's scores over the
+    vocabulary are one item): the largest absolute difference over the largest absolute reference score, for the
+    worst item; the top-1 agreement over every item. Outputs of another shape, or not finite, are infinitely far."""
     if outputs.shape != reference.shape:
-        return math.inf, (0.0 if reference.dim() == 2 and reference.shape[1] >= 2 else None)
-    ref, out = reference.float().reshape(len(reference), -1), outputs.float().reshape(len(outputs), -1)
+        return math.inf, (0.0 if _classes(reference) else None)
+    items = reference.shape[-1] if reference.dim() == 3 else None  # a token model's vocabulary
+    ref = reference.float().reshape(-1, items) if items else reference.float().reshape(len(reference), -1)
+    out = outputs.float().reshape(ref.shape)
     scale = ref.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny)
     error = float(((out - ref).abs().amax(dim=1) / scale).max())
     if not math.isfinite(error):
         error = math.inf
     top1 = None
-    if reference.dim() == 2 and reference.shape[1] >= 2:
-        top1 = float((outputs.argmax(dim=1) == reference.argmax(dim=1)).float().mean())
+    if _classes(reference):
+        top1 = float((outputs.argmax(dim=-1) == reference.argmax(dim=-1)).float().mean())
     return error, top1
 
 
@@ -60,13 +68,15 @@ def within_tolerance(error: float, top1: float | None, limit: float) -> bool:
 
 
 def pick_output(raw: Any, output_fn: OutputFn | None) -> torch.Tensor:
-    """The tensor of a model's output that is compared: the output itself, or what ``output_fn`` picks from it."""
+    """The tensor of a model's output that is compared: what ``output_fn`` picks from it, or else the output itself,
+    a dict's ``logits`` (or its only tensor), a tuple's first tensor (:func:`~.inputs.main_output`)."""
     if output_fn is None:
-        if isinstance(raw, torch.Tensor):
-            return raw
-        raise OptlabError(f"the model returned a {type(raw).__name__}, not a tensor: pass output_fn (--output-fn "
-                          "PACKAGE.MODULE:CALLABLE), a function that picks the tensor to compare from it, such as "
-                          "lambda out: out['logits']")
+        picked = main_output(raw)
+        if isinstance(picked, torch.Tensor):
+            return picked
+        raise OptlabError(f"the model returned a {type(raw).__name__} without 'logits' or a single tensor: pass "
+                          "output_fn (--output-fn PACKAGE.MODULE:CALLABLE), a function that picks the tensor to "
+                          "compare from it, such as lambda out: out['scores']")
     try:
         picked = output_fn(raw)
     except Exception as error:  # noqa: BLE001  (the user's function: its error, in one line)

@@ -18,33 +18,32 @@ from typing import Any, Sequence
 
 import pandas as pd
 import torch
-import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from ..core import compiler, loops, store
-from ..core.config import RunConfig, apply_changes, changed_knobs
-from ..core.device import DeviceInfo, effective_config, native_bf16, resolve_device
-from ..core.environment import capture
-from ..core.errors import OptlabError, choice_error
-from ..core.experiments import failure_status, interleave, stopping_rule
-from ..core.flops import TRAIN_TO_FORWARD
-from ..core.limits import MAX_STEPS, check_count, cpu_cores
-from ..core.memory import memory_kind
-from ..core.profiles import Profile, get_profile
-from ..core.samples import failed_row
-from ..core.summary import summarize_runs
-from ..core.techniques import ALL_TOGETHER
-from ..core.timing import FASTER, INTERVAL, interval_text
-from .compile_cost import LOSS_RTOL
-from .tune_inference import InferenceResult, OutputFn, tune_inference
-from .tune_inputs import (MAX_BATCH_SIZE, Batches, LossFn, ModelFn, Probe, build_model, dataset_batches,
-                          loader_batches, model_name, probe, synthetic_batches)
+from ...core import compiler, loops, store
+from ...core.config import RunConfig, apply_changes, changed_knobs
+from ...core.device import DeviceInfo, effective_config, native_bf16, resolve_device
+from ...core.environment import capture
+from ...core.errors import OptlabError, choice_error
+from ...core.experiments import failure_status, interleave, stopping_rule
+from ...core.flops import TRAIN_TO_FORWARD
+from ...core.limits import MAX_STEPS, check_count, cpu_cores
+from ...core.memory import memory_kind
+from ...core.profiles import Profile, get_profile
+from ...core.samples import failed_row
+from ...core.summary import summarize_runs
+from ...core.techniques import ALL_TOGETHER
+from ...core.timing import FASTER, INTERVAL, interval_text
+from ..compile_cost import LOSS_RTOL
+from .batch_sweep import REQUEST_SECONDS
+from .inference import InferenceResult, OutputFn, tune_inference
+from .examples import examples_from
+from .recommendation import AFRESH, FINAL, START, Recommendation
+from .inputs import (MAX_BATCH_SIZE, Batches, LossFn, ModelFn, Probe, build_model, cross_entropy, dataset_batches,
+                     loader_batches, model_name, probe, synthetic_batches)
 
-START = "starting point"
-FINAL = "recommended"
 TECHNIQUE = "tune"
-AFRESH = "all kept steps, against the starting point"
 STEP_COLUMNS = ["step", "decision", "speedup", "ci_low", "ci_high", "verdict", "loss_change", "loss_tolerance",
                 "before_ms", "after_ms", "reason"]
 
@@ -58,27 +57,11 @@ def stack_steps() -> list[tuple[str, dict[str, Any]]]:
     return steps
 
 
-@dataclass
-class TuneResult:
-    """What ``tune`` returns: one row per step of the stack (``steps``), the tidy samples and summaries of every
-    comparison (as ``run_experiment`` gives them, with a ``comparison`` column naming the step tried), the kept steps,
-    the recommended configuration, and its speed-up over the starting point, measured afresh, with its interval and
-    verdict."""
-
-    model: str
-    steps: pd.DataFrame
-    samples: pd.DataFrame
-    summary: pd.DataFrame
-    kept: list[str]
-    start: RunConfig
-    recommended: RunConfig
-    speedup: float
-    ci_low: float
-    ci_high: float
-    verdict: str
-    code: list[str]
-    record: dict[str, Any]
-    path: Path | None = None
+@dataclass(kw_only=True)
+class TuneResult(Recommendation):
+    """What ``tune`` returns (:class:`~optlab.studies.tune.recommendation.Recommendation`): one row per step of the
+    stack (``steps``), every comparison's samples and summaries, the kept steps, the recommended configuration, its
+    speed-up over the starting point measured afresh, and the lines of training code that make it."""
 
     def table(self) -> pd.DataFrame:
         """The steps as a reader sees them: speed-up over the configuration before the step, its interval and
@@ -92,31 +75,12 @@ class TuneResult:
         return table[columns].astype({"speed-up": float, "ms before": float, "ms after": float}) \
             .round({"speed-up": 2, "ms before": 1, "ms after": 1}).astype(object).fillna("")
 
-    def speedups(self) -> pd.DataFrame:
-        """One row per measured step (its speed-up over the configuration before it), then the kept steps measured
-        afresh against the starting point: ``model``, ``step``, ``speedup``, ``ci_low``, ``ci_high``, ``verdict``."""
-        columns = ["step", "speedup", "ci_low", "ci_high", "verdict"]
-        rows = self.steps.loc[self.steps["speedup"].notna(), columns]
-        if self.kept:
-            rows = pd.concat([rows, pd.DataFrame([[AFRESH, self.speedup, self.ci_low, self.ci_high, self.verdict]],
-                                                 columns=columns)], ignore_index=True)
-        return rows.assign(model=self.model)[["model", *columns]].reset_index(drop=True)
-
     def describe(self) -> str:
         """The recommendation in words, then the lines of code that make it."""
-        if not self.kept:
-            return ("recommendation: keep your configuration; no step of the stack was clearly faster on this model "
-                    "at this size")
-        steps, interval = ", ".join(self.kept), f"{INTERVAL} {self.ci_low:.2f}-{self.ci_high:.2f}"
-        if self.verdict == FASTER:
-            head = (f"recommendation: {steps}: {self.speedup:.2f}x faster than the starting point ({interval}; "
-                    "measured afresh, all together)")
-        else:
-            head = (f"recommendation, not confirmed: {steps} each looked faster than the step before, but measured "
-                    f"afresh, all together, against the starting point: {self.speedup:.2f}x ({interval}): "
-                    f"{self.verdict}. More timed steps or repeats (steps=, max_repeats=, the quick profile) would tell")
-        lines = [head, "the lines to add to your training:"]
-        return "\n".join(lines + [f"    {line}" for line in self.code])
+        head = self.headline("recommendation: keep your configuration; no step of the stack was clearly faster on "
+                             "this model at this size",
+                             "More timed steps or repeats (steps=, max_repeats=, the quick profile) would tell")
+        return "\n".join([head, *self.code_block("the lines to add to your training:")])
 
 
 def percent(value: float | None) -> str:
@@ -128,12 +92,18 @@ def percent(value: float | None) -> str:
     return "0 %" if value == 0 else f"{100 * value:.2g} %"
 
 
+OPTIMIZER_CODE = {"sgd": "torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4, fused=True)",
+                  "adam": "torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=5e-4, fused=True)"}
+
+
 def code_lines(start: RunConfig, recommended: RunConfig, device: torch.device) -> list[str]:
-    """The lines of training code that turn ``start`` into ``recommended``: those run once, then those of each step."""
+    """The lines of training code that turn ``start`` into ``recommended``, runnable as they stand where ``model``,
+    ``optimizer``, ``loss_fn``, ``device``, ``inputs`` and ``targets`` (and, for a loader or the data set on the
+    device, ``dataset`` or ``images`` and ``labels``) are your own: those run once, then one whole training step."""
     changes = changed_knobs(start, recommended)
     once: list[str] = []
     if ("num_workers" in changes or "pin_memory" in changes) and recommended.num_workers > 0:
-        once.append(f"loader = DataLoader(dataset, batch_size={recommended.batch_size}, shuffle=True, "
+        once.append(f"loader = torch.utils.data.DataLoader(dataset, batch_size={recommended.batch_size}, shuffle=True, "
                     f"num_workers={recommended.num_workers}, pin_memory={recommended.pin_memory})")
     if "data_on_device" in changes:
         once.append("images, labels = images.to(device), labels.to(device)  # the whole data set; index batches there")
@@ -142,20 +112,31 @@ def code_lines(start: RunConfig, recommended: RunConfig, device: torch.device) -
     if "compile_mode" in changes:
         once.append("model = torch.compile(model)")
     if "optimizer_impl" in changes:
-        once.append(f"optimizer = torch.optim.{'Adam' if recommended.optimizer == 'adam' else 'SGD'}"
-                    "(model.parameters(), ..., fused=True)")
-    each: list[str] = []
-    if "non_blocking" in changes:
-        each.append("inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)")
-    if "channels_last" in changes:
-        each.append("inputs = inputs.contiguous(memory_format=torch.channels_last)")
-    if "amp_dtype" in changes:
-        dtype = {"bf16": "bfloat16", "fp16": "float16"}[recommended.amp_dtype]
-        each.append(f'with torch.autocast("{device.type}", dtype=torch.{dtype}):  # around the forward and the loss')
-    if "set_to_none" in changes:
-        each.append(f"optimizer.zero_grad(set_to_none={recommended.set_to_none})")
+        once.append(f"optimizer = {OPTIMIZER_CODE[recommended.optimizer]}  # or your own settings, fused")
+    if "amp_dtype" in changes and recommended.amp_dtype == "fp16":
+        once.append(f'scaler = torch.amp.GradScaler("{device.type}")  # fp16 gradients need their loss scaled')
+    step_changes = {"non_blocking", "channels_last", "amp_dtype", "set_to_none"} & set(changes)
+    step: list[str] = []
+    if step_changes:
+        if "non_blocking" in changes:
+            step.append("inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)")
+        if "channels_last" in changes:
+            step.append("inputs = inputs.contiguous(memory_format=torch.channels_last)")
+        step.append(f"optimizer.zero_grad(set_to_none={recommended.set_to_none})")
+        loss = "loss = loss_fn(model(inputs), targets)"
+        if recommended.amp_dtype != "none":
+            dtype = {"bf16": "bfloat16", "fp16": "float16"}[recommended.amp_dtype]
+            step += [f'with torch.autocast("{device.type}", dtype=torch.{dtype}):  # the forward and the loss',
+                     f"    {loss}"]
+        else:
+            step.append(loss)
+        if recommended.amp_dtype == "fp16":
+            step += ["scaler.scale(loss).backward()",
+                     "scaler.step(optimizer)", "scaler.update()"]
+        else:
+            step += ["loss.backward()", "optimizer.step()"]
     return ((["# once, where the model, optimizer and loader are made:"] + once) if once else []) + \
-        ((["# in every training step:"] + each) if each else [])
+        ((["# every training step:"] + step) if step else [])
 
 
 def sized_workers(label: str, changes: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -321,16 +302,16 @@ def _try_step(run: _Run, before: tuple[str, RunConfig], step: tuple[str, RunConf
     return row, rows, summary
 
 
-def _batches(data, input_shape, num_classes, batch_size: int | None, default_size: int, steps_per_run: int,
+def _batches(data, examples: dict[str, Any], batch_size: int | None, default_size: int, steps_per_run: int,
              seed: int) -> Batches:
-    """The batches a run is given: synthetic, or the reader's dataset or DataLoader."""
+    """The batches a run is given: made from ``examples`` (input_shape, inputs, targets, num_classes:
+    :func:`~.examples.examples_from`), or the reader's dataset or DataLoader."""
     if data is None:
-        if input_shape is None or num_classes is None:
-            raise OptlabError("give input_shape and num_classes for synthetic batches, or data= (a DataLoader or a "
-                              "map-style dataset)")
-        return synthetic_batches(input_shape, num_classes, batch_size or default_size, steps_per_run, seed)
-    if input_shape is not None or num_classes is not None:
-        raise OptlabError("give either data= or input_shape and num_classes, not both")
+        made = examples_from(**examples, seed=seed)
+        return synthetic_batches(made, batch_size or default_size, steps_per_run)
+    if any(value is not None for value in examples.values()):
+        given = ", ".join(key for key, value in examples.items() if value is not None)
+        raise OptlabError(f"give either data= or {given}, not both")
     if isinstance(data, DataLoader):
         return loader_batches(data, batch_size, steps_per_run)
     return dataset_batches(data, batch_size or default_size, steps_per_run, seed)
@@ -422,6 +403,8 @@ def tune(
     *,
     input_shape: Sequence[int] | None = None,
     num_classes: int | None = None,
+    inputs: Any = None,
+    targets: torch.Tensor | None = None,
     data: DataLoader | Dataset | None = None,
     loss_fn: LossFn | None = None,
     batch_size: int | None = None,
@@ -440,32 +423,44 @@ def tune(
     max_batch: int | None = None,
     amp_dtype: str = "auto",
     sweep_compile: bool = False,
+    request_seconds: float | None = None,
+    request_batches: Sequence[int] | None = None,
 ) -> TuneResult | InferenceResult:
     """Try the stack's steps on the model that ``model_fn`` builds, one at a time, keeping each only if it was faster.
 
-    Batches are synthetic (``input_shape`` of one input, without the batch dimension, and ``num_classes``) or the
-    reader's ``data`` (a DataLoader, used as it is, or a map-style dataset of ``(input, target)``). ``loss_fn(output,
-    targets)`` defaults to cross-entropy; ``batch_size`` and ``steps`` (timed steps per repeat) default to the
+    Batches are synthetic (``input_shape`` of one input, without the batch dimension, and ``num_classes``), made from
+    ``inputs`` (an example batch: a tensor, a tuple of tensors or a dict of keyword tensors, with its ``targets``
+    or ``num_classes``; or descriptions such as ``"tokens:32000:128:mask"``, whose targets are the next tokens:
+    :func:`~optlab.studies.tune.examples.parse_input`), or the reader's ``data`` (a DataLoader, used as it is, or a
+    map-style dataset of ``(inputs, target)``). A batch size scales the example's first dimension.
+    ``loss_fn(output, targets)`` defaults to cross-entropy (over every token for ``[N, T, V]`` outputs; a dict
+    output's ``logits``); ``batch_size`` and ``steps`` (timed steps per repeat) default to the
     profile's; ``techniques`` names the stack's steps to try (default: all of them); ``optimizer`` is ``sgd`` or
     ``adam``. A faster step is kept only if its first two training losses are within ``loss_tolerance`` (relative;
     default 0.1 % in fp32, 5 % in fp16 or bf16) of the configuration's before it. ``out``: a folder for the record.
 
     ``inference=True`` tries the inference stack instead, then sweeps batch sizes, and returns an
-    :class:`~optlab.InferenceResult`; ``output_fn``, ``max_batch``, ``amp_dtype`` and ``sweep_compile`` are for
+    :class:`~optlab.InferenceResult`; ``output_fn``, ``max_batch``, ``amp_dtype``, ``sweep_compile``,
+    ``request_seconds`` and ``request_batches`` (batch sizes whose request latency is timed, default batch 1) are for
     that mode only.
     """
     if inference:
-        given = [key for key, value in {"data": data, "loss_fn": loss_fn, "loss_tolerance": loss_tolerance}.items()
+        given = [key for key, value in {"targets": targets, "loss_fn": loss_fn,
+                                        "loss_tolerance": loss_tolerance}.items()
                  if value is not None] + (["optimizer"] if optimizer != "sgd" else [])
         if given:
-            raise OptlabError(f"inference=True times random inputs of input_shape through the forward only; "
+            raise OptlabError(f"inference=True times the inputs through the forward only; "
                               f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for training")
-        return tune_inference(model_fn, input_shape=input_shape, num_classes=num_classes, output_fn=output_fn,
-                              batch_size=batch_size, max_batch=max_batch, amp_dtype=amp_dtype,
-                              sweep_compile=sweep_compile, device=device, profile=profile, steps=steps,
-                              techniques=techniques, name=name, out=out, seed=seed, progress=progress)
+        seconds = REQUEST_SECONDS if request_seconds is None else request_seconds
+        return tune_inference(model_fn, input_shape=input_shape, inputs=inputs, data=data, num_classes=num_classes,
+                              output_fn=output_fn, batch_size=batch_size, max_batch=max_batch, amp_dtype=amp_dtype,
+                              sweep_compile=sweep_compile, request_seconds=seconds,
+                              request_batches=(1,) if request_batches is None else request_batches, device=device,
+                              profile=profile, steps=steps, techniques=techniques, name=name, out=out, seed=seed,
+                              progress=progress)
     inference_only = {"output_fn": output_fn is not None, "max_batch": max_batch is not None,
-                      "amp_dtype": amp_dtype != "auto", "sweep_compile": sweep_compile}
+                      "amp_dtype": amp_dtype != "auto", "sweep_compile": sweep_compile,
+                      "request_seconds": request_seconds is not None, "request_batches": request_batches is not None}
     if any(inference_only.values()):
         raise OptlabError(f"{', '.join(k for k, v in inference_only.items() if v)}: only with inference=True "
                           "(--inference; amp_dtype is --dtype there)")
@@ -474,9 +469,10 @@ def tune(
     timed = _check_sizes(prof, techniques, batch_size, steps, loss_tolerance)
     start = apply_changes(RunConfig(optimizer=optimizer, num_workers=0), ALL_TOGETHER.variants[0][1])
     out_dir = store.writable_dir(out) if out is not None else None
-    loss_fn = loss_fn or F.cross_entropy
+    loss_fn = loss_fn or cross_entropy
     name = name or model_name(model_fn)
-    batches = _batches(data, input_shape, num_classes, batch_size, prof.batch_size, prof.warmup_steps + timed, seed)
+    examples = {"input_shape": input_shape, "inputs": inputs, "targets": targets, "num_classes": num_classes}
+    batches = _batches(data, examples, batch_size, prof.batch_size, prof.warmup_steps + timed, seed)
     facts = probe(model_fn, batches, loss_fn, info.device, seed)
     prof = replace(prof, models=(name,), batch_size=batches.batch_size, steps=timed, test_steps=None, num_workers=0)
     start, notes = effective_config(replace(start, batch_size=batches.batch_size), info)

@@ -5,10 +5,11 @@ is always on, not a step: dropout and batch statistics would change the answers,
 never of speed. Each step is tried on top of the configuration kept so far and timed against it with the training
 tune's machinery (the two take turns, repeat after repeat; the speed-up, its interval and verdict follow the same
 rule), and kept only if it was faster and left the outputs where they were: on the same inputs, its outputs against
-the starting point's (fp32 eager), within a tolerance per precision, and for a classifier its top-1 classes. The kept
-steps are then timed afresh against the starting point, and both configurations are swept over batch sizes
-(:mod:`optlab.studies.batch_sweep`). A compiled model's first call (its compilation) is timed apart, never inside
-the comparison.
+the starting point's (fp32 eager), within a tolerance per precision, and for scores over classes (a classifier's, or
+a token model's per token) their top-1 choices. The inputs are of any kind (:mod:`.examples`). The kept steps are
+then timed afresh against the starting point, and both configurations are swept over batch sizes for their
+throughput and timed one request at a time for their request latency (:mod:`.batch_sweep`). A compiled model's
+first call (its compilation) is timed apart, never inside the comparison.
 """
 from __future__ import annotations
 
@@ -25,38 +26,42 @@ from typing import Any, Callable, Sequence
 import pandas as pd
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, Dataset
 from torch.utils.flop_counter import FlopCounterMode
 from tqdm import tqdm
 
-from ..core import compiler, loops, machine_load, store
-from ..core.config import RunConfig, apply_changes
-from ..core.device import TORCH_DTYPES, DeviceInfo, effective_config, native_bf16, native_fp16, resolve_device
-from ..core.environment import capture
-from ..core.errors import OptlabError, choice_error
-from ..core.experiments import failure_status, interleave, stopping_rule
-from ..core.limits import MAX_STEPS, check_count
-from ..core.memory import memory_kind
-from ..core.profiles import Profile, get_profile
-from ..core.samples import failed_row
-from ..core.summary import summarize_runs
-from ..core.timing import FASTER, INTERVAL, interval_text
-from .batch_sweep import PLATEAU_DOUBLINGS, PLATEAU_GAIN, SweepTarget, sweep
+from ...core import compiler, loops, machine_load, store
+from ...core.config import RunConfig, apply_changes
+from ...core.loops import Inputs
+from ...core.device import TORCH_DTYPES, DeviceInfo, effective_config, native_bf16, native_fp16, resolve_device
+from ...core.environment import capture
+from ...core.errors import OptlabError, choice_error
+from ...core.experiments import failure_status, interleave, stopping_rule
+from ...core.limits import MAX_STEPS, check_count
+from ...core.memory import memory_kind
+from ...core.profiles import Profile, get_profile
+from ...core.samples import failed_row
+from ...core.summary import summarize_runs
+from ...core.timing import FASTER, INTERVAL, interval_text
+from .batch_sweep import (MAX_REQUEST_SECONDS, MIN_REQUESTS, PLATEAU_DOUBLINGS, PLATEAU_GAIN, REQUEST_SECONDS,
+                          REQUEST_WARMUP, LATENCY_COLUMNS, Served, SweepTarget, sweep)
+from .examples import Examples, examples_from
+from .recommendation import AFRESH, FINAL, START, Recommendation
 from .output_check import (OUTPUT_TOLERANCE, OutputFn, output_change, pick_output, precision, tolerance,
                            within_tolerance)
-from .tune_inputs import (MAX_BATCH_ELEMENTS, MAX_BATCH_SIZE, MAX_CLASSES, POOL_BATCHES, ModelFn, build_model,
-                          check_shape, describe_error, model_name)
+from .examples import MAX_CLASSES, describe_inputs
+from .inputs import (MAX_BATCH_ELEMENTS, MAX_BATCH_SIZE, POOL_BATCHES, ModelFn, build_model, check_seconds,
+                     describe_error, first_inputs, model_name)
 
-START = "starting point"
-FINAL = "recommended"
 TECHNIQUE = "tune-inference"
 PHASE = "test"
-AFRESH = "all kept steps, against the starting point"
 INFERENCE_MODE, AUTOCAST, CHANNELS_LAST, COMPILE, CUDA_GRAPHS = (
     "+ torch.inference_mode", "+ 16-bit autocast", "+ channels_last", "+ torch.compile",
     "+ CUDA graphs (reduce-overhead)")
 STEP_LABELS = (INFERENCE_MODE, AUTOCAST, CHANNELS_LAST, COMPILE, CUDA_GRAPHS)
 AMP_CHOICES = ("auto", "bf16", "fp16", "none")
 DEFAULT_MAX_BATCH = 1024
+MAX_REQUEST_BATCHES = 8  # batch sizes whose request latency is timed
 SWEEP_CALLS = 10  # timed calls per batch size, at most, or 5 per timed step of the profile if that is more
 SWEEP_SECONDS_PER_CALL = 0.05  # a batch size's time budget: 0.5 s for 10 calls (at least 5 calls are timed)
 STEP_COLUMNS = ["step", "precision", "decision", "speedup", "ci_low", "ci_high", "verdict", "max_error",
@@ -111,7 +116,7 @@ class InferenceProbe:
     output_shape: tuple[int, ...]  # one sample's
 
 
-def probe(model_fn: ModelFn, inputs: torch.Tensor, output_fn: OutputFn | None, num_classes: int | None,
+def probe(model_fn: ModelFn, inputs: Inputs, output_fn: OutputFn | None, num_classes: int | None,
           device: torch.device, seed: int) -> InferenceProbe:
     """Build the model, put it in eval mode and run it on two samples, counting the FLOPs; every way this can fail
     is one OptlabError."""
@@ -121,26 +126,28 @@ def probe(model_fn: ModelFn, inputs: torch.Tensor, output_fn: OutputFn | None, n
     except Exception as error:  # noqa: BLE001  (the user's model: its error, in one line)
         raise OptlabError(f"the model cannot run in eval mode: model.eval() failed: {describe_error(error)}") from None
     model = model.to(device)
-    sample = inputs[:2].to(device)
+    sample = loops.inputs_to(loops.map_inputs(lambda t: t[:2], inputs), device)
+    samples = len(loops.input_tensors(sample)[0])
+    shape = str(list(sample.shape)) if isinstance(sample, torch.Tensor) else describe_inputs(sample)
     try:
         with torch.inference_mode(), FlopCounterMode(display=False) as counter:
-            raw = model(sample)
+            raw = loops.call_model(model, sample)
     except Exception as error:  # noqa: BLE001
-        raise OptlabError(f"the model failed a forward pass in eval mode on inputs of shape {list(sample.shape)}: "
+        raise OptlabError(f"the model failed a forward pass in eval mode on inputs of shape {shape}: "
                           f"{describe_error(error)}") from None
     output = pick_output(raw, output_fn)
     if not output.is_floating_point():
         raise OptlabError(f"the output to compare is a tensor of {output.dtype}; outputs are compared within a "
                           "tolerance, so give the floating-point one (logits, not classes), with output_fn if needed")
-    if output.dim() == 0 or output.shape[0] != len(sample):
-        raise OptlabError(f"the output's first dimension must be the batch: {len(sample)} samples gave an output of "
+    if output.dim() == 0 or output.shape[0] != samples:
+        raise OptlabError(f"the output's first dimension must be the batch: {samples} samples gave an output of "
                           f"shape {list(output.shape)}")
     if num_classes is not None and output.dim() == 2 and output.shape[1] != num_classes:
         raise OptlabError(f"the model gives {output.shape[1]} outputs per sample, but num_classes is {num_classes}: "
                           "pass the model's own (or leave it out)")
-    return InferenceProbe(counter.get_total_flops() / len(sample), sum(p.numel() for p in model.parameters()),
-                          any(isinstance(m, nn.Conv2d) for m in model.modules()), sample.dim(),
-                          tuple(output.shape[1:]))
+    return InferenceProbe(counter.get_total_flops() / samples, sum(p.numel() for p in model.parameters()),
+                          any(isinstance(m, nn.Conv2d) for m in model.modules()),
+                          loops.input_tensors(sample)[0].dim(), tuple(output.shape[1:]))
 
 
 def skip_reason(label: str, changes: dict[str, Any], info: DeviceInfo, facts: InferenceProbe,
@@ -163,8 +170,16 @@ def skip_reason(label: str, changes: dict[str, Any], info: DeviceInfo, facts: In
     return None
 
 
-def code_lines(recommended: RunConfig, device: torch.device) -> list[str]:
-    """The lines of serving code for ``recommended``: those run once, then those around every forward."""
+def call_code(inputs: Inputs) -> str:
+    """How a reader's code calls the model on inputs of this kind."""
+    if isinstance(inputs, dict):
+        return "model(**inputs)"
+    return "model(*inputs)" if isinstance(inputs, (tuple, list)) else "model(inputs)"
+
+
+def code_lines(recommended: RunConfig, device: torch.device, call: str = "model(inputs)") -> list[str]:
+    """The lines of serving code for ``recommended``, runnable as they stand where ``model`` and ``inputs`` (on the
+    device) are your own: those run once, then one forward (``call``), inside the context managers it needs."""
     once = ["model.eval()  # always: dropout off, batch-norm statistics frozen"]
     if recommended.channels_last:
         once.append("model = model.to(memory_format=torch.channels_last)")
@@ -172,17 +187,22 @@ def code_lines(recommended: RunConfig, device: torch.device) -> list[str]:
         once.append("model = torch.compile(model)")
     elif recommended.compile_mode == "reduce-overhead":
         once.append('model = torch.compile(model, mode="reduce-overhead")  # CUDA graphs')
-    each = []
+    contexts = []
     if recommended.eval_grad_mode == "inference_mode":
-        each.append("with torch.inference_mode():  # around the forward")
+        contexts.append("with torch.inference_mode():")
     if recommended.amp_dtype != "none":
         dtype = {"bf16": "bfloat16", "fp16": "float16"}[recommended.amp_dtype]
-        each.append(f'with torch.autocast("{device.type}", dtype=torch.{dtype}):  # around the forward')
+        contexts.append(f'with torch.autocast("{device.type}", dtype=torch.{dtype}):')
+    body = []
     if recommended.channels_last:
-        each.append("inputs = inputs.contiguous(memory_format=torch.channels_last)")
+        body.append("inputs = inputs.contiguous(memory_format=torch.channels_last)")
     if recommended.compile_mode == "reduce-overhead":
-        each.append("outputs = model(inputs).clone()  # a CUDA graph reuses its output memory on the next call")
-    return ["# once, where the model is made:", *once] + (["# around every forward:", *each] if each else [])
+        body.append(f"outputs = {call}.clone()  # a CUDA graph reuses its output memory on the next call")
+    else:
+        body.append(f"outputs = {call}")
+    forward = [f"{'    ' * depth}{line}" for depth, line in enumerate(contexts)] + \
+        [f"{'    ' * len(contexts)}{line}" for line in body]
+    return ["# once, where the model is made:", *once, "# every forward:", *forward]
 
 
 def device_state(info: DeviceInfo) -> dict[str, Any]:
@@ -199,28 +219,16 @@ def device_state(info: DeviceInfo) -> dict[str, Any]:
     return state
 
 
-@dataclass
-class InferenceResult:
-    """What ``tune(..., inference=True)`` returns: one row per step (``steps``), the comparisons' samples and
-    summaries, the kept steps and the recommended configuration with its speed-up measured afresh, and the batch-size
-    sweep of the starting point and the recommendation (``sweep``, with why each series ended in ``sweep_ends``)."""
+@dataclass(kw_only=True)
+class InferenceResult(Recommendation):
+    """What ``tune(..., inference=True)`` returns (:class:`~optlab.studies.tune.recommendation.Recommendation`): one
+    row per step, the comparisons' samples and summaries, the kept steps and the recommended configuration with its
+    speed-up measured afresh; then the throughput of the starting point and the recommendation across batch sizes
+    (``sweep``, with why each series ended in ``sweep_ends``) and their request latency (``latency``)."""
 
-    model: str
-    steps: pd.DataFrame
-    samples: pd.DataFrame
-    summary: pd.DataFrame
-    kept: list[str]
-    start: RunConfig
-    recommended: RunConfig
-    speedup: float
-    ci_low: float
-    ci_high: float
-    verdict: str
     sweep: pd.DataFrame
     sweep_ends: dict[str, str]
-    code: list[str]
-    record: dict[str, Any] = field(default_factory=dict)
-    path: Any = None
+    latency: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=LATENCY_COLUMNS))
 
     def table(self) -> pd.DataFrame:
         """The steps as a reader sees them: precision, speed-up over the configuration before, interval, verdict,
@@ -240,39 +248,38 @@ class InferenceResult:
         return table
 
     def sweep_table(self) -> pd.DataFrame:
-        """Latency and throughput per configuration and batch size."""
-        table = self.sweep.rename(columns={"median_ms": "median ms", "p90_ms": "p90 ms", "p99_ms": "p99 ms",
-                                           "samples_per_s": "samples/s", "peak_mem_mb": "peak MiB",
-                                           "first_call_s": "first call s"})
-        floats = {"median ms": 2, "p90 ms": 2, "p99 ms": 2, "samples/s": 1, "peak MiB": 0, "first call s": 2}
+        """Throughput per configuration and batch size: back-to-back calls on inputs already on the device."""
+        table = self.sweep.rename(columns={"call_ms": "ms per call, back-to-back",
+                                           "samples_per_s": "throughput, samples/s", "peak_mem_mb": "peak MiB",
+                                           "graph_pool_mb": "graph pool MiB", "first_call_s": "first call s"})
+        floats = {"ms per call, back-to-back": 2, "throughput, samples/s": 1, "peak MiB": 0, "graph pool MiB": 0,
+                  "first call s": 2}
         table = table.astype({key: float for key in floats}).round(floats).astype(object).fillna("")
-        table.attrs.update(keys=["model", "config", "batch"], details=["calls", "p90 ms", "first call s"])
+        table.attrs.update(keys=["model", "config", "batch"], details=["calls", "graph pool MiB", "first call s"])
         return table
 
-    def speedups(self) -> pd.DataFrame:
-        """One row per measured step, then the kept steps afresh: ``model``, ``step``, ``speedup``, ``ci_low``,
-        ``ci_high``, ``verdict`` (the shape of the training tune's, for the same figure)."""
-        columns = ["step", "speedup", "ci_low", "ci_high", "verdict"]
-        rows = self.steps.loc[self.steps["speedup"].notna(), columns]
-        if self.kept:
-            rows = pd.concat([rows, pd.DataFrame([[AFRESH, self.speedup, self.ci_low, self.ci_high, self.verdict]],
-                                                 columns=columns)], ignore_index=True)
-        return rows.assign(model=self.model)[["model", *columns]].reset_index(drop=True)
+    def latency_table(self) -> pd.DataFrame:
+        """Request latency per configuration and batch size: one request at a time, its copy in, call, copy out and
+        synchronisation, as p50, p90, p99 and the spread (interquartile range), in ms."""
+        table = self.latency.rename(columns={"p50_ms": "request p50 ms", "p90_ms": "request p90 ms",
+                                             "p99_ms": "request p99 ms", "iqr_ms": "spread (IQR) ms",
+                                             "seconds": "timed s"})
+        floats = {"request p50 ms": 3, "request p90 ms": 3, "request p99 ms": 3, "spread (IQR) ms": 3, "timed s": 1}
+        table = table.astype({key: float for key in floats}).round(floats).astype(object).fillna("")
+        table.attrs.update(keys=["model", "config", "batch"], details=["requests", "timed s"])
+        return table
 
     def describe(self) -> str:
-        """The recommendation in words, where each batch-size series ended, and the lines of code."""
-        if not self.kept:
-            head = ("recommendation: no step was clearly faster with unchanged outputs on this model at this batch "
-                    "size; serve it in eval mode")
-        elif self.verdict == FASTER:
-            head = (f"recommendation: {', '.join(self.kept)}: {self.speedup:.2f}x faster than the starting point "
-                    f"({INTERVAL} {self.ci_low:.2f}-{self.ci_high:.2f}; measured afresh, all together)")
-        else:
-            head = (f"recommendation, not confirmed: {', '.join(self.kept)} each looked faster than the step before, "
-                    f"but measured afresh against the starting point: {self.speedup:.2f}x ({INTERVAL} {self.ci_low:.2f}-"
-                    f"{self.ci_high:.2f}): {self.verdict}. More timed calls or repeats would tell")
-        ends = [f"batch sizes, {label}: {end}" for label, end in self.sweep_ends.items()]
-        return "\n".join([head, *ends, "the lines to add:", *(f"    {line}" for line in self.code)])
+        """The recommendation in words, the request latency at batch 1, where each batch-size series ended, and the
+        lines of code."""
+        head = self.headline("recommendation: no step was clearly faster with unchanged outputs on this model at "
+                             "this batch size; serve it in eval mode", "More timed calls or repeats would tell")
+        single = self.latency[(self.latency["batch"] == 1) & (self.latency["status"] == "ok")]
+        latency = [f"request latency at batch 1, {row.config}: p50 {row.p50_ms:.3g} ms, p90 {row.p90_ms:.3g} ms, "
+                   f"p99 {row.p99_ms:.3g} ms ({row.requests} requests, one at a time, copy in and out included)"
+                   for row in single.itertuples()]
+        ends = [f"throughput across batch sizes, {label}: {end}" for label, end in self.sweep_ends.items()]
+        return "\n".join([head, *latency, *ends, *self.code_block("the lines to add:")])
 
 
 def _number(value: Any) -> str:
@@ -288,7 +295,7 @@ class _Run:
     name: str
     model_fn: ModelFn
     output_fn: OutputFn | None
-    inputs: torch.Tensor  # POOL_BATCHES batches of one input shape, on the host
+    inputs: list[Inputs]  # a few batches of the model's inputs, on the host
     profile: Profile
     info: DeviceInfo
     flops: int  # one call's forward FLOPs
@@ -303,27 +310,26 @@ class _Prepared:
     first calls showed."""
 
     model: nn.Module
-    forward: Callable[[torch.Tensor], Any]
-    inputs: list[torch.Tensor]
+    forward: Callable[[Inputs], Any]
+    inputs: list[Inputs]
     first_call_s: float = math.nan
     outputs: torch.Tensor | None = None
 
 
-def _forward(model: nn.Module, config: RunConfig, device: torch.device) -> Callable[[torch.Tensor], Any]:
+def _forward(model: nn.Module, config: RunConfig, device: torch.device) -> Callable[[Inputs], Any]:
     amp = TORCH_DTYPES[config.amp_dtype]
 
-    def forward(inputs: torch.Tensor) -> Any:
+    def forward(inputs: Inputs) -> Any:
         with loops.backend_flags(config), loops.grad_mode(config.eval_grad_mode), \
                 torch.autocast(device.type, dtype=amp, enabled=amp is not None):
             if config.compile_mode == "reduce-overhead":
                 torch.compiler.cudagraph_mark_step_begin()
-            return model(inputs)
+            return loops.call_model(model, inputs)
     return forward
 
 
-def _on_device(inputs: torch.Tensor, config: RunConfig, device: torch.device) -> torch.Tensor:
-    layout = torch.channels_last if config.channels_last else torch.contiguous_format
-    return inputs.to(device).contiguous(memory_format=layout)
+def _on_device(inputs: Inputs, config: RunConfig, device: torch.device) -> Inputs:
+    return loops.inputs_to(inputs, device, config.channels_last)
 
 
 def _prepare(run: _Run, config: RunConfig, check: bool = True) -> _Prepared:
@@ -345,14 +351,15 @@ def _prepare(run: _Run, config: RunConfig, check: bool = True) -> _Prepared:
     return prepared
 
 
-def _runner(prepared: _Prepared, device: torch.device):
+def _runner(prepared: _Prepared, config: RunConfig, device: torch.device):
     def run_phase(phase: str, profile: Profile, phase_seed: int) -> loops.PhaseResult:
         calls = itertools.islice(itertools.cycle(prepared.inputs), profile.warmup_steps + profile.steps)
-        def step(inputs: torch.Tensor, index: int) -> None:
+
+        def step(inputs: Inputs, index: int) -> None:
             prepared.forward(inputs)  # the output is dropped: a CUDA graph's would be overwritten by the next call
 
         result, _ = loops.run_timed(step, calls, device, profile.steps, profile.warmup_steps, (prepared.model,))
-        return result
+        return loops.count_graph_pool(result, config, device)  # recorded in the first repeat, replayed in every one
     return run_phase
 
 
@@ -367,8 +374,8 @@ def _compare(run: _Run, configs: dict[str, RunConfig], comparison: str,
             prepared[label] = _prepare(run, config, check=label == checked)
         except Exception as error:  # noqa: BLE001  (recorded, and the run goes on)
             rows.append(failed_row(TECHNIQUE, run.name, label, 0, PHASE, config, failure_status(error)))
-    runners = {label: _runner(state, run.info.device) for label, state in prepared.items()}
-    images = {PHASE: len(run.inputs[0]) * run.profile.steps}
+    runners = {label: _runner(state, configs[label], run.info.device) for label, state in prepared.items()}
+    images = {PHASE: len(loops.input_tensors(run.inputs[0])[0]) * run.profile.steps}
     first, *others = configs
     rule = stopping_rule(run.profile, {label: first for label in others}, (PHASE,))
     rows += interleave(runners, configs, (PHASE,), run.profile, run.info, TECHNIQUE, run.name, images, run.seed,
@@ -414,14 +421,13 @@ def _try_step(run: _Run, before: tuple[str, RunConfig], step: tuple[str, RunConf
 
 
 def _check_sizes(prof: Profile, techniques: Sequence[str] | None, batch_size: int | None, steps: int | None,
-                 max_batch: int | None, shape: tuple[int, ...], num_classes: int | None) -> tuple[int, int, int]:
+                 max_batch: int | None, values_per_sample: int, num_classes: int | None) -> tuple[int, int, int]:
     """Refuse at once what a user typed out of bounds; return the batch size, timed calls and the largest batch."""
     for label in techniques or ():
         if label not in STEP_LABELS:
             raise choice_error("inference step", label, STEP_LABELS)
-    per_input = math.prod(shape)
-    most = min(MAX_BATCH_SIZE, MAX_BATCH_ELEMENTS // per_input)
-    why = f"{MAX_BATCH_ELEMENTS:,} input values a batch: {most} inputs of {list(shape)}"
+    most = min(MAX_BATCH_SIZE, MAX_BATCH_ELEMENTS // values_per_sample)
+    why = f"{MAX_BATCH_ELEMENTS:,} input values a batch: {most} inputs of {values_per_sample:,} values"
     batch = check_count("batch_size", batch_size, 1, most, why) if batch_size is not None else \
         min(prof.batch_size, most)
     timed = steps if steps is not None else prof.steps
@@ -437,35 +443,45 @@ def _check_sizes(prof: Profile, techniques: Sequence[str] | None, batch_size: in
     return batch, timed, max_batch
 
 
-def _inputs(shape: tuple[int, ...], batch: int, seed: int) -> torch.Tensor:
-    """A few batches of random inputs, made once: every configuration gets the same ones."""
-    count = max(1, min(POOL_BATCHES, MAX_BATCH_ELEMENTS // (batch * math.prod(shape))))
-    return torch.randn(count, batch, *shape, generator=torch.Generator().manual_seed(seed))
+def _check_request_batches(batches: Sequence[int], values_per_sample: int) -> list[int]:
+    """The batch sizes whose request latency is timed, each within bounds, in order, without repeats."""
+    batches = sorted(set(batches))
+    if not 1 <= len(batches) <= MAX_REQUEST_BATCHES:
+        raise OptlabError(f"request_batches must name 1 to {MAX_REQUEST_BATCHES} batch sizes, got {len(batches)}")
+    most = min(MAX_BATCH_SIZE, MAX_BATCH_ELEMENTS // values_per_sample)
+    for batch in batches:
+        check_count("each request batch size", batch, 1, most, f"{MAX_BATCH_ELEMENTS:,} input values a batch")
+    return batches
 
 
-def _sweep_targets(run: _Run, configs: dict[str, RunConfig], shape: tuple[int, ...]) -> dict[str, SweepTarget]:
-    targets = {}
-    for label, config in configs.items():
-        model = loops.prepare_model(build_model(run.model_fn, run.seed).eval(), config, run.info.device)
-        forward = _forward(model, config, run.info.device)
+def _inputs(examples: Examples, batch: int) -> list[Inputs]:
+    """A few batches of inputs, made once: every configuration gets the same ones."""
+    count = max(1, min(POOL_BATCHES, MAX_BATCH_ELEMENTS // (batch * examples.values_per_sample)))
+    return [examples.make(batch, index)[0] for index in range(count)]
 
-        def make_call(batch: int, forward=forward, config=config) -> Callable[[], object]:
-            generator = torch.Generator().manual_seed(run.seed + batch)
-            inputs = _on_device(torch.randn(batch, *shape, generator=generator), config, run.info.device)
 
-            def call() -> None:
-                forward(inputs)
-            return call
-        targets[label] = SweepTarget(make_call, (model,))
-    return targets
+def _sweep_targets(run: _Run, configs: dict[str, RunConfig], examples: Examples) -> dict[str, SweepTarget]:
+    """Each configuration as the sweep loads it: a fresh model on the device, alone there while it is swept."""
+    def target(config: RunConfig) -> SweepTarget:
+        def load() -> Served:
+            model = loops.prepare_model(build_model(run.model_fn, run.seed).eval(), config, run.info.device)
+            return Served(_forward(model, config, run.info.device),
+                          lambda inputs: _on_device(inputs, config, run.info.device), (model,),
+                          run.info.is_cuda and compiler.uses_cuda_graphs(config))
+        return SweepTarget(load, lambda batch: examples.make(batch, 0)[0])
+    return {label: target(config) for label, config in configs.items()}
 
 
 def tune_inference(
     model_fn: ModelFn,
     *,
-    input_shape: Sequence[int] | None,
+    input_shape: Sequence[int] | None = None,
+    inputs: Any = None,
+    data: DataLoader | Dataset | None = None,
     num_classes: int | None = None,
     output_fn: OutputFn | None = None,
+    request_seconds: float = REQUEST_SECONDS,
+    request_batches: Sequence[int] = (1,),
     batch_size: int | None = None,
     max_batch: int | None = None,
     amp_dtype: str = "auto",
@@ -481,27 +497,37 @@ def tune_inference(
 ) -> InferenceResult:
     """The inference stack on the model that ``model_fn`` builds, one step at a time, then its batch sizes.
 
-    ``input_shape``: one input's shape, without the batch dimension (inputs are random normal). ``output_fn(output)``
-    picks the tensor to compare from a model that returns something else (a dict, a tuple); ``num_classes``, if
-    given, is checked against a classifier's outputs. ``batch_size`` (the comparisons') and ``steps`` (timed calls per
-    repeat) default to the profile's; ``max_batch`` bounds the batch-size series (default 1024); ``amp_dtype`` is
+    The inputs: ``input_shape``, one input's shape without the batch dimension (random normal); or ``inputs``, an
+    example batch (a tensor, a tuple of tensors, a dict of keyword tensors) or descriptions such as
+    ``"tokens:32000:128:mask"``; or the first batch of ``data`` (a DataLoader or a map-style dataset). A batch size
+    scales the example's first dimension. ``output_fn(output)`` picks the tensor to compare from a model that returns
+    something else (default: a dict's ``logits``, a tuple's first tensor); ``num_classes``, if given, is checked
+    against a classifier's outputs. ``batch_size`` (the comparisons') and ``steps`` (timed calls per repeat) default
+    to the profile's; ``max_batch`` bounds the batch-size series (default 1024); ``amp_dtype`` is
     ``auto`` (bf16 where native, else fp16), ``bf16``, ``fp16`` or ``none``; ``techniques`` names the steps to try.
     The sweep runs the recommendation without ``torch.compile`` unless ``sweep_compile``: a compiled model compiles
-    every new batch size again (tens of seconds each on a CPU). ``out``: a folder for the record.
+    every new batch size again (tens of seconds each on a CPU). Request latency (one request at a time, at batch 1
+    and each of ``request_batches``) is timed for at least ``request_seconds`` and 30 requests. ``out``: a folder
+    for the record.
     """
     info = resolve_device(device)
     prof = get_profile(profile, info.is_cuda)
-    if input_shape is None:
-        raise OptlabError("give input_shape, one input's shape without the batch dimension, such as (3, 224, 224)")
-    shape = check_shape(input_shape)
-    batch, timed, max_batch = _check_sizes(prof, techniques, batch_size, steps, max_batch, shape, num_classes)
+    if data is not None:
+        if input_shape is not None or inputs is not None:
+            raise OptlabError("give data= or input_shape or inputs, not more than one")
+        inputs = first_inputs(data, prof.batch_size)
+    examples = examples_from(inputs, None, input_shape, None, seed)
+    batch, timed, max_batch = _check_sizes(prof, techniques, batch_size, steps, max_batch, examples.values_per_sample,
+                                           num_classes)
+    check_seconds("request_seconds", request_seconds, MAX_REQUEST_SECONDS)
+    request_batches = _check_request_batches(request_batches, examples.values_per_sample)
     dtype, autocast_skip = autocast_dtype(amp_dtype, info)
     if output_fn is not None and not callable(output_fn):
         raise OptlabError(f"output_fn must be a function of the model's output, got a {type(output_fn).__name__}")
     out_dir = store.writable_dir(out) if out is not None else None
     name = name or model_name(model_fn)
-    inputs = _inputs(shape, batch, seed)
-    facts = probe(model_fn, inputs[0], output_fn, num_classes, info.device, seed)
+    pool = _inputs(examples, batch)
+    facts = probe(model_fn, pool[0], output_fn, num_classes, info.device, seed)
     prof = replace(prof, models=(name,), batch_size=batch, steps=timed, test_steps=timed, num_workers=0)
     start, notes = effective_config(RunConfig(batch_size=batch, num_workers=0, pin_memory=False,
                                               eval_grad_mode="grad"), info)
@@ -511,9 +537,9 @@ def tune_inference(
     measured = sum(1 for _, _, reason in plan if reason is None)
     bar = tqdm(total=2 * (prof.warmup_repeats + prof.repeats) * (measured + 1), desc=f"tune --inference {name}",
                disable=not progress, file=sys.stderr, leave=False)
-    run = _Run(name, model_fn, output_fn, inputs, prof, info, int(facts.forward_flops_per_sample * batch), seed, bar)
-    description = f"synthetic inputs: {len(inputs)} batches of {batch} x {list(shape)} (random normal), made once"
-    _print_header(run, facts, description, max_batch)
+    run = _Run(name, model_fn, output_fn, pool, prof, info, int(facts.forward_flops_per_sample * batch), seed, bar)
+    description = f"{examples.description}: {len(pool)} batches of {batch}, made once"
+    _print_header(run, facts, description, max_batch, request_batches, request_seconds)
     run.reference = _prepare(run, start).outputs  # the starting point's outputs; also its untimed warm-up
     if bool((run.reference == run.reference[:1]).all()):
         notes.append("the starting point gives every input the same output (a head initialised at zero?), so the "
@@ -555,8 +581,9 @@ def tune_inference(
             swept[FINAL] = recommended
     sweep_bar = tqdm(desc="batch sizes", disable=not progress, file=sys.stderr, leave=False)
     calls = max(SWEEP_CALLS, 5 * timed)
-    sweep_rows, ends = sweep(_sweep_targets(run, swept, shape), info.device, max_batch, calls,
-                             max(2, prof.warmup_steps), SWEEP_SECONDS_PER_CALL * calls, sweep_bar.update)
+    sweep_rows, ends, latency = sweep(_sweep_targets(run, swept, examples), info.device, max_batch, calls,
+                                      max(2, prof.warmup_steps), SWEEP_SECONDS_PER_CALL * calls, sweep_bar.update,
+                                      request_batches, request_seconds)
     sweep_bar.close()
     _clean_up(info, swept.values())
     timed_calls = [t for row in rows if row.get("status") == "ok" for t in row["step_times_s"]]
@@ -570,15 +597,16 @@ def tune_inference(
         summary=pd.concat(summaries, ignore_index=True) if summaries else pd.DataFrame(), kept=kept, start=start,
         recommended=recommended, speedup=float(final["speedup"]), ci_low=float(final["ci_low"]),
         ci_high=float(final["ci_high"]), verdict=str(final["verdict"]), sweep=sweep_rows, sweep_ends=ends,
-        code=code_lines(recommended, info.device))
-    result.record = _record(result, prof, info, description, facts, notes, max_batch)
+        latency=latency, code=code_lines(recommended, info.device, call_code(pool[0])))
+    result.record = _record(result, prof, info, description, facts, notes, max_batch, request_seconds)
     if out_dir is not None:
         result.path = store.save_record(result.record, out_dir)
         print(f"wrote {store.display_path(result.path)}")
     return result
 
 
-def _print_header(run: _Run, facts: InferenceProbe, description: str, max_batch: int) -> None:
+def _print_header(run: _Run, facts: InferenceProbe, description: str, max_batch: int, request_batches: list[int],
+                  request_seconds: float) -> None:
     prof = run.profile
     print(f"optlab tune --inference {run.name}: {facts.parameters / 1e6:.3g} M parameters, "
           f"{facts.forward_flops_per_sample / 1e9:.3g} GFLOP per sample, outputs of {list(facts.output_shape)} "
@@ -591,8 +619,11 @@ def _print_header(run: _Run, facts: InferenceProbe, description: str, max_batch:
           f"inputs: relative error within {OUTPUT_TOLERANCE['fp32']:g} in fp32, {OUTPUT_TOLERANCE['tf32']:g} with "
           f"TF32, {OUTPUT_TOLERANCE['16-bit']:g} in 16-bit, and the top-1 class changed on no larger a share")
     print(f"peak memory: the {memory_kind(run.info.device)}")
-    print(f"batch sizes: 1, 2, 4, ... up to {max_batch}, until memory runs out or {PLATEAU_DOUBLINGS} doublings in a "
-          f"row gain {round(100 * PLATEAU_GAIN)} % or less in throughput")
+    print(f"throughput (back-to-back calls, inputs on the device) at batch sizes 1, 2, 4, ... up to {max_batch}, "
+          f"until memory runs out or {PLATEAU_DOUBLINGS} doublings in a row gain {round(100 * PLATEAU_GAIN)} % or less")
+    print(f"request latency (one request at a time: copy in, call, copy out, synchronise) at batch "
+          f"{', '.join(str(b) for b in request_batches)}: {REQUEST_WARMUP} untimed, then at least "
+          f"{MIN_REQUESTS} requests and {request_seconds:g} s; p50, p90, p99 and the spread")
 
 
 def _knobs(config: RunConfig) -> dict[str, Any]:
@@ -606,7 +637,7 @@ def _json_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def _record(result: InferenceResult, prof: Profile, info: DeviceInfo, description: str, facts: InferenceProbe,
-            notes: list[str], max_batch: int) -> dict[str, Any]:
+            notes: list[str], max_batch: int, request_seconds: float) -> dict[str, Any]:
     """The run as a record that the store saves and ``load_samples`` reads back."""
     return {
         "schema_version": store.SCHEMA_VERSION,
@@ -633,4 +664,6 @@ def _record(result: InferenceResult, prof: Profile, info: DeviceInfo, descriptio
         "summary": _json_rows(result.summary),
         "sweep": {"max_batch": max_batch, "plateau_gain": PLATEAU_GAIN, "plateau_doublings": PLATEAU_DOUBLINGS,
                   "ends": result.sweep_ends, "rows": _json_rows(result.sweep)},
+        "request_latency": {"warmup_requests": REQUEST_WARMUP, "min_requests": MIN_REQUESTS,
+                            "min_seconds": request_seconds, "rows": _json_rows(result.latency)},
     }

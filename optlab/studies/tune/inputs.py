@@ -12,7 +12,6 @@ import difflib
 import functools
 import importlib
 import json
-import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
@@ -23,42 +22,21 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data.dataloader import default_collate
 from torch.utils.flop_counter import FlopCounterMode
 
-from ..core import data
-from ..core.config import RunConfig
-from ..core.errors import OptlabError
-from ..core.experiments import failure_status
-from ..core.limits import check_count
+from ...core import data, loops
+from ...core.loops import Inputs
+from ...core.config import RunConfig
+from ...core.errors import OptlabError
+from ...core.experiments import failure_status
+from .examples import Examples, checked_example, describe_inputs
 
 MAX_BATCH_SIZE = 65_536
-MAX_DIM = 65_536  # one dimension of one input
 MAX_BATCH_ELEMENTS = 2**30  # one synthetic batch: 4 GiB in fp32
-MAX_CLASSES = 1_000_000
 POOL_BATCHES = 4  # synthetic batches made once and given in turn
 POOL_BYTES = 2**30
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+Batch = tuple[Inputs, torch.Tensor]
 ModelFn = Callable[[], nn.Module]
 LossFn = Callable[[Any, torch.Tensor], torch.Tensor]
-
-
-def parse_shape(text: str) -> tuple[int, ...]:
-    """One input's shape from ``"3,224,224"`` (the batch dimension is not part of it)."""
-    try:
-        shape = tuple(int(part) for part in text.replace(" ", "").strip("()[]").split(","))
-    except ValueError:
-        raise OptlabError(f"input shape must be whole numbers separated by commas, such as 3,224,224; "
-                          f"got {text!r}") from None
-    return check_shape(shape)
-
-
-def check_shape(shape: Iterable[int]) -> tuple[int, ...]:
-    """``shape`` as a tuple of 1 to 4 dimensions, each within bounds."""
-    shape = tuple(shape)
-    if not 1 <= len(shape) <= 4:
-        raise OptlabError(f"input shape must have 1 to 4 dimensions (no batch dimension), got {list(shape)}")
-    for size in shape:
-        check_count("each input dimension", size, 1, MAX_DIM, "values along one dimension of one input")
-    return shape
 
 
 def parse_kwargs(text: str) -> dict[str, Any]:
@@ -100,6 +78,22 @@ def callable_from_spec(spec: str, flag: str, job: str, example: str) -> Callable
     return target
 
 
+def example_from_spec(spec: str, training: bool) -> tuple[Any, torch.Tensor | None]:
+    """The example batch that the callable ``PACKAGE.MODULE:CALLABLE`` returns, called without arguments: for
+    training ``(inputs, targets)``, at inference the inputs (a tensor, a tuple or a dict of keyword tensors)."""
+    make = callable_from_spec(spec, "--example-batch", "returns an example batch", "mypackage.serving:example")
+    try:
+        batch = make()
+    except Exception as error:  # noqa: BLE001  (the user's code: its error, in one line)
+        raise OptlabError(f"--example-batch {spec}() failed: {describe_error(error)}") from None
+    if not training:
+        return batch, None
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2 and isinstance(batch[1], torch.Tensor)):
+        raise OptlabError(f"for training, --example-batch {spec} must return (inputs, targets), the targets a tensor; "
+                          f"it returned a {type(batch).__name__}")
+    return batch[0], batch[1]
+
+
 def model_name(model_fn: ModelFn) -> str:
     """A readable name for the callable that builds the model."""
     function = model_fn.func if isinstance(model_fn, functools.partial) else model_fn
@@ -129,22 +123,29 @@ def build_model(model_fn: ModelFn, seed: int) -> nn.Module:
 
 
 class SyntheticBatches:
-    """A few fixed batches (``inputs[i]``, ``targets[i]``), given in turn for ``count`` steps: every variant sees the
-    same ones. The tensors are fields, so a variant that holds them on the device is charged their memory. With
-    ``copy_to``, each batch is copied there as it is given, ``non_blocking`` (from pinned host memory, as a pinned
-    DataLoader hands them over), inside the step that reads it."""
+    """A few fixed batches, rows ``[i * batch_size, (i + 1) * batch_size)`` of ``inputs`` and ``targets``, given in
+    turn for ``count`` steps: every variant sees the same ones. The tensors are fields, so a variant that holds them
+    on the device is charged their memory. With ``copy_to``, each batch is copied there as it is given,
+    ``non_blocking`` (from pinned host memory, as a pinned DataLoader hands them over), inside the step that reads
+    it."""
 
-    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, count: int,
+    def __init__(self, inputs: Inputs, targets: torch.Tensor, batch_size: int, count: int,
                  copy_to: torch.device | None = None) -> None:
-        self.inputs, self.targets, self.count, self.copy_to = inputs, targets, count, copy_to
+        self.inputs, self.targets, self.batch_size, self.count = inputs, targets, batch_size, count
+        self.copy_to = copy_to
+        self.pool = len(targets) // batch_size
 
     def __len__(self) -> int:
         return self.count
 
     def __iter__(self) -> Iterator[Batch]:
         for i in range(self.count):
-            batch = (self.inputs[i % len(self.inputs)], self.targets[i % len(self.targets)])
-            yield batch if self.copy_to is None else tuple(t.to(self.copy_to, non_blocking=True) for t in batch)
+            rows = slice((i % self.pool) * self.batch_size, (i % self.pool + 1) * self.batch_size)
+            inputs, targets = loops.map_inputs(lambda t: t[rows], self.inputs), self.targets[rows]
+            if self.copy_to is not None:
+                inputs = loops.inputs_to(inputs, self.copy_to, non_blocking=True)
+                targets = targets.to(self.copy_to, non_blocking=True)
+            yield inputs, targets
 
 
 @dataclass(frozen=True)
@@ -154,42 +155,42 @@ class Batches:
     kind: str  # "synthetic", "dataset" or "loader"
     description: str
     batch_size: int
-    epoch_images: int  # images in one pass (for synthetic batches: the timed steps of one repeat)
+    epoch_images: int  # samples in one pass (for synthetic batches: the timed steps of one repeat)
     first: Batch  # the probe's batch, on the host
     labels: int  # class labels run below this: num_classes for synthetic batches, else the first batch's largest + 1
     loader: Callable[[RunConfig, torch.device], Iterable[Batch]]
 
 
-def synthetic_batches(input_shape: Iterable[int], num_classes: int, batch_size: int, steps_per_run: int,
-                      seed: int) -> Batches:
-    """Random inputs of ``input_shape`` and random labels below ``num_classes``, made once on the host (on the device
-    for a config with ``data_on_device``). On CUDA the host batches are pinned and each is copied ``non_blocking`` in
-    its step, as a pinned DataLoader's are: the steps before "+ data on device" pay what a good loader pays, and
-    that step is credited with the copy alone."""
-    shape = check_shape(input_shape)
-    check_count("num_classes", num_classes, 2, MAX_CLASSES, "classes of the synthetic labels")
-    elements = batch_size * math.prod(shape)
+def synthetic_batches(examples: Examples, batch_size: int, steps_per_run: int) -> Batches:
+    """A few batches of ``examples`` (random inputs and targets, or the rows of an example batch), made once on the
+    host (on the device for a config with ``data_on_device``). On CUDA the host batches are pinned and each is
+    copied ``non_blocking`` in its step, as a pinned DataLoader's are: the steps before "+ data on device" pay what a
+    good loader pays, and that step is credited with the copy alone."""
+    if not examples.has_targets:
+        raise OptlabError("training needs targets: give num_classes (random class labels) with described inputs, "
+                          "targets= with an example batch, or data= (batches of inputs and targets)")
+    elements = batch_size * examples.values_per_sample
     if elements > MAX_BATCH_ELEMENTS:
-        raise OptlabError(f"one batch of {batch_size} x {list(shape)} is {elements:,} values "
-                          f"({elements * 4 / 2**30:.1f} GiB in fp32); the limit is {MAX_BATCH_ELEMENTS:,}")
-    generator = torch.Generator().manual_seed(seed)
+        raise OptlabError(f"one batch of {batch_size} samples of {examples.values_per_sample:,} values is "
+                          f"{elements:,} values ({elements * 4 / 2**30:.1f} GiB in fp32); the limit is "
+                          f"{MAX_BATCH_ELEMENTS:,}")
     count = max(1, min(POOL_BATCHES, steps_per_run, POOL_BYTES // (elements * 4)))
-    inputs = torch.randn(count, batch_size, *shape, generator=generator)
-    targets = torch.randint(0, num_classes, (count, batch_size), generator=generator)
+    inputs, targets = examples.make(count * batch_size, 0)
 
-    pinned: list[torch.Tensor] = []  # pinned once, on the first config that copies to a GPU
+    pinned: list = []  # pinned once, on the first config that copies to a GPU
 
     def loader(config: RunConfig, device: torch.device) -> SyntheticBatches:
         if config.data_on_device:
-            return SyntheticBatches(inputs.to(device), targets.to(device), steps_per_run)
+            return SyntheticBatches(loops.inputs_to(inputs, device), targets.to(device), batch_size, steps_per_run)
         if device.type == "cuda":  # pageable batches would pay a blocking staging copy that "+ data on device" saves
-            pinned[:] = pinned or [inputs.pin_memory(), targets.pin_memory()]
-            return SyntheticBatches(*pinned, steps_per_run, copy_to=device)
-        return SyntheticBatches(inputs, targets, steps_per_run)
+            pinned[:] = pinned or [loops.map_inputs(torch.Tensor.pin_memory, inputs), targets.pin_memory()]
+            return SyntheticBatches(*pinned, batch_size, steps_per_run, copy_to=device)
+        return SyntheticBatches(inputs, targets, batch_size, steps_per_run)
 
-    return Batches("synthetic", f"synthetic batches of {batch_size} x {list(shape)}, {num_classes} classes "
-                   f"({count} made once, given in turn)", batch_size, batch_size * steps_per_run,
-                   (inputs[0], targets[0]), num_classes, loader)
+    first = (loops.map_inputs(lambda t: t[:batch_size], inputs), targets[:batch_size])
+    classes = f", {examples.classes} classes" if examples.classes else ""
+    return Batches("synthetic", f"{examples.description}: batches of {batch_size}{classes} ({count} made once, given "
+                   "in turn)", batch_size, batch_size * steps_per_run, first, examples.classes or 0, loader)
 
 
 def dataset_batches(dataset: Dataset, batch_size: int, steps_per_run: int, seed: int) -> Batches:
@@ -231,6 +232,13 @@ def loader_batches(loader: DataLoader, batch_size: int | None, steps_per_run: in
                    lambda config, device: loader)
 
 
+def check_seconds(name: str, value: float, most: float) -> float:
+    """A duration a user typed: a number of seconds above 0 and at most ``most``."""
+    if not (isinstance(value, (int, float)) and 0 < value <= most):
+        raise OptlabError(f"{name} must be a number of seconds above 0 and at most {most:g}, got {value!r}")
+    return float(value)
+
+
 def _enough(full_batches: int, steps_per_run: int, what: str) -> None:
     if full_batches < steps_per_run:
         raise OptlabError(f"{what}; each timed run needs {steps_per_run} (warm-up + timed steps): pass more data, "
@@ -245,11 +253,52 @@ def _label_bound(targets: torch.Tensor) -> int:
 
 
 def _pair(batch: Any) -> Batch:
-    """A batch as ``(inputs, targets)`` tensors, or an error saying what it was."""
-    if not (isinstance(batch, (tuple, list)) and len(batch) == 2 and all(isinstance(t, torch.Tensor) for t in batch)):
+    """A batch as ``(inputs, targets)``: inputs a tensor, a tuple or a dict of tensors; targets a tensor."""
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2 and isinstance(batch[1], torch.Tensor)):
         kind = f"a {type(batch).__name__}" + (f" of {len(batch)}" if isinstance(batch, (tuple, list)) else "")
-        raise OptlabError(f"each batch must be (inputs, targets) tensors; the first was {kind}")
-    return batch[0], batch[1]
+        raise OptlabError(f"each batch must be (inputs, targets), the targets a tensor; the first was {kind}")
+    return checked_example(batch[0], "a batch's inputs"), batch[1]
+
+
+def first_inputs(data: DataLoader | Dataset, rows: int) -> Inputs:
+    """The inputs of the first batch of a DataLoader, or of the first ``rows`` samples of a map-style dataset, as an
+    example batch: a batch of two is ``(inputs, targets)``, as for training; a tensor or a dict is the inputs."""
+    try:
+        if isinstance(data, DataLoader):
+            batch = next(iter(data))
+        elif isinstance(data, IterableDataset) or not hasattr(data, "__len__"):
+            raise OptlabError("data must be a DataLoader or a map-style dataset (with __len__ and __getitem__)")
+        else:
+            batch = default_collate([data[i] for i in range(min(rows, len(data)))])
+    except OptlabError:
+        raise
+    except Exception as error:  # noqa: BLE001  (the user's data: its error, in one line)
+        raise OptlabError(f"reading the first batch of data failed: {describe_error(error)}") from None
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:  # (inputs, targets), as for training
+        batch = batch[0]
+    return checked_example(batch, "the data's inputs")
+
+
+def main_output(raw: Any) -> Any:
+    """The tensor a model's output is judged by: the output itself, a dict's ``logits`` (or its only tensor), a
+    tuple's first tensor; anything else as it is."""
+    if isinstance(raw, dict):
+        if "logits" in raw:
+            return raw["logits"]
+        tensors = [value for value in raw.values() if isinstance(value, torch.Tensor)]
+        return tensors[0] if len(tensors) == 1 else raw
+    if isinstance(raw, (tuple, list)) and raw and isinstance(raw[0], torch.Tensor):
+        return raw[0]
+    return raw
+
+
+def cross_entropy(output: Any, targets: torch.Tensor) -> torch.Tensor:
+    """The default loss: cross-entropy of the main output (:func:`main_output`), over every token for ``[N, T, V]``
+    outputs with ``[N, T]`` targets (targets of -100 ignored: padding, a last position)."""
+    logits = main_output(output)
+    if isinstance(logits, torch.Tensor) and logits.dim() >= 3 and logits.shape[:-1] == targets.shape:
+        return F.cross_entropy(logits.flatten(0, -2), targets.flatten())
+    return F.cross_entropy(logits, targets)
 
 
 @dataclass(frozen=True)
@@ -268,22 +317,26 @@ def probe(model_fn: ModelFn, batches: Batches, loss_fn: LossFn, device: torch.de
     The model's own error, with the shape tried, becomes one OptlabError; so does a label the model's output
     cannot hold (checked before the device sees it: on CUDA it would be a device-side assert)."""
     model = build_model(model_fn, seed).to(device)
-    inputs, targets = (t[:2] for t in batches.first)
-    shape = list(inputs.shape)
+    inputs = loops.map_inputs(lambda t: t[:2], batches.first[0])
+    targets = batches.first[1][:2]
+    shape = str(list(inputs.shape)) if isinstance(inputs, torch.Tensor) else describe_inputs(inputs)
     try:
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            output = model(inputs.to(device))
+            output = loops.call_model(model, loops.inputs_to(inputs, device))
     except Exception as error:  # noqa: BLE001  (the user's model: its error, in one line)
         raise OptlabError(f"the model rejected inputs of shape {shape}: {describe_error(error)}") from None
-    classes = output.shape[1] if isinstance(output, torch.Tensor) and output.dim() >= 2 else None
-    if (loss_fn is F.cross_entropy or isinstance(loss_fn, nn.CrossEntropyLoss)) and classes is not None \
-            and batches.labels > classes:
+    logits = main_output(output)
+    classes = None
+    if isinstance(logits, torch.Tensor) and logits.dim() >= 2:
+        classes = logits.shape[-1] if logits.dim() >= 3 and logits.shape[:-1] == targets.shape else logits.shape[1]
+    if (loss_fn in (F.cross_entropy, cross_entropy) or isinstance(loss_fn, nn.CrossEntropyLoss)) \
+            and classes is not None and batches.labels > classes:
         raise OptlabError(f"the model gives {classes} outputs per sample, but the labels go up to "
                           f"{batches.labels - 1}: pass a matching num_classes (or the model's own, in --kwargs)")
     try:
         loss = loss_fn(output, targets.to(device))
     except Exception as error:  # noqa: BLE001  (the user's loss or an output it cannot take)
-        kind = list(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
+        kind = list(logits.shape) if isinstance(logits, torch.Tensor) else type(output).__name__
         raise OptlabError(f"the loss failed on the model's output ({kind}) for inputs of shape {shape}: "
                           f"{describe_error(error)}") from None
     if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
@@ -291,4 +344,5 @@ def probe(model_fn: ModelFn, batches: Batches, loss_fn: LossFn, device: torch.de
         raise OptlabError(f"the loss must be a single number (a tensor of one element), got {kind}")
     has_conv2d = any(isinstance(module, nn.Conv2d) for module in model.modules())
     parameters = sum(p.numel() for p in model.parameters())
-    return Probe(counter.get_total_flops() / len(inputs), parameters, has_conv2d, inputs.dim())
+    first = loops.input_tensors(inputs)[0]
+    return Probe(counter.get_total_flops() / len(first), parameters, has_conv2d, first.dim())

@@ -1,0 +1,66 @@
+"""What both tunes return: the steps tried, the comparisons' samples and summaries, the kept steps, the recommended
+configuration with its speed-up measured afresh against the starting point, and the lines of code that make it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ...core.config import RunConfig
+from ...core.timing import FASTER, INTERVAL
+
+START = "starting point"
+FINAL = "recommended"
+AFRESH = "all kept steps, against the starting point"
+
+
+@dataclass(kw_only=True)
+class Recommendation:
+    """One row per step (``steps``), the tidy samples and summaries of every comparison (as ``run_experiment`` gives
+    them, with a ``comparison`` column naming the step tried), the kept steps, the starting point and the recommended
+    configuration, its speed-up over the starting point measured afresh with its interval and verdict, the lines of
+    code (``code``) and the record."""
+
+    model: str
+    steps: pd.DataFrame
+    samples: pd.DataFrame
+    summary: pd.DataFrame
+    kept: list[str]
+    start: RunConfig
+    recommended: RunConfig
+    speedup: float
+    ci_low: float
+    ci_high: float
+    verdict: str
+    code: list[str]
+    record: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None
+
+    def speedups(self) -> pd.DataFrame:
+        """One row per measured step (its speed-up over the configuration before it), then the kept steps measured
+        afresh against the starting point: ``model``, ``step``, ``speedup``, ``ci_low``, ``ci_high``, ``verdict``."""
+        columns = ["step", "speedup", "ci_low", "ci_high", "verdict"]
+        rows = self.steps.loc[self.steps["speedup"].notna(), columns]
+        if self.kept:
+            rows = pd.concat([rows, pd.DataFrame([[AFRESH, self.speedup, self.ci_low, self.ci_high, self.verdict]],
+                                                 columns=columns)], ignore_index=True)
+        return rows.assign(model=self.model)[["model", *columns]].reset_index(drop=True)
+
+    def headline(self, nothing_kept: str, more: str) -> str:
+        """The recommendation in one sentence: ``nothing_kept`` when no step was kept; ``more`` says what would
+        confirm a recommendation that measured afresh was not clearly faster."""
+        if not self.kept:
+            return nothing_kept
+        steps, interval = ", ".join(self.kept), f"{INTERVAL} {self.ci_low:.2f}-{self.ci_high:.2f}"
+        if self.verdict == FASTER:
+            return (f"recommendation: {steps}: {self.speedup:.2f}x faster than the starting point ({interval}; "
+                    "measured afresh, all together)")
+        return (f"recommendation, not confirmed: {steps} each looked faster than the step before, but measured afresh, "
+                f"all together, against the starting point: {self.speedup:.2f}x ({interval}): {self.verdict}. "
+                f"{more}")
+
+    def code_block(self, heading: str) -> list[str]:
+        """``heading``, then the lines of code, indented by four spaces as a block (empty without lines)."""
+        return [heading, *(f"    {line}" for line in self.code)] if self.code else []
