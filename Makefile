@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test book serve bench lab ddp-check clean
+.PHONY: install test book serve bench lab ddp-check shard-check clean
 
 install: $(STAMP)
 
@@ -28,6 +28,9 @@ bench: $(STAMP)
 
 ddp-check: $(STAMP)
 	$(PY) -m optlab.studies.distributed parity
+
+shard-check: $(STAMP)  # FSDP2 on two gloo processes against one process, and a checkpoint saved by 2 and loaded by 1
+	$(PY) -m optlab.studies.distributed shard-check
 
 lab: $(STAMP)  # the chapters in JupyterLab; --allow-root: containers (and CI) often run as root, where Jupyter refuses
 	$(VENV)/bin/jupyter lab --allow-root notebooks/
