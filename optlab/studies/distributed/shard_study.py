@@ -90,6 +90,13 @@ class ShardStudy:
                          "verdict": result.verdict})
         return pd.DataFrame(rows).set_index("setup").round(3)
 
+    def speedups(self) -> pd.DataFrame:
+        """The FSDP2 setups' speed-ups over DDP as tidy rows, in the columns ``optlab.book.report`` plots."""
+        table = self.timing_table().drop(index="DDP")
+        return pd.DataFrame({"model": "GPT", "phase": "train", "variant": table.index, "source": "live",
+                             "speedup": table["speed-up over DDP"], "ci_low": table["low"], "ci_high": table["high"],
+                             "verdict": table["verdict"], "role": None, "versus": "DDP"}).reset_index(drop=True)
+
     def round_trip_difference(self) -> float:
         """Max |logits of one process that loaded the ranks' checkpoint - logits of the sharded model that saved it|."""
         loaded = loaded_outputs(self.checkpoint, self.batch_size)
