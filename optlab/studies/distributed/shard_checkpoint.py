@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
@@ -31,7 +32,7 @@ def load_checkpoint(folder: str | Path, model: nn.Module) -> nn.Module:
     if not (Path(folder) / ".metadata").is_file():
         raise OptlabError(f"{folder} is not a torch.distributed.checkpoint folder (it has no .metadata file)")
     state = get_model_state_dict(model)
-    dcp.load(state, checkpoint_id=str(folder))
+    dcp.load(state, checkpoint_id=str(folder), no_dist=not dist.is_initialized())
     set_model_state_dict(model, state)
     return model
 

@@ -80,6 +80,10 @@ class ShardStudy:
         table["of one process"] = table["total"] / table.loc["one process", "total"]
         return table.rename(columns={part: f"{part} MiB" for part in [*parts, "total"]}).round(4)
 
+    def collectives_table(self) -> pd.DataFrame:
+        """Calls of each collective in one training step, one row per setup."""
+        return pd.DataFrame(self.collectives).T.rename_axis("setup")
+
     def timing_table(self) -> pd.DataFrame:
         """Median step time of each setup and its speed-up over DDP with the interval, from the paired rounds."""
         rows = []
