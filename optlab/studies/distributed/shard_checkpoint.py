@@ -6,6 +6,7 @@ needs and reshards on the way in.
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -32,7 +33,9 @@ def load_checkpoint(folder: str | Path, model: nn.Module) -> nn.Module:
     if not (Path(folder) / ".metadata").is_file():
         raise OptlabError(f"{folder} is not a torch.distributed.checkpoint folder (it has no .metadata file)")
     state = get_model_state_dict(model)
-    dcp.load(state, checkpoint_id=str(folder), no_dist=not dist.is_initialized())
+    with warnings.catch_warnings():  # DCP warns that it loads in one process, which is what no_dist asks for
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(folder), no_dist=not dist.is_initialized())
     set_model_state_dict(model, state)
     return model
 
