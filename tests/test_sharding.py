@@ -9,7 +9,6 @@ import shlex
 import shutil
 
 import pytest
-import torch
 from torch import nn
 from torch.distributed.run import get_args_parser
 
