@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test book serve bench lab ddp-check gpu-check clean
+.PHONY: install test book serve bench lab ddp-check shard-check gpu-check clean
 
 install: $(STAMP)
 
@@ -28,6 +28,9 @@ bench: $(STAMP)
 
 ddp-check: $(STAMP)
 	$(PY) -m optlab.studies.distributed parity
+
+shard-check: $(STAMP)  # FSDP2 on two gloo processes against one process, and a checkpoint saved by 2 and loaded by 1
+	$(PY) -m optlab.studies.distributed shard-check
 
 gpu-check:  # the CUDA-only tests and the chapters' CUDA checks; the venv's Python if there is one, else $(PYTHON)
 	PYTHONPATH=. $(if $(wildcard $(PY)),$(PY),$(PYTHON)) tools/gpu_check.py
