@@ -88,10 +88,13 @@ class ShardStudy:
         """Median step time of each setup and its speed-up over DDP with the interval, from the paired rounds."""
         rows = []
         for label, times in self.round_times_s.items():
+            row = {"setup": label, "step ms (median)": 1e3 * float(np.median(times)), "rounds": len(times)}
+            if label == "DDP":  # the reference: compared with itself it has no interval, only its own 1
+                rows.append(row | {"speed-up over DDP": 1.0, "low": 1.0, "high": 1.0, "verdict": "reference"})
+                continue
             result = speed_up(self.round_times_s["DDP"], times, self.slot_shifts[label])
-            rows.append({"setup": label, "step ms (median)": 1e3 * float(np.median(times)), "rounds": len(times),
-                         "speed-up over DDP": result.ratio, "low": result.low, "high": result.high,
-                         "verdict": result.verdict})
+            rows.append(row | {"speed-up over DDP": result.ratio, "low": result.low, "high": result.high,
+                               "verdict": result.verdict})
         return pd.DataFrame(rows).set_index("setup").round(3)
 
     def speedups(self) -> pd.DataFrame:

@@ -6,7 +6,7 @@ them after it (``reshard_after_forward``), and backward reduce-scatters every bl
 only its shard of the parameters, of the gradients and of the optimizer state.
 
 The code is generic over a :class:`Workload`: a model builder whose module has a ``.blocks`` ``nn.ModuleList``, a
-batch maker and a loss. :func:`build_transformer` is the GPT-shaped model the chapter and the checks train.
+batch maker and a loss. :func:`build_transformer` is the transformer track's GPT, at the size the chapter and the checks train.
 """
 from __future__ import annotations
 
@@ -20,51 +20,15 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from ...core.errors import OptlabError
+from ...core.transformer import GPT, GPTConfig
 
 VOCAB, WIDTH, DEPTH, HEADS, CONTEXT = 256, 64, 2, 4, 32  # a GPT at toy size: a CPU step takes milliseconds
 
 
-class _Block(nn.Module):
-    """A pre-norm transformer block: causal self-attention, then an MLP, each added to the residual stream."""
-
-    def __init__(self, width: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
-        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n, t, c = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(n, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
-        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(n, t, c)
-        x = x + self.proj(attended)
-        return x + self.mlp(self.norm2(x))
-
-
-class _TinyGPT(nn.Module):
-    """Token and position embeddings, ``.blocks``, a final norm and a head tied to the token embedding."""
-
-    def __init__(self, vocab: int, width: int, depth: int, heads: int, context: int) -> None:
-        super().__init__()
-        self.tokens, self.positions = nn.Embedding(vocab, width), nn.Embedding(context, width)
-        self.blocks = nn.ModuleList(_Block(width, heads) for _ in range(depth))
-        self.norm = nn.LayerNorm(width)
-        self.head = nn.Linear(width, vocab, bias=False)
-        self.head.weight = self.tokens.weight
-        for embedding in (self.tokens, self.positions):
-            nn.init.normal_(embedding.weight, std=0.02)  # GPT-2's: logits near 0 at the start, a loss near log(vocab)
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.tokens(idx) + self.positions(torch.arange(idx.shape[1], device=idx.device))
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.norm(x))
-
-
 def build_transformer() -> nn.Module:
-    """The GPT the sharding chapter trains: ``forward(idx [N, T]) -> logits [N, T, VOCAB]``, with ``.blocks``."""
-    return _TinyGPT(VOCAB, WIDTH, DEPTH, HEADS, CONTEXT)
+    """The transformer track's GPT (:class:`optlab.core.transformer.GPT`) at a size a CPU trains in milliseconds:
+    ``forward(idx [N, T]) -> logits [N, T, VOCAB]``, with ``.blocks``."""
+    return GPT(GPTConfig(vocab_size=VOCAB, block_size=CONTEXT, n_layer=DEPTH, n_head=HEADS, n_embd=WIDTH))
 
 
 def token_batch(batch_size: int, seed: int) -> torch.Tensor:
