@@ -83,7 +83,7 @@ def test_step_trace_orders_warmup_then_timed_steps_of_repeat_0():
 
 def test_missing_cpp_compiler_is_reported_before_any_work(monkeypatch):
     monkeypatch.setattr(compiler.shutil, "which", lambda name: None)
-    monkeypatch.setattr("optlab.core.experiments.data.find_source", lambda *a: pytest.fail("work started"))
+    monkeypatch.setattr("optlab.core.experiments.cached_datasets", lambda *a: pytest.fail("work started"))
     with pytest.raises(OptlabError, match=r"needs a C\+\+ compiler.*g\+\+.*compile_mode 'none'"):
         run_experiment("compile", profile=TINY, device="cpu", progress=False)
     eager_only = get_experiment("compile").with_variants(("a", {}), ("b", {}))

@@ -122,11 +122,14 @@ def test_records_are_cleaned_inside_lists_and_dicts(tmp_path):
 
 
 def test_cudnn_benchmark_runs_each_variant_in_a_fresh_process_of_its_own():
-    """On the CPU the flag does nothing, so the isolated run must compute exactly what the in-process run computes;
-    what differs is where: one new process per variant, the same one for all its repeats, never this one."""
-    isolated = experiments.run_experiment("cudnn_benchmark", profile=TINY, device="cpu", progress=False)
-    local = experiments.run_experiment(replace(get_experiment("cudnn_benchmark"), isolate_variants=False),
-                                       profile=TINY, device="cpu", progress=False)
+    """Two copies of one configuration (on the CPU the flag does nothing, so its variant is not timed there): the
+    isolated run must compute exactly what the in-process run computes; what differs is where: one new process per
+    variant, the same one for all its repeats, never this one."""
+    copies = get_experiment("cudnn_benchmark").with_variants(("first copy", {}), ("second copy", {}))
+    assert copies.isolate_variants
+    isolated = experiments.run_experiment(copies, profile=TINY, device="cpu", progress=False)
+    local = experiments.run_experiment(replace(copies, isolate_variants=False), profile=TINY, device="cpu",
+                                       progress=False)
     pids = isolated.samples.groupby("variant")["pid"].agg(set)
     assert all(len(p) == 1 for p in pids) and len(set.union(*pids)) == 2 and os.getpid() not in set.union(*pids)
     assert set(local.samples["pid"]) == {os.getpid()}
