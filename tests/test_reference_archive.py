@@ -244,7 +244,8 @@ def test_the_plan_says_which_estimates_were_measured(monkeypatch, tmp_path):
                                    "device_name": "NVIDIA H200", "profile": "quick", "repeats": 12}])
     text = reference.describe_plan("seed", device="cpu")
     line = next(line for line in text.splitlines() if "set_to_none resnet18" in line)
-    assert "30.0" in line and "measured (h200)" in line
+    runs = reference.runs_per_variant(reference.reference_profile(None, True))
+    assert f"{30.0 * runs / 12:.1f}" in line and "measured (h200)" in line  # 30 s at 12 repeats, scaled to the cap
     assert "estimates: 1 part(s) measured, 37 from the table" in text
 
 

@@ -230,7 +230,7 @@ def test_the_graph_pool_is_counted_in_the_inference_peak(monkeypatch):
     """A fake CUDA device whose graphs hold a 64 MiB pool: a reduce-overhead configuration's comparison repeats and
     its sweep points each count it; an eager one's do not."""
     monkeypatch.setattr(memory, "graph_pool_mb", lambda device: 64.0)
-    monkeypatch.setattr(memory, "phase_peak_mb", lambda device, start, resident: 10.0)
+    monkeypatch.setattr(memory, "phase_peak_mb", lambda device, start, resident, *increase: 10.0)
     cuda = torch.device("cuda")
 
     def timed(*args, **kwargs):

@@ -83,7 +83,7 @@ PART_SETUP_S = 0.3  # a part's environment capture (nvidia-smi) and record write
 TABLE_S = {"microbench": 20, "autotune": 45, "numerics": 40, "tf32": 15, "optimizer_bench": 30, "cuda_graphs": 60,
            "pipeline": 40, "profiling": 120, "learning": 150}  # each study's tables, whole
 EPOCH_IMAGES = {"train": 50_000, "test": 10_000}  # a whole epoch, for the full profile
-PART_LIMIT_S = 240  # no part may need more than 4 minutes: a killed command loses only the part it was in
+PART_LIMIT_S = 300  # no part may need more than 5 minutes: a killed command loses only the part it was in
 CHEAP_TABLE_S = 60  # a set's tables this cheap run right after its techniques on the first model
 STARTUP_S = 15.0  # from the process start to the first part: imports, the CUDA context, the data sets
 PACK_RESERVE_S = 10.0  # kept free before the deadline: the last part's record, the log and the archive

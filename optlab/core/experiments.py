@@ -107,7 +107,7 @@ def run_experiment(
     A variant that raises (out of memory, or any other error) is recorded with its status and left out of the
     later repeats; the other variants go on. ``resume``: keep the models already in ``out/filename`` when it comes
     from this machine, torch version, commit and profile, and run only the others. ``deadline`` (on
-    :func:`optlab.core.shutdown.now`'s clock): no round starts that would end past it.
+    ``optlab.core.shutdown.now()``'s clock): no round starts that would end past it.
     """
     experiment = get_experiment(experiment)
     info = resolve_device(device)

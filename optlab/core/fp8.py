@@ -94,7 +94,7 @@ class FP8Matmul(torch.autograd.Function):
 
 
 class FP8Linear(nn.Linear):
-    """An ``nn.Linear`` whose matmuls run in FP8 (:class:`FP8Matmul`); weights and bias stay in their own dtype."""
+    """An ``nn.Linear`` whose matmuls run in FP8 (``FP8Matmul``); weights and bias stay in their own dtype."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])

@@ -84,7 +84,7 @@ def causal(b, h, q_idx, kv_idx):
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention; ``attention`` names the kernel (see :data:`ATTENTIONS`)."""
+    """Multi-head causal self-attention; ``attention`` names the kernel (see ``ATTENTIONS``)."""
 
     def __init__(self, config: GPTConfig, attention: str = "sdpa") -> None:
         super().__init__()
@@ -158,7 +158,7 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """nanoGPT's decoder-only transformer: ``forward(idx [N, T] of token ids) -> logits [N, T, vocab_size]``.
 
-    ``attention`` is one of :data:`ATTENTIONS`; ``checkpointing`` one of :data:`CHECKPOINTINGS` ("full" recomputes
+    ``attention`` is one of ``ATTENTIONS``; ``checkpointing`` one of ``CHECKPOINTINGS`` ("full" recomputes
     every block in the backward pass, "selective" keeps the matmul outputs and recomputes the pointwise ops).
     ``.blocks`` holds the blocks, so a sharding wrapper can wrap each one.
     """

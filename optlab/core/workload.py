@@ -52,7 +52,7 @@ class Workload:
     stand-in of the same format and per-sample cost) and ``datasets(source, download)`` builds the train and test
     sets, of ``train_size`` and ``test_size`` samples. ``example_input(batch)`` is a model input of ``batch``
     samples (token ids ``[N, T]`` as a long tensor, images ``[N, 3, H, W]``); inside ``torch.device("meta")`` it is
-    built on the meta device, which is how :mod:`flops` counts one sample's forward FLOPs.
+    built on the meta device, which is how ``optlab.core.flops`` counts one sample's forward FLOPs.
     ``device_loader(dataset, batch, device, train, drop_last, seed)``, if given, holds the data set on the device
     (the ``data_on_device`` knob); a workload without one refuses that knob.
     """
@@ -98,7 +98,7 @@ WORKLOADS: dict[str, Workload] = {}
 
 
 def register_workload(workload: Workload) -> Workload:
-    """Add ``workload`` to :data:`WORKLOADS` under its name (its module does this when imported)."""
+    """Add ``workload`` to ``WORKLOADS`` under its name (its module does this when imported)."""
     WORKLOADS[workload.name] = workload
     return workload
 
