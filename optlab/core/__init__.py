@@ -25,4 +25,6 @@ if not torch.cuda.is_available():
 
 # The workloads, one line each (a new workload is one module and one line here), then the techniques.
 from . import cifar  # noqa: E402,F401  (registers the CIFAR-10 workload)
+from . import gpt  # noqa: E402,F401  (registers the GPT workload)
 from . import techniques  # noqa: E402,F401  (fills the registry)
+from . import gpt_techniques  # noqa: E402,F401  (the transformer track's techniques)

@@ -10,9 +10,12 @@ from .workload import get_workload
 AMP_DTYPES = ("none", "fp16", "bf16")
 EVAL_GRAD_MODES = ("grad", "no_grad", "inference_mode")
 MODEL_VARIANTS = ("base", "rec")
-OPTIMIZERS = ("sgd", "adam")
+OPTIMIZERS = ("sgd", "adam", "adamw")
 OPTIMIZER_IMPLS = ("default", "for_loop", "foreach", "fused")
-COMPILE_MODES = ("none", "default", "max-autotune", "reduce-overhead")
+COMPILE_MODES = ("none", "default", "max-autotune", "reduce-overhead", "max-autotune-no-cudagraphs")
+ATTENTIONS = ("manual", "sdpa", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "flex")
+CHECKPOINTINGS = ("none", "full", "selective")
+MAX_SEQ_LEN, MAX_VOCAB = 131_072, 1_048_576
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,12 @@ class RunConfig:
     matmul_tf32: bool = False  # torch's default: fp32 matmuls in full precision
     cudnn_tf32: bool = True  # torch's default: fp32 convolutions may use TF32 on Ampere and newer
     data_on_device: bool = False  # the whole data set resident on the device, augmented there in batches
+    fp8: bool = False  # linear layers in FP8 (optlab.core.fp8) where the GPU supports it
+    # a token model's (the gpt workload's model_knobs; other workloads refuse values but the defaults)
+    attention: str = "sdpa"  # how causal attention is computed (optlab.core.transformer.ATTENTIONS)
+    checkpointing: str = "none"  # what backward recomputes: nothing, every block ("full"), the pointwise ops
+    seq_len: int | None = None  # tokens per sequence; None: the model's block size
+    vocab_size: int | None = None  # the embedding's rows; None: the model's own (a padded vocabulary is larger)
 
     def __post_init__(self) -> None:
         workload = get_workload(self.workload)
@@ -56,6 +65,18 @@ class RunConfig:
         if self.data_on_device and workload.device_loader is None:
             raise OptlabError(f"data_on_device=True: the {workload.name} workload cannot hold its data on the device; "
                               "leave it False")
+        for knob, default in MODEL_KNOB_DEFAULTS.items():
+            if getattr(self, knob) != default and knob not in workload.model_knobs:
+                raise OptlabError(f"{knob}={getattr(self, knob)!r}: the {workload.name} workload has no {knob} knob "
+                                  f"(leave it {default!r}); it is a knob of a token model's workload such as gpt")
+        if self.attention not in ATTENTIONS:
+            raise choice_error("attention", self.attention, ATTENTIONS)
+        if self.checkpointing not in CHECKPOINTINGS:
+            raise choice_error("checkpointing", self.checkpointing, CHECKPOINTINGS)
+        if self.seq_len is not None:
+            _require_int("seq_len", self.seq_len, minimum=1, maximum=MAX_SEQ_LEN)
+        if self.vocab_size is not None:
+            _require_int("vocab_size", self.vocab_size, minimum=1, maximum=MAX_VOCAB)
         if self.model_variant not in MODEL_VARIANTS:
             raise choice_error("model variant", self.model_variant, MODEL_VARIANTS)
         if self.amp_dtype not in AMP_DTYPES:
@@ -96,14 +117,16 @@ class RunConfig:
 
 
 KNOB_NAMES = tuple(f.name for f in fields(RunConfig))
-TRAIN_ONLY_KNOBS = ("set_to_none", "accumulation_steps", "optimizer", "optimizer_impl")
+MODEL_KNOB_DEFAULTS = {"attention": "sdpa", "checkpointing": "none", "seq_len": None, "vocab_size": None}
+TRAIN_ONLY_KNOBS = ("set_to_none", "accumulation_steps", "optimizer", "optimizer_impl", "checkpointing")
 EVAL_ONLY_KNOBS = ("eval_grad_mode",)
 PHASE_KNOBS = {"train": frozenset(KNOB_NAMES) - set(EVAL_ONLY_KNOBS), "test": frozenset(KNOB_NAMES) - set(TRAIN_ONLY_KNOBS)}
 
 
-def _require_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise OptlabError(f"{name} must be an integer >= {minimum}, got {value!r}")
+def _require_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum and value > maximum):
+        bounds = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum:,}"
+        raise OptlabError(f"{name} must be an integer {bounds}, got {value!r}")
 
 
 def changed_knobs(baseline: RunConfig, other: RunConfig) -> dict[str, tuple[Any, Any]]:

@@ -8,6 +8,7 @@ import torch
 
 from .config import RunConfig
 from .errors import OptlabError, choice_error
+from .fp8 import fp8_support
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 TORCH_DTYPES = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -118,9 +119,12 @@ def effective_config(config: RunConfig, info: DeviceInfo) -> tuple[RunConfig, li
     cpus = os.cpu_count() or 1
     if config.num_workers > cpus:
         notes.append(f"num_workers={config.num_workers}: more loader workers than this machine's {cpus} CPUs")
-    if info.is_cuda:
-        return config, notes
     changes: dict[str, bool] = {}
+    if config.fp8 and (why := fp8_support(info.device)):
+        changes["fp8"] = False
+        notes.append(f"fp8: skipped on {info.device.type} ({why})")
+    if info.is_cuda:
+        return replace(config, **changes), notes
     for knob, reason in CUDA_ONLY_KNOBS.items():
         if getattr(config, knob):
             changes[knob] = False

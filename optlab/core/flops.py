@@ -1,36 +1,51 @@
 """FLOPs per step from ``torch.utils.flop_counter``, and achieved TFLOP/s."""
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from .config import RunConfig
 from .workload import get_workload
 
 TRAIN_TO_FORWARD = 3  # backward costs about twice the forward: the usual 6 x MACs per trained sample
 
 
 @lru_cache(maxsize=None)
-def forward_flops_per_sample(model: str, variant: str = "base", width: float = 1.0, workload: str = "cifar") -> int:
-    """FLOPs of one forward pass on one sample of ``workload`` (its ``example_input(1)``: one image, one token
-    sequence), counted by FlopCounterMode on the meta device (attention included where the model has it).
+def forward_flops_of(config: RunConfig) -> int:
+    """FLOPs of one forward pass on one sample of ``config``'s model (its workload's example input for the config: one
+    image, one token sequence), counted by FlopCounterMode on the meta device, attention included where the model has
+    it (counted under the workload's ``counting_knobs``: the same arithmetic in kernels the counter knows).
 
     Training FLOPs are derived as 3 x forward rather than counted, because FlopCounterMode overcounts the
     backward of depthwise convolutions (MobileNetV2: 21x the forward in torch 2.14).
     """
-    spec = get_workload(workload)
+    spec = get_workload(config.workload)
+    config = replace(config, fp8=False, **spec.counting_knobs)
     with torch.device("meta"):
-        net = spec.build_model(model, variant, width)
-        example = spec.example_input(1)
+        net = spec.build(config)
+        example = spec.input_for(1, config)
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         net(example)
     return counter.get_total_flops()
 
 
+def forward_flops_per_sample(model: str, variant: str = "base", width: float = 1.0, workload: str = "cifar") -> int:
+    """:func:`forward_flops_of` the workload's ``model`` with its other knobs at their defaults."""
+    return forward_flops_of(RunConfig(workload=workload, model=model, model_variant=variant, width=width))
+
+
 def forward_flops_per_image(model: str, variant: str = "base", width: float = 1.0) -> int:
     """:func:`forward_flops_per_sample` of a CIFAR model: one 32x32 image."""
     return forward_flops_per_sample(model, variant, width, "cifar")
+
+
+def config_step_flops(config: RunConfig, train: bool) -> int:
+    """FLOPs of one step of ``config`` (its samples per step): forward only for evaluation, forward + backward for
+    training."""
+    return forward_flops_of(config) * config.samples_per_step * (TRAIN_TO_FORWARD if train else 1)
 
 
 def step_flops(model: str, variant: str, width: float, samples: int, train: bool, workload: str = "cifar") -> int:

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 from . import compiler, memory
 from .config import RunConfig
 from .device import TORCH_DTYPES
+from .fp8 import swap_linears_to_fp8
 from .timing import StepTimer
 from .workload import LossFn, correct_predictions
 
@@ -48,9 +49,12 @@ _IMPLEMENTATIONS = {"default": {}, "for_loop": {"foreach": False}, "foreach": {"
 
 
 def make_optimizer(model: nn.Module, config: RunConfig | None = None) -> torch.optim.Optimizer:
-    """The seed's SGD (lr 0.1, momentum 0.9, weight decay 5e-4) or Adam (lr 1e-3), in the config's implementation."""
+    """The seed's SGD (lr 0.1, momentum 0.9, weight decay 5e-4), Adam (lr 1e-3), or nanoGPT's AdamW (lr 6e-4,
+    betas 0.9/0.95, weight decay 0.1), in the config's implementation."""
     config = config or RunConfig()
     implementation = _IMPLEMENTATIONS[config.optimizer_impl]
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, **implementation)
     if config.optimizer == "adam":
         return torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=5e-4, **implementation)
     return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4, **implementation)
@@ -63,6 +67,8 @@ def make_scaler(config: RunConfig, device: torch.device) -> torch.amp.GradScaler
 
 def prepare_model(model: nn.Module, config: RunConfig, device: torch.device) -> nn.Module:
     model = model.to(device)
+    if config.fp8:
+        swap_linears_to_fp8(model)
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
     if config.compile_mode != "none":

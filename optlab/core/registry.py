@@ -77,9 +77,12 @@ class Experiment:
     def default_models(self, profile: Profile) -> tuple[str, ...]:
         """The models a run uses when none are given: the profile's that belong to this technique's workload,
         narrowed to the technique's own if it has any (compiling every model would take a GPU reference run past its
-        time budget); a workload none of the profile's models belong to runs its first model."""
-        names = get_workload(self.workload).model_names
-        ours = tuple(m for m in profile.models if m in names) or names[:1]
+        time budget); a workload none of the profile's models belong to runs the models it names for the profile, else
+        its first model."""
+        workload = get_workload(self.workload)
+        names = workload.model_names
+        ours = (tuple(m for m in profile.models if m in names) or workload.profile_models.get(profile.name)
+                or names[:1])
         chosen = tuple(m for m in ours if self.models is None or m in self.models)
         return chosen or ours
 
@@ -87,7 +90,8 @@ class Experiment:
         """The requested config of every variant for ``model`` under ``profile`` and user ``overrides``."""
         common = RunConfig(workload=self.workload, model=model, batch_size=profile.batch_size, width=profile.width,
                            num_workers=profile.num_workers)
-        common = apply_changes(apply_changes(common, self.base), overrides or {})
+        sized = get_workload(self.workload).profile_knobs.get(profile.name, {})  # a workload's own sizes per profile
+        common = apply_changes(apply_changes(apply_changes(common, sized), self.base), overrides or {})
         return {label: apply_changes(common, changes) for label, changes in self.variants
                 if model in self.variant_models.get(label, (model,))}
 

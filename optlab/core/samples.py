@@ -6,7 +6,7 @@ from typing import Any
 import pandas as pd
 
 from .config import RunConfig
-from .flops import step_flops, tflops
+from .flops import config_step_flops, tflops
 from .loops import PhaseResult
 from .timing import epoch_equivalent
 from .workload import get_workload
@@ -30,15 +30,16 @@ def sample_row(technique: str, model: str, label: str, repeat: int, phase: str, 
     """A finished run: its raw samples, epoch-equivalent time, throughput, FLOP rate, memory and losses.
 
     Throughput is ``images_per_s`` (samples per second, the records' name) and ``items_per_s`` in the workload's
-    ``unit`` (images, or tokens: sequences x sequence length). ``epoch_images`` is the samples of one epoch.
+    ``unit`` (images, or tokens: sequences x sequence length). ``epoch_images`` is the samples of one epoch (of the workload's data set: ``items_per_sample`` items each), and
+    the epoch-equivalent time counts items, so a config with other samples per step (shorter token sequences) is timed
+    on the same epoch.
     ``flops`` is one step's FLOP count, for a model that is not one of optlab's own (default: counted for
     ``config.model`` of ``config.workload``)."""
     workload = get_workload(config.workload)
     steps = result.step_times_s
     mean_step = sum(steps) / len(steps)
     if flops is None:
-        flops = step_flops(config.model, config.model_variant, config.width, config.samples_per_step,
-                           phase == "train", config.workload)
+        flops = config_step_flops(config, phase == "train")
     return {
         **base_row(technique, model, label, repeat, phase, config),
         "status": "ok",
@@ -48,10 +49,11 @@ def sample_row(technique: str, model: str, label: str, repeat: int, phase: str, 
         "wall_s": result.wall_s,
         "steps": len(steps),
         "step_median_s": float(pd.Series(steps).median()),
-        "epoch_equiv_s": epoch_equivalent(result.startup_s, steps, config.samples_per_step, epoch_images),
+        "epoch_equiv_s": epoch_equivalent(result.startup_s, steps, config.samples_per_step * workload.items_in(config),
+                                          epoch_images * workload.items_per_sample),
         "images_per_s": config.samples_per_step / mean_step,
         "unit": workload.unit,
-        "items_per_s": config.samples_per_step * workload.items_per_sample / mean_step,
+        "items_per_s": config.samples_per_step * workload.items_in(config) / mean_step,
         "peak_mem_mb": result.peak_mem_mb,
         "resident_mem_mb": result.resident_mem_mb,
         "flops_per_step": flops,

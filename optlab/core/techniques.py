@@ -213,14 +213,16 @@ ALL_TOGETHER = register(all_together())
 BEYOND_TECHNIQUES = tuple(e.name for e in (COMPILE, CUDA_GRAPHS, PRECISION, OPTIMIZERS, DATA_PIPELINE, ALL_TOGETHER))
 COMPILING_TECHNIQUES = tuple(e.name for e in (COMPILE, CUDA_GRAPHS))  # minutes of compilation on a GPU
 
-SET_NAMES = ("seed", "beyond", "compile", "stack", "all")
+SET_NAMES = ("seed", "beyond", "compile", "stack", "transformer", "all")
 
 
 def technique_set(name: str) -> list[str]:
     """``seed``: the nine seed techniques; ``beyond``: the modern ones that do not compile; ``compile``: torch.compile
     and CUDA graphs; ``stack``: all of them together (each compiling set kept apart so that every set stays a short
-    run); ``all``: every one."""
-    sets = {"seed": list(SEED_TECHNIQUES), "compile": list(COMPILING_TECHNIQUES), "stack": [ALL_TOGETHER.name],
+    run); ``transformer``: the GPT's techniques; ``all``: every one."""
+    from .gpt_techniques import TRANSFORMER_TECHNIQUES  # registered after this module
+
+    sets = {"transformer": list(TRANSFORMER_TECHNIQUES),"seed": list(SEED_TECHNIQUES), "compile": list(COMPILING_TECHNIQUES), "stack": [ALL_TOGETHER.name],
             "beyond": [t for t in BEYOND_TECHNIQUES if t not in COMPILING_TECHNIQUES + (ALL_TOGETHER.name,)],
             "all": list(REGISTRY)}
     if name not in sets:

@@ -17,10 +17,9 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from .config import ATTENTIONS, CHECKPOINTINGS
 from .errors import OptlabError, choice_error
 
-ATTENTIONS = ("manual", "sdpa", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "flex")
-CHECKPOINTINGS = ("none", "full", "selective")
 SDPA_BACKENDS = {
     "sdpa_math": SDPBackend.MATH,
     "sdpa_flash": SDPBackend.FLASH_ATTENTION,

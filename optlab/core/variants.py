@@ -30,8 +30,8 @@ def build_state(config: RunConfig, info: DeviceInfo, train_set, test_set, seed: 
     ``config`` asks."""
     workload = get_workload(config.workload)
     torch.manual_seed(seed)  # every variant starts from the same weights
-    model = workload.build_model(config.model, config.model_variant, config.width)
-    model = prepare_model(model, config, info.device)
+    model = prepare_model(workload.build(config), config, info.device)
+    train_set, test_set = workload.dataset_for(train_set, config), workload.dataset_for(test_set, config)
     if config.data_on_device:
         loaders = {phase: workload.device_loader(dataset, config.samples_per_step, info.device, phase == "train",
                                                  config.drop_last, seed)

@@ -7,7 +7,7 @@ the one line that makes a new workload available. Nothing here knows what a samp
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 import torch
@@ -27,7 +27,7 @@ class DataSource:
 
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-ModelBuilder = Callable[[str, str, float], nn.Module]  # (model name, variant, width) -> a fresh model
+ModelBuilder = Callable[..., nn.Module]  # (model name, variant, width, **model knobs) -> a fresh model
 
 
 def cross_entropy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -46,8 +46,8 @@ def correct_predictions(outputs: torch.Tensor, targets: torch.Tensor) -> torch.T
 class Workload:
     """One thing to train: its data, models, loss, FLOPs and the unit its throughput is counted in.
 
-    ``unit`` is what throughput counts ("images", "tokens"); each sample holds ``items_per_sample`` of them (1 for an
-    image, the sequence length for a token sequence). ``sample_name`` names one sample in messages ("images",
+    ``unit`` is what throughput counts ("images", "tokens"); each sample of the data set holds ``items_per_sample`` of
+    them (1 for an image; ``items_of(config)`` where a config reads the samples otherwise, as token windows). ``sample_name`` names one sample in messages ("images",
     "sequences"). ``find_source(download)`` says which data a run gets (the real data set when present, else a
     stand-in of the same format and per-sample cost) and ``datasets(source, download)`` builds the train and test
     sets, of ``train_size`` and ``test_size`` samples. ``example_input(batch)`` is a model input of ``batch``
@@ -55,6 +55,13 @@ class Workload:
     built on the meta device, which is how ``optlab.core.flops`` counts one sample's forward FLOPs.
     ``device_loader(dataset, batch, device, train, drop_last, seed)``, if given, holds the data set on the device
     (the ``data_on_device`` knob); a workload without one refuses that knob.
+
+    A workload whose models take more knobs than (name, variant, width) names them in ``model_knobs`` (``RunConfig``
+    fields, passed to ``build_model`` as keywords; every other workload refuses them). Then ``config_input(batch,
+    config)`` is the example input for a config, ``view_dataset(dataset, config)`` the data set as that config reads it
+    (token windows of its sequence length), ``items_of(config)`` the items in one of its samples, and
+    ``counting_knobs`` the knob values under which its FLOPs are counted (the same arithmetic in kernels the counter
+    knows). ``profile_models`` and ``profile_knobs`` size it per profile (a GPT-2 on a GPU, a tiny GPT on a CPU).
     """
 
     name: str
@@ -72,6 +79,13 @@ class Workload:
     loss: LossFn = cross_entropy
     device_loader: Callable[..., Any] | None = None
     module: str = ""  # the module that registers it (a fresh process imports it to find the workload)
+    model_knobs: tuple[str, ...] = ()
+    config_input: Callable[[int, Any], Any] | None = None
+    view_dataset: Callable[[Dataset, Any], Dataset] | None = None
+    items_of: Callable[[Any], int] | None = None
+    counting_knobs: dict[str, Any] = field(default_factory=dict)
+    profile_models: dict[str, tuple[str, ...]] = field(default_factory=dict)  # profile name -> its default models
+    profile_knobs: dict[str, dict[str, Any]] = field(default_factory=dict)  # profile name -> knobs it sets
 
     def __post_init__(self) -> None:
         if not self.model_names:
@@ -88,6 +102,26 @@ class Workload:
         if not models:
             raise OptlabError(f"no models given; {self.name} models are: " + ", ".join(self.model_names))
         return models
+
+    def knobs_of(self, config: Any) -> dict[str, Any]:
+        """The values of this workload's ``model_knobs`` in ``config``."""
+        return {knob: getattr(config, knob) for knob in self.model_knobs}
+
+    def build(self, config: Any) -> nn.Module:
+        """A fresh model as ``config`` asks (its model, variant, width and this workload's model knobs)."""
+        return self.build_model(config.model, config.model_variant, config.width, **self.knobs_of(config))
+
+    def input_for(self, batch: int, config: Any) -> Any:
+        """An example input of ``batch`` samples for a model built from ``config``."""
+        return self.config_input(batch, config) if self.config_input else self.example_input(batch)
+
+    def dataset_for(self, dataset: Dataset, config: Any) -> Dataset:
+        """``dataset`` as ``config`` reads it."""
+        return self.view_dataset(dataset, config) if self.view_dataset else dataset
+
+    def items_in(self, config: Any) -> int:
+        """Items (in :attr:`unit`) in one sample under ``config``."""
+        return self.items_of(config) if self.items_of else self.items_per_sample
 
     def sizes(self) -> dict[str, int]:
         """Samples in each phase's data set."""
