@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from ..core import compiler, data, store
+from ..core import compiler, store
 from ..core.config import RunConfig
 from ..core.device import DeviceInfo, effective_config, resolve_device
 from ..core.errors import OptlabError
@@ -23,6 +23,7 @@ from ..core.registry import Experiment, get_experiment
 from ..core.variants import build_state
 from ..core.loops import backend_flags, eval_step, train_step
 from ..core.profiles import Profile, get_profile
+from ..core.workload import get_workload
 
 
 def plan(profile: Profile) -> dict[str, int]:
@@ -43,7 +44,7 @@ def _accuracy(state, info: DeviceInfo, images: int) -> float:
     with backend_flags(state.config):
         for batch in state.loaders["test"]:
             correct += int(eval_step(state.model, batch, state.config, info.device))
-            seen += len(batch[1])
+            seen += batch[1].numel()  # one prediction per image, or per token
             if seen >= images:
                 break
     state.model.train()
@@ -54,13 +55,19 @@ def learning_curves(configs: dict[str, RunConfig], info: DeviceInfo, steps: int,
                     eval_images: int, seed: int = 0, progress: bool = True) -> pd.DataFrame:
     """Train each config ``steps`` optimizer steps from the same weights; every ``eval_every`` steps record the mean
     training loss since the last record, the test accuracy on the first ``eval_images`` test images, and the
-    elapsed training time (evaluation and compilation excluded) and the compile time so far."""
+    elapsed training time (evaluation and compilation excluded) and the compile time so far. The configs share one
+    workload; ``images`` counts its samples (sequences for a token model) and a column named by its unit (images,
+    tokens) the items seen; the accuracy is per prediction (per image, or per token)."""
     if steps < 1 or eval_every < 1 or eval_images < 1:
         raise OptlabError(f"steps, eval_every and eval_images must be positive, got {steps}, {eval_every}, {eval_images}")
     compiler.require_compiler([effective_config(config, info)[0] for config in configs.values()], info)
-    source = data.find_source()
+    workloads = {config.workload for config in configs.values()}
+    if len(workloads) != 1:
+        raise OptlabError(f"the configs of one learning check train one workload, got {sorted(workloads)}")
+    workload = get_workload(workloads.pop())
+    source = workload.find_source(False)
     print(f"data source: {source.description}")
-    train_set, test_set = data.datasets(source)
+    train_set, test_set = workload.datasets(source, False)
     rows = []
     for label, requested in configs.items():
         config, _ = effective_config(requested, info)
@@ -72,7 +79,8 @@ def learning_curves(configs: dict[str, RunConfig], info: DeviceInfo, steps: int,
             graphs, start = compiler.compiled_graphs(), time.perf_counter()
             with backend_flags(config):
                 micro_losses = [train_step(state.model, next(batches), state.optimizer, state.scaler, config,
-                                           info.device, micro) for micro in range(config.accumulation_steps)]
+                                           info.device, micro, loss_fn=workload.loss)
+                                for micro in range(config.accumulation_steps)]
             losses.append(float(torch.stack(micro_losses).float().mean()))  # a sync: the time covers the device's work
             seconds = time.perf_counter() - start
             if compiler.compiled_graphs() > graphs:
@@ -82,6 +90,7 @@ def learning_curves(configs: dict[str, RunConfig], info: DeviceInfo, steps: int,
             if step % eval_every == 0 or step == steps:
                 rows.append({"variant": label, "model": config.model, "step": step,
                              "images": step * config.images_per_step,
+                             workload.unit: step * config.samples_per_step * workload.items_in(config),
                              "train_loss": sum(losses) / len(losses),
                              "test_accuracy": _accuracy(state, info, eval_images), "train_s": elapsed,
                              "compile_s": compile_s})
