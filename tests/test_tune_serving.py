@@ -137,6 +137,16 @@ def test_training_runs_the_language_model_with_cross_entropy_over_tokens(capsys,
                 "tests.lm_fixture:example_training_batch"]) == 0
 
 
+@pytest.mark.parametrize("inference", [False, True], ids=["training", "inference"])
+def test_tune_runs_the_books_gpt_on_token_ids(inference, capsys, no_compiler):
+    """The transformer track's GPT through both tunes: [N, T] ids in, [N, T, V] logits checked per token."""
+    argv = ["--model", "optlab.core.gpt:build_gpt", "--kwargs", '{"model": "gpt_tiny"}', "--input", "tokens:65:32"]
+    assert cli([*SERVE, *argv] if inference else ["tune", *SMALL, *argv, "--optimizer", "adamw"]) == 0
+    out = capsys.readouterr().out
+    assert "token ids of length 32 below 65" in out and "recommendation" in out
+    assert "outputs of [32, 65] per sample" in out if inference else "65 classes" in out
+
+
 def test_the_default_loss_is_cross_entropy_over_every_token():
     logits = torch.randn(2, 3, 5)
     targets = torch.tensor([[1, 2, IGNORE], [0, IGNORE, IGNORE]])

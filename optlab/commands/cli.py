@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--batch-size", type=_whole_number, help="samples per batch (default: the profile's)")
     tune.add_argument("--steps", type=_whole_number, help="timed steps per repeat (default: the profile's)")
     _add_repeats(tune)
-    tune.add_argument("--optimizer", default="sgd", help="sgd (default) or adam")
+    tune.add_argument("--optimizer", default="sgd", help="sgd (default), adam or adamw")
     tune.add_argument("--profile", help="smoke, quick or auto (default: $OPTLAB_PROFILE or auto)")
     tune.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     tune.add_argument("--out", type=Path, help="a folder for the record (default: none is written)")

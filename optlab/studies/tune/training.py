@@ -93,7 +93,9 @@ def percent(value: float | None) -> str:
 
 
 OPTIMIZER_CODE = {"sgd": "torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4, fused=True)",
-                  "adam": "torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=5e-4, fused=True)"}
+                  "adam": "torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=5e-4, fused=True)",
+                  "adamw": "torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, "
+                           "fused=True)"}
 
 
 def code_lines(start: RunConfig, recommended: RunConfig, device: torch.device) -> list[str]:
