@@ -16,7 +16,8 @@ from optlab.commands.cli import main
 from optlab.core import experiments, shutdown, store
 from optlab.core.errors import OptlabError
 from optlab.core.profiles import get_profile
-from optlab.core.techniques import SEED_TECHNIQUES
+from optlab.core.registry import get_experiment
+from optlab.core.techniques import SEED_TECHNIQUES, technique_set
 from tests.helpers import TINY
 from tests.test_experiments import AA
 
@@ -28,7 +29,8 @@ def test_the_plan_has_every_part_of_every_set_in_priority_order():
     parts = reference.plan("all", QUICK)
     techniques = list(dict.fromkeys(p.technique for p in parts if p.technique))
     assert techniques == [*SEED_TECHNIQUES, "precision", "data_pipeline", "optimizers", "all_together", "compile",
-                          "cuda_graphs"]
+                          "cuda_graphs", *reference.TECHNIQUE_ORDER["transformer"]]
+    assert set(reference.TECHNIQUE_ORDER["transformer"]) == set(technique_set("transformer"))
     assert [p.set_name for p in parts] == sorted((p.set_name for p in parts), key=reference.PRIORITY.index)
     assert {p.name for p in parts if p.module} == {f"{m} tables" for ms in reference.EXTRAS.values() for m in ms}
     assert "autotune tables" in {p.name for p in reference.plan("seed", QUICK)}
@@ -56,6 +58,21 @@ def test_the_estimate_follows_the_step_time_table():
     assert seconds == pytest.approx(expected)
     half = reference.step_seconds(replace(config, amp_dtype="bf16"), "train")
     assert half == pytest.approx(reference.TRAIN_STEP_S["resnet50"] / 2)
+
+
+def test_a_gpt_step_is_estimated_per_token_and_tensor_cores_cut_it():
+    """The transformer set's parts come from the per-token table: the same tokens per step cost the same, however they
+    are split into sequences; bf16 autocast and checkpointing scale it."""
+    shapes = get_experiment("gpt_shapes").configs("gpt2_small", QUICK)
+    per_token = {label: reference.step_seconds(config, "train") / (config.samples_per_step * (config.seq_len or 1024))
+                 for label, config in shapes.items()}
+    assert max(per_token.values()) == pytest.approx(min(per_token.values()))
+    config = shapes[next(iter(shapes))]
+    assert config.amp_dtype == "bf16"  # the GPU profiles train the GPT in bf16
+    fp32 = reference.step_seconds(replace(config, amp_dtype="none"), "train")
+    assert reference.step_seconds(config, "train") == pytest.approx(fp32 * reference.TENSOR_CORE_FACTOR)
+    full = reference.step_seconds(replace(config, checkpointing="full"), "train")
+    assert full == pytest.approx(reference.step_seconds(config, "train") * reference.CHECKPOINT_FACTOR)
 
 
 def test_the_estimate_stops_at_the_time_budget():

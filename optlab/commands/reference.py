@@ -50,15 +50,21 @@ from ..core.registry import Experiment, get_experiment
 from ..core import shutdown
 from ..core.shutdown import Interrupted, signals_interrupt
 from ..core.techniques import technique_set
+from ..core.workload import get_workload
 
-PRIORITY = ("seed", "beyond", "stack", "compile")  # the order of the sets in a run; "all" is every one
-TECHNIQUE_ORDER = {"beyond": ("precision", "data_pipeline", "optimizers")}  # within a set, where it differs
+PRIORITY = ("seed", "beyond", "stack", "compile", "transformer")  # the order of the sets in a run; "all": every one
+TECHNIQUE_ORDER = {  # within a set, where it differs: the headline comparisons first, compilation last
+    "beyond": ("precision", "data_pipeline", "optimizers"),
+    "transformer": ("gpt_all_together", "attention", "gpt_precision", "checkpointing", "gpt_optimizers", "gpt_shapes",
+                    "gpt_compile", "gpt_compile_max_autotune"),
+}
 # The extra tables of each set: modules whose ``run_reference(out, device)`` measures and saves them (CUDA only).
 EXTRAS = {
     "seed": ("microbench", "autotune"),
     "beyond": ("numerics", "tf32", "optimizer_bench", "cuda_graphs", "pipeline"),
     "stack": ("profiling", "learning"),  # profiling's "after" configuration compiles
     "compile": (),
+    "transformer": (),
 }
 MANIFEST = "reference-parts"  # <out>/reference-parts.csv: every part that ran, with its key, status and seconds
 LOG = "reference.log"  # <out>/reference.log: what every run printed, one run after the other
@@ -71,18 +77,25 @@ TABLE_GPU = "H200"  # the GPU the step-time table is for
 # rest: the loader's per-image cost measured on the 2-core CI machine, and guesses for compilation and set-up.
 TRAIN_STEP_S = {"resnet18": 0.006, "resnet50": 0.014, "resnet101": 0.028, "mobilenet_v2": 0.010}
 AMP_FACTOR = 0.5  # fp16 or bf16 autocast: half the step
+# The GPT, per token trained: GPT-2 small's training step is 6 x 124M FLOPs a token plus attention (0.86 GFLOP a token
+# at 1024 tokens, torch.utils.flop_counter); in strict fp32 (no TF32: the GPT chapters' baseline) at a conservative
+# 45 TFLOP/s of the H200's 67 that is 19 us a token; bf16 autocast or TF32 runs its matmuls on tensor cores, at about
+# a fifth of that. A token window costs the loader about 5 us (a slice of a tensor, no decoding).
+TRAIN_TOKEN_S = {"gpt2_small": 19e-6, "gpt_tiny": 0.05e-6}
+TENSOR_CORE_FACTOR = 0.2  # bf16 autocast or TF32 on the GPT: matmuls on tensor cores
+CHECKPOINT_FACTOR = 4 / 3  # every block's forward again in the backward pass
+WINDOW_S = 5e-6
 EVAL_FACTOR = 1 / 3  # an evaluation step is a forward pass, about a third of a training step
 MIN_STEP_S = 0.002  # a step launches hundreds of kernels: never faster than this
 IMAGE_S = {"train": 60e-6, "test": 30e-6}  # one loader process's PIL decode and transforms per image
 WORKER_STARTUP_S = 0.3  # starting a phase's loader workers
 COMPILE_S = {"train": 60.0, "test": 25.0}  # a cold Inductor compile of a CIFAR model per phase (40-90 s a model)
-COMPILE_FACTOR = {"default": 1.0, "reduce-overhead": 1.2, "max-autotune": 3.0}
+COMPILE_FACTOR = {"default": 1.0, "reduce-overhead": 1.2, "max-autotune": 3.0, "max-autotune-no-cudagraphs": 3.0}
 VARIANT_SETUP_S = 0.4  # a variant's model, optimizer and loaders (ResNet101 builds in 0.4 s on the CI machine)
 FRESH_PROCESS_S = 4.0  # an isolated variant's own process: interpreter, torch, CUDA context, data sets
 PART_SETUP_S = 0.3  # a part's environment capture (nvidia-smi) and record writes
 TABLE_S = {"microbench": 20, "autotune": 45, "numerics": 40, "tf32": 15, "optimizer_bench": 30, "cuda_graphs": 60,
            "pipeline": 40, "profiling": 120, "learning": 150}  # each study's tables, whole
-EPOCH_IMAGES = {"train": 50_000, "test": 10_000}  # a whole epoch, for the full profile
 PART_LIMIT_S = 300  # no part may need more than 5 minutes: a killed command loses only the part it was in
 CHEAP_TABLE_S = 60  # a set's tables this cheap run right after its techniques on the first model
 STARTUP_S = 15.0  # from the process start to the first part: imports, the CUDA context, the data sets
@@ -107,14 +120,26 @@ class Part:
     estimate_from: str = "table"  # "table", or "measured (<machine folder>)" where an earlier run timed the part
 
 
+def _token_compute_seconds(config: RunConfig) -> float:
+    """Estimated H200 seconds of one GPT training step of ``config``."""
+    tokens = config.samples_per_step * get_workload(config.workload).items_in(config)
+    tensor_cores = config.amp_dtype != "none" or config.matmul_tf32
+    return (TRAIN_TOKEN_S[config.model] * tokens * config.width ** 2 * (TENSOR_CORE_FACTOR if tensor_cores else 1)
+            * (CHECKPOINT_FACTOR if config.checkpointing != "none" else 1))
+
+
 def step_seconds(config: RunConfig, phase: str) -> float:
     """Estimated H200 seconds of one step of ``config`` in ``phase``, the loader included."""
-    compute = TRAIN_STEP_S[config.model] * config.images_per_step / 128 * config.width ** 2
-    compute *= (AMP_FACTOR if config.amp_dtype != "none" else 1) * (EVAL_FACTOR if phase == "test" else 1)
-    compute = max(compute, MIN_STEP_S)
+    if config.model in TRAIN_TOKEN_S:
+        compute, per_sample_load = _token_compute_seconds(config), WINDOW_S
+    else:
+        compute = TRAIN_STEP_S[config.model] * config.images_per_step / 128 * config.width ** 2
+        compute *= AMP_FACTOR if config.amp_dtype != "none" else 1
+        per_sample_load = IMAGE_S[phase]
+    compute = max(compute * (EVAL_FACTOR if phase == "test" else 1), MIN_STEP_S)
     if config.data_on_device:
         return compute
-    loading = config.images_per_step * IMAGE_S[phase]
+    loading = config.images_per_step * per_sample_load
     return compute + loading if config.num_workers == 0 else max(compute, loading / config.num_workers)
 
 
@@ -134,7 +159,7 @@ def estimate(experiment: Experiment, configs: dict[str, RunConfig], profile: Pro
         seconds += VARIANT_SETUP_S + (FRESH_PROCESS_S if experiment.isolate_variants else 0)
         for phase in experiment.phases:
             timed = profile.steps if phase == "train" else profile.test_steps
-            epoch = EPOCH_IMAGES[phase] // config.images_per_step
+            epoch = get_workload(config.workload).sizes()[phase] // config.images_per_step
             per_repeat = profile.warmup_steps + (epoch if timed is None else timed)
             startups = 1 if config.persistent_workers else repeats
             if config.num_workers == 0 or config.data_on_device:
