@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import gc
 import itertools
-import json
 import math
 import os
 import sys
@@ -46,7 +45,7 @@ from ...core.timing import FASTER, INTERVAL, interval_text
 from .batch_sweep import (MAX_REQUEST_SECONDS, MIN_REQUESTS, PLATEAU_DOUBLINGS, PLATEAU_GAIN, REQUEST_SECONDS,
                           REQUEST_WARMUP, LATENCY_COLUMNS, Served, SweepTarget, sweep)
 from .examples import Examples, examples_from
-from .recommendation import AFRESH, FINAL, START, Recommendation
+from .recommendation import AFRESH, FINAL, START, Recommendation, json_rows, recommendation_record
 from .output_check import (OUTPUT_TOLERANCE, OutputFn, output_change, pick_output, precision, tolerance,
                            within_tolerance)
 from .examples import MAX_CLASSES, describe_inputs
@@ -632,38 +631,20 @@ def _knobs(config: RunConfig) -> dict[str, Any]:
     return {key: getattr(config, key) for key in keys}
 
 
-def _json_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    return json.loads(frame.to_json(orient="records")) if not frame.empty else []
-
-
 def _record(result: InferenceResult, prof: Profile, info: DeviceInfo, description: str, facts: InferenceProbe,
             notes: list[str], max_batch: int, request_seconds: float) -> dict[str, Any]:
     """The run as a record that the store saves and ``load_samples`` reads back."""
     return {
-        "schema_version": store.SCHEMA_VERSION,
-        "technique": TECHNIQUE,
-        "title": f"optlab tune --inference: the inference stack, one step at a time, on {result.model}",
-        "model": result.model,
-        "profile": store.profile_record(prof),
-        "environment": capture(info, description, prof.name),
-        "device_state": device_state(info),
-        "parameters": facts.parameters,
-        "forward_flops_per_sample": facts.forward_flops_per_sample,
-        "output_shape": list(facts.output_shape),
-        "output_tolerance": OUTPUT_TOLERANCE,
-        "notes": notes,
-        "memory_kind": memory_kind(info.device),
-        "start": _knobs(result.start),
-        "recommended": _knobs(result.recommended),
-        "kept": result.kept,
-        "speedup": {"ratio": result.speedup, "ci_low": result.ci_low, "ci_high": result.ci_high,
-                    "verdict": result.verdict},
-        "code": result.code,
-        "steps": _json_rows(result.steps),
-        "samples": _json_rows(result.samples),
-        "summary": _json_rows(result.summary),
+        **recommendation_record(
+            result, _knobs, schema_version=store.SCHEMA_VERSION, technique=TECHNIQUE,
+            title=f"optlab tune --inference: the inference stack, one step at a time, on {result.model}",
+            model=result.model, profile=store.profile_record(prof),
+            environment=capture(info, description, prof.name), device_state=device_state(info),
+            parameters=facts.parameters, forward_flops_per_sample=facts.forward_flops_per_sample,
+            output_shape=list(facts.output_shape), output_tolerance=OUTPUT_TOLERANCE, notes=notes,
+            memory_kind=memory_kind(info.device)),
         "sweep": {"max_batch": max_batch, "plateau_gain": PLATEAU_GAIN, "plateau_doublings": PLATEAU_DOUBLINGS,
-                  "ends": result.sweep_ends, "rows": _json_rows(result.sweep)},
+                  "ends": result.sweep_ends, "rows": json_rows(result.sweep)},
         "request_latency": {"warmup_requests": REQUEST_WARMUP, "min_requests": MIN_REQUESTS,
-                            "min_seconds": request_seconds, "rows": _json_rows(result.latency)},
+                            "min_seconds": request_seconds, "rows": json_rows(result.latency)},
     }

@@ -2,9 +2,10 @@
 configuration with its speed-up measured afresh against the starting point, and the lines of code that make it."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 
@@ -64,3 +65,27 @@ class Recommendation:
     def code_block(self, heading: str) -> list[str]:
         """``heading``, then the lines of code, indented by four spaces as a block (empty without lines)."""
         return [heading, *(f"    {line}" for line in self.code)] if self.code else []
+
+
+def json_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """JSON-safe rows: NaN and infinities become null."""
+    return json.loads(frame.to_json(orient="records")) if not frame.empty else []
+
+
+def recommendation_record(result: Recommendation, knobs: Callable[[RunConfig], dict[str, Any]],
+                          **fields: Any) -> dict[str, Any]:
+    """What both tunes' records hold: ``fields`` first (schema, title, environment, ...), then the starting point and
+    the recommended configuration (as ``knobs`` reads them), the kept steps, the speed-up, the code, the steps, the
+    samples and the summary."""
+    return {
+        **fields,
+        "start": knobs(result.start),
+        "recommended": knobs(result.recommended),
+        "kept": result.kept,
+        "speedup": {"ratio": result.speedup, "ci_low": result.ci_low, "ci_high": result.ci_high,
+                    "verdict": result.verdict},
+        "code": result.code,
+        "steps": json_rows(result.steps),
+        "samples": json_rows(result.samples),
+        "summary": json_rows(result.summary),
+    }

@@ -9,7 +9,6 @@ being faster, so the product of their own speed-ups would flatter them.
 from __future__ import annotations
 
 import gc
-import json
 import math
 import sys
 from dataclasses import dataclass, field, replace
@@ -39,7 +38,7 @@ from ..compile_cost import LOSS_RTOL
 from .batch_sweep import REQUEST_SECONDS
 from .inference import InferenceResult, OutputFn, tune_inference
 from .examples import examples_from
-from .recommendation import AFRESH, FINAL, START, Recommendation
+from .recommendation import AFRESH, FINAL, START, Recommendation, json_rows, recommendation_record
 from .inputs import (MAX_BATCH_SIZE, Batches, LossFn, ModelFn, Probe, build_model, cross_entropy, dataset_batches,
                      loader_batches, model_name, probe, synthetic_batches)
 
@@ -520,33 +519,13 @@ def _knobs(config: RunConfig) -> dict[str, Any]:
     return {k: v for k, v in config.to_dict().items() if k not in ("model", "model_variant", "width")}
 
 
-def _json_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """JSON-safe rows: NaN and infinities become null."""
-    return json.loads(frame.to_json(orient="records")) if not frame.empty else []
-
-
 def _record(result: TuneResult, prof: Profile, info: DeviceInfo, batches: Batches, facts: Probe, notes: list[str],
             loss_tolerance: float | None) -> dict[str, Any]:
     """The run as a record that the store saves and ``load_samples`` reads back."""
-    return {
-        "schema_version": store.SCHEMA_VERSION,
-        "technique": TECHNIQUE,
-        "title": f"optlab tune: the stack, one step at a time, on {result.model}",
-        "model": result.model,
-        "profile": vars(prof) | {"models": list(prof.models)},
-        "environment": capture(info, batches.description, prof.name),
-        "parameters": facts.parameters,
-        "forward_flops_per_sample": facts.forward_flops_per_image,
-        "loss_tolerance": loss_tolerance if loss_tolerance is not None else LOSS_RTOL,
-        "notes": notes,
-        "memory_kind": memory_kind(info.device),
-        "start": _knobs(result.start),
-        "recommended": _knobs(result.recommended),
-        "kept": result.kept,
-        "speedup": {"ratio": result.speedup, "ci_low": result.ci_low, "ci_high": result.ci_high,
-                    "verdict": result.verdict},
-        "code": result.code,
-        "steps": _json_rows(result.steps),
-        "samples": _json_rows(result.samples),
-        "summary": _json_rows(result.summary),
-    }
+    return recommendation_record(
+        result, _knobs, schema_version=store.SCHEMA_VERSION, technique=TECHNIQUE,
+        title=f"optlab tune: the stack, one step at a time, on {result.model}", model=result.model,
+        profile=vars(prof) | {"models": list(prof.models)}, environment=capture(info, batches.description, prof.name),
+        parameters=facts.parameters, forward_flops_per_sample=facts.forward_flops_per_image,
+        loss_tolerance=loss_tolerance if loss_tolerance is not None else LOSS_RTOL, notes=notes,
+        memory_kind=memory_kind(info.device))
