@@ -28,11 +28,14 @@ ATTENTION_VARIANTS = (
 
 def attention_experiment(device: "torch.device | str | None" = None) -> tuple[Experiment, dict[str, str]]:
     """The attention comparison, and the variants left out because their kernel does not run training on ``device``
-    (label -> one line why). Without a device, every variant (the registered comparison, for a GPU)."""
+    in the dtype the GPT trains in there (bf16 on a GPU, fp32 on a CPU; label -> one line why). Without a device,
+    every variant (the registered comparison, for a GPU)."""
     left_out = {}
     if device is not None:
+        device = torch.device(device)
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         left_out = {label: why for label, changes in ATTENTION_VARIANTS[1:]
-                    if (why := attention_support(changes["attention"], device, backward=True))}
+                    if (why := attention_support(changes["attention"], device, backward=True, dtype=dtype))}
     variants = tuple((label, changes) for label, changes in ATTENTION_VARIANTS if label not in left_out)
     return Experiment(
         name="attention", section="", title="Attention kernels: hand-written, SDPA's backends and FlexAttention",

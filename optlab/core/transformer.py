@@ -213,15 +213,17 @@ def parameter_count(model: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
-def attention_support(attention: str, device: torch.device | str, backward: bool = True) -> str | None:
-    """None when ``attention`` runs on ``device`` (forward and, with ``backward``, backward), else one line saying
-    why not. A tiny call is tried: on a CPU the flash SDPA kernel runs, the memory-efficient and cuDNN ones find no
-    viable backend, and FlexAttention runs its forward (slowly, without ``torch.compile``) but has no backward."""
+def attention_support(attention: str, device: torch.device | str, backward: bool = True,
+                      dtype: torch.dtype = torch.float32) -> str | None:
+    """None when ``attention`` runs on ``device`` with inputs of ``dtype`` (forward and, with ``backward``, backward),
+    else one line saying why not. A tiny call is tried: on a CPU the flash SDPA kernel runs, the memory-efficient and
+    cuDNN ones find no viable backend, and FlexAttention runs its forward (slowly, without ``torch.compile``) but has
+    no backward; on a GPU the flash and cuDNN kernels need 16-bit inputs."""
     check_choice("attention", attention, ATTENTIONS)
     device = torch.device(device)
     layer = CausalSelfAttention(GPTConfig(vocab_size=8, block_size=16, n_layer=1, n_head=1, n_embd=16),
-                                attention).to(device)
-    x = torch.zeros(1, 16, 16, device=device, requires_grad=backward)
+                                attention).to(device, dtype)
+    x = torch.zeros(1, 16, 16, device=device, dtype=dtype, requires_grad=backward)
     try:
         with torch.set_grad_enabled(backward), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # FlexAttention's eager-mode warning: the answer here is the line
