@@ -15,6 +15,7 @@
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import math
@@ -183,27 +184,53 @@ def live_power(runs: int = POWER_RUNS) -> None:
     print(f"  the smoke profile's own run, {runs} times: {counts}; repeats: mean {statistics.fmean(repeats):.1f}")
 
 
-def main() -> None:
+PARTS = ("overhead", "standin", "a-a", "power")
+MAX_RUNS = 200
+
+
+def arguments(argv: "list[str] | None" = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="make bench: the harness's own figures, measured live")
+    parser.add_argument("--only", choices=PARTS, action="append", help="run only these parts (repeatable)")
+    parser.add_argument("--a-a-runs", type=int, default=A_A_RUNS, help=f"A/A runs (default {A_A_RUNS})")
+    parser.add_argument("--power-runs", type=int, default=POWER_RUNS, help=f"live power runs (default {POWER_RUNS})")
+    args = parser.parse_args(argv)
+    for name in ("a_a_runs", "power_runs"):
+        if not 1 <= getattr(args, name) <= MAX_RUNS:
+            parser.error(f"--{name.replace('_', '-')} must be from 1 to {MAX_RUNS}, got {getattr(args, name)}")
+    return args
+
+
+def main(argv: "list[str] | None" = None) -> None:
+    args = arguments(argv)
+    parts = set(args.only or PARTS)
     info = resolve_device("auto")
     print(f"device: {info.describe()}; torch threads: {quiet.fix_threads(info.is_cuda)} (every part below)")
-    print("harness overhead (optlab loop / plain loop), target <= 1.03:")
-    harness_overhead()
-    print("stand-in data cost (stand-in / torchvision CIFAR10 per image), target 0.8-1.25:")
-    standin_cost()
-    print(f"A/A runs ({A_A_RUNS} runs of five copies of one configuration, smoke profile, sequential rule; "
+    if "overhead" in parts:
+        print("harness overhead (optlab loop / plain loop), target <= 1.03:")
+        harness_overhead()
+    if "standin" in parts:
+        print("stand-in data cost (stand-in / torchvision CIFAR10 per image), target 0.8-1.25:")
+        standin_cost()
+    if "a-a" in parts:
+        a_a_lines(args.a_a_runs)
+    if "power" in parts:
+        print("live power: a batch of 16 + 3 images against 16 (ResNet18 training, per image):")
+        live_power(args.power_runs)
+
+
+def a_a_lines(runs: int) -> None:
+    print(f"A/A runs ({runs} runs of five copies of one configuration, smoke profile, sequential rule; "
           "unit: a run, whose comparisons share one baseline and one stopping decision):")
-    found = a_a_false_verdicts()
+    found = a_a_false_verdicts(runs)
     target = page_bound(found["per_run"])
     print(f"  second slot faster in {100 * found['second_faster']:.0f} % of rounds (50 %: no order effect); "
           f"mean repeats per model {found['mean_repeats']:.1f}")
     print(f"  median round noise of this workload: {100 * found['median_noise']:.1f} % (standard deviation of a "
           "round's log speed-up)")
-    bound = upper_bound(found["false_runs"], A_A_RUNS)
-    print(f"A/A runs with a false verdict: {found['false_runs']}/{A_A_RUNS} runs ({found['per_run']} comparisons "
+    bound = upper_bound(found["false_runs"], runs)
+    print(f"A/A runs with a false verdict: {found['false_runs']}/{runs} runs ({found['per_run']} comparisons "
           f"each; one-sided 95 % upper bound {100 * bound:.1f} %; target at most {percent(target)}, the page bound)  "
-          f"{'within target' if found['false_runs'] <= target * A_A_RUNS else 'OVER TARGET'}")
-    print("live power: a batch of 16 + 3 images against 16 (ResNet18 training, per image):")
-    live_power()
+          f"{'within target' if found['false_runs'] <= target * runs else 'OVER TARGET'}")
 
 
 if __name__ == "__main__":
