@@ -21,7 +21,8 @@ MAX_STEPS, MAX_BATCH = 20, 256
 
 
 def _train(model: GPT, batches: list[torch.Tensor]) -> tuple[list[float], torch.Tensor]:
-    """The loss of each step and the first step's gradients, flattened into one vector."""
+    """The loss of each step and the first step's gradients, flattened into one vector (zeros for a parameter that
+    got none)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1)
     losses, first_grads = [], None
     for batch in batches:
@@ -29,7 +30,8 @@ def _train(model: GPT, batches: list[torch.Tensor]) -> tuple[list[float], torch.
         loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
         loss.backward()
         if first_grads is None:
-            first_grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+            first_grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten()  # none: zero
+                                     for p in model.parameters()])
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
