@@ -20,7 +20,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
-CHAPTERS = ("11_cuda_graphs", "14_data_pipeline", "15_profiling", "18_your_model")  # check cells with is_cuda branches
+# chapters whose check cells have is_cuda branches
+CHAPTERS = ("11_cuda_graphs", "14_data_pipeline", "15_profiling", "18_your_model", "20_attention", "21_checkpointing")
 NOTHING = "gpu-check: no CUDA device here, so nothing to run (the CUDA-only tests and the chapters' CUDA checks need one)"
 
 

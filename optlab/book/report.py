@@ -619,11 +619,11 @@ def plot_memory_tradeoff(summary: pd.DataFrame, labels: "list[str] | tuple[str, 
             ax.errorbar(row["speedup"], row["peak_mem_mb"], fmt="o", color=colour, markersize=8, capsize=3,
                         xerr=[[row["speedup"] - row["ci_low"]], [row["ci_high"] - row["speedup"]]])
             ax.annotate("\n".join(textwrap.wrap(str(label), 24)), (row["speedup"], row["peak_mem_mb"]),
-                        textcoords="offset points", xytext=(8, 6), fontsize=8)
+                        textcoords="offset points", xytext=(10, 0), va="center", fontsize=8)
         ax.axvline(1.0, color="0.5", linestyle="--", linewidth=1)
         ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}x"))
-        ax.set_ylim(bottom=0)
-        ax.set_title(f"{model} ({phase})")
+        ax.set_ylim(0, 1.15 * part["peak_mem_mb"].max())
+        ax.set_title(f"{model} ({phase}); colour: the verdict on speed")
         ax.set_xlabel(f"speed relative to the baseline ({INTERVAL})")
         ax.set_ylabel("peak memory, MiB")
     figure.tight_layout()
