@@ -1,5 +1,6 @@
 """What the first GPU run depends on, checked on the CPU: layouts, per-phase memory, isolation of cudnn_benchmark,
 records that survive a NaN loss, the commit from the environment, the device index, and the Triton check."""
+import importlib.util
 import json
 import math
 import os
@@ -278,3 +279,13 @@ def test_gpu_check_lists_every_test_that_skips_without_cuda_and_the_chapters_cud
     assert [line for line in listed if line.startswith("chapter ")] == [
         f"chapter notebooks/{name}.ipynb" for name in ("11_cuda_graphs", "14_data_pipeline", "15_profiling",
                                                        "18_your_model", "20_attention", "21_checkpointing")]
+
+
+def test_gpu_check_runs_a_chapters_cells_with_its_magics_made_pass():
+    """The install cell's ``%pip`` is the only line of its ``except`` block: dropped, the cell would not compile."""
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "tools" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    install = gpu_check.check_cells("20_attention")[0]
+    compile(install, "install cell", "exec")
+    assert "    pass" in install and "%pip" not in install

@@ -67,10 +67,16 @@ class OnlyCuda:
 
 
 def check_cells(chapter: str) -> list[str]:
-    """A chapter's code cells in order, without IPython's magics (lines that start with % or !)."""
+    """A chapter's code cells in order, IPython's magics (lines that start with % or !) made ``pass`` at their
+    indentation: the install cell's magic is the only line of its ``except`` block."""
     notebook = json.loads((ROOT / "notebooks" / f"{chapter}.ipynb").read_text())
-    return ["\n".join(line for line in "".join(cell["source"]).splitlines() if not line.lstrip().startswith(("%", "!")))
+    return ["\n".join(_without_magic(line) for line in "".join(cell["source"]).splitlines())
             for cell in notebook["cells"] if cell["cell_type"] == "code"]
+
+
+def _without_magic(line: str) -> str:
+    code = line.lstrip()
+    return line[:len(line) - len(code)] + "pass" if code.startswith(("%", "!")) else line
 
 
 def _without_jupyter() -> None:
