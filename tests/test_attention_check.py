@@ -39,6 +39,21 @@ def test_a_kernel_that_computes_something_else_does_not_agree(monkeypatch):
     assert table.loc["manual", "agrees"] and table.loc["flex", "agrees"]
 
 
+
+def test_a_kernel_with_the_right_output_but_wrong_gradients_does_not_agree(monkeypatch):
+    """Same values forward, twice the gradient backward: only the gradient comparison can catch it."""
+    real = transformer.F.scaled_dot_product_attention
+
+    def doubled_backward(q, k, v, **options):
+        out = real(q, k, v, **options)
+        return out.detach() + 2 * (out - out.detach())
+
+    monkeypatch.setattr(transformer.F, "scaled_dot_product_attention", doubled_backward)
+    table = attention_check.attention_agreement("cpu", "float32", **SMALL).set_index("kernel")
+    assert table.loc["sdpa", "output max abs diff"] <= attention_check.TOLERANCES["float32"]
+    assert not table.loc["sdpa", "agrees"] and table.loc["sdpa", "gradient max abs diff"] > 1e-2
+
+
 def test_the_tolerance_follows_the_dtype():
     table = attention_check.attention_agreement("cpu", "bfloat16", **SMALL)
     assert set(table["tolerance"]) == {attention_check.TOLERANCES["bfloat16"]}
