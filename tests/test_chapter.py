@@ -33,3 +33,8 @@ def test_with_a_reference_the_page_names_it_and_sets_it_beside_the_live_numbers(
     assert isinstance(table, pd.DataFrame) and {"live s", "Test GPU s", "Test GPU peak MiB"} <= set(table.columns)
     assert list(table["variant"]) == [v for v in result.experiment.labels if v in set(table["variant"])]
     assert set(report.speedups(result.experiment, result.summary)["source"]) == {report.LIVE, "Test GPU"}
+
+
+def test_the_setup_line_names_the_models_and_sizes_of_the_chapters_workload():
+    cnn, gpt = chapter.setup_line("smoke", "cpu"), chapter.setup_line("smoke", "cpu", workload="gpt")
+    assert "models resnet18" in cnn and "models gpt_tiny; batch 8;" in gpt and "resnet" not in gpt

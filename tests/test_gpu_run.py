@@ -1,5 +1,6 @@
 """What the first GPU run depends on, checked on the CPU: layouts, per-phase memory, isolation of cudnn_benchmark,
 records that survive a NaN loss, the commit from the environment, the device index, and the Triton check."""
+import importlib.util
 import json
 import math
 import os
@@ -269,11 +270,22 @@ def test_gpu_check_lists_every_test_that_skips_without_cuda_and_the_chapters_cud
     listed = _gpu_check("--list").stdout.splitlines()
     tests = [line.split(" ", 1)[1] for line in listed if line.startswith("test ")]
     files = {test.split("::")[0] for test in tests}
-    assert files == {f"tests/test_{name}.py" for name in ("autotune", "cuda_graphs", "microbench", "numerics",
-                                                          "optimizer_bench", "profiling", "tf32")}
-    assert len(tests) == 13 and "tests/test_cuda_graphs.py::test_graphed_inference_and_training_match_eager" in tests
+    assert files == {f"tests/test_{name}.py" for name in ("attention_check", "autotune", "cuda_graphs", "largest_batch",
+                                                          "microbench", "numerics", "optimizer_bench", "profiling",
+                                                          "tf32")}
+    assert len(tests) == 15 and "tests/test_cuda_graphs.py::test_graphed_inference_and_training_match_eager" in tests
     assert "tests/test_microbench.py::test_matmul_benchmark_on_cuda_in_half_precision" in tests
     assert not any(test.startswith("tests/test_tf32.py::") and "gpu" not in test for test in tests)  # CPU ones left
     assert [line for line in listed if line.startswith("chapter ")] == [
         f"chapter notebooks/{name}.ipynb" for name in ("11_cuda_graphs", "14_data_pipeline", "15_profiling",
-                                                       "18_your_model")]
+                                                       "18_your_model", "20_attention", "21_checkpointing")]
+
+
+def test_gpu_check_runs_a_chapters_cells_with_its_magics_made_pass():
+    """The install cell's ``%pip`` is the only line of its ``except`` block: dropped, the cell would not compile."""
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "tools" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    install = gpu_check.check_cells("20_attention")[0]
+    compile(install, "install cell", "exec")
+    assert "    pass" in install and "%pip" not in install

@@ -20,7 +20,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
-CHAPTERS = ("11_cuda_graphs", "14_data_pipeline", "15_profiling", "18_your_model")  # check cells with is_cuda branches
+# chapters whose check cells have is_cuda branches
+CHAPTERS = ("11_cuda_graphs", "14_data_pipeline", "15_profiling", "18_your_model", "20_attention", "21_checkpointing")
 NOTHING = "gpu-check: no CUDA device here, so nothing to run (the CUDA-only tests and the chapters' CUDA checks need one)"
 
 
@@ -66,10 +67,16 @@ class OnlyCuda:
 
 
 def check_cells(chapter: str) -> list[str]:
-    """A chapter's code cells in order, without IPython's magics (lines that start with % or !)."""
+    """A chapter's code cells in order, IPython's magics (lines that start with % or !) made ``pass`` at their
+    indentation: the install cell's magic is the only line of its ``except`` block."""
     notebook = json.loads((ROOT / "notebooks" / f"{chapter}.ipynb").read_text())
-    return ["\n".join(line for line in "".join(cell["source"]).splitlines() if not line.lstrip().startswith(("%", "!")))
+    return ["\n".join(_without_magic(line) for line in "".join(cell["source"]).splitlines())
             for cell in notebook["cells"] if cell["cell_type"] == "code"]
+
+
+def _without_magic(line: str) -> str:
+    code = line.lstrip()
+    return line[:len(line) - len(code)] + "pass" if code.startswith(("%", "!")) else line
 
 
 def _without_jupyter() -> None:

@@ -14,6 +14,7 @@ from ..core.device import resolve_device
 from ..core.registry import Experiment, get_experiment
 from ..core.experiments import ExperimentResult, run_experiment
 from ..core.profiles import Profile, get_profile
+from ..core.workload import get_workload
 from . import report
 from .downloads import Downloads, downloads
 
@@ -24,10 +25,13 @@ SUMMARY_PAGE = "../book/summary.html"  # from a chapter's page (notebooks/NN.htm
 LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")  # [text](url)
 
 
-def setup_line(profile: "str | Profile | None" = None, device: str = "auto") -> str:
-    """One line naming the profile and the device a chapter runs on."""
+def setup_line(profile: "str | Profile | None" = None, device: str = "auto", workload: str = "cifar") -> str:
+    """One line naming the profile (with the models and sizes ``workload`` runs under it) and the device a chapter
+    runs on."""
     info = resolve_device(device)
-    return f"{get_profile(profile, info.is_cuda).describe()}\ndevice: {info.describe()}"
+    chosen, spec = get_profile(profile, info.is_cuda), get_workload(workload)
+    line = chosen.describe(spec.profile_models.get(chosen.name), spec.profile_knobs.get(chosen.name))
+    return f"{line}\ndevice: {info.describe()}"
 
 
 def knob_lines(knob: str) -> list[str]:

@@ -602,3 +602,29 @@ def plot_batch_sizes(sweep: pd.DataFrame, model: str | None = None, latency: pd.
     grid.set_titles("{col_name}: {row_name}" if frame["model"].iloc[0] else "{row_name}")
     grid.set_axis_labels("batch size", "")
     return grid
+
+
+def plot_memory_tradeoff(summary: pd.DataFrame, labels: "list[str] | tuple[str, ...]", phase: str = "train"):
+    """Per model, what each variant pays and saves: its speed relative to the baseline (tokens or images per second,
+    with the interval) across, its peak memory up, one labelled point per variant coloured by verdict; the baseline
+    sits at 1 (dashed). Down and to the right is better; checkpointing moves down and to the left."""
+    set_theme()
+    rows = summary[(summary["phase"] == phase) & summary["variant"].isin(labels)]
+    models = list(dict.fromkeys(rows["model"]))
+    figure, axes = plt.subplots(1, len(models), figsize=(5.6 * len(models), 4.2), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        part = rows[rows["model"] == model].set_index("variant").reindex(list(labels)).dropna(subset=["speedup"])
+        for label, row in part.iterrows():
+            colour = VERDICT_COLOURS.get(row["verdict"], UNCLEAR_COLOUR if row["verdict"] != "baseline" else "0.2")
+            ax.errorbar(row["speedup"], row["peak_mem_mb"], fmt="o", color=colour, markersize=8, capsize=3,
+                        xerr=[[row["speedup"] - row["ci_low"]], [row["ci_high"] - row["speedup"]]])
+            ax.annotate("\n".join(textwrap.wrap(str(label), 24)), (row["speedup"], row["peak_mem_mb"]),
+                        textcoords="offset points", xytext=(10, 0), va="center", fontsize=8)
+        ax.axvline(1.0, color="0.5", linestyle="--", linewidth=1)
+        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}x"))
+        ax.set_ylim(0, 1.15 * part["peak_mem_mb"].max())
+        ax.set_title(f"{model} ({phase}); colour: the verdict on speed")
+        ax.set_xlabel(f"speed relative to the baseline ({INTERVAL})")
+        ax.set_ylabel("peak memory, MiB")
+    figure.tight_layout()
+    return figure

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 
 import torch
 import torch.nn.functional as F
@@ -82,6 +82,22 @@ def causal(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
 
 
+@cache
+def _compiled_flex_attention():
+    from torch.nn.attention.flex_attention import flex_attention
+    return torch.compile(flex_attention)
+
+
+def flex_attention_for(device: torch.device):
+    """FlexAttention's kernel for ``device``: on CUDA ``torch.compile(flex_attention)``, the documented way to run
+    it (compiled once per process; it generates a fused Triton kernel from the mask), elsewhere the eager
+    ``flex_attention``, a slow reference that materialises the scores (on a CPU it has no backward)."""
+    if device.type == "cuda":
+        return _compiled_flex_attention()
+    from torch.nn.attention.flex_attention import flex_attention
+    return flex_attention
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention; ``attention`` names the kernel (see ``ATTENTIONS``)."""
 
@@ -109,9 +125,8 @@ class CausalSelfAttention(nn.Module):
             mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
             weights = F.dropout(scores.masked_fill(~mask, float("-inf")).softmax(dim=-1), dropout, self.training)
             return weights @ v
-        if self.attention == "flex":
-            from torch.nn.attention.flex_attention import flex_attention
-            return flex_attention(q, k, v, block_mask=self.block_mask(q.size(-2), q.device))
+        if self.attention == "flex":  # compiled on CUDA, eager elsewhere: see flex_attention_for
+            return flex_attention_for(q.device)(q, k, v, block_mask=self.block_mask(q.size(-2), q.device))
         if self.attention == "sdpa":
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
         with sdpa_kernel(SDPA_BACKENDS[self.attention]):
