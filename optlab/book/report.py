@@ -203,6 +203,7 @@ def comparison_table(summary: pd.DataFrame, variants: "list[str] | tuple[str, ..
     references = rows["reference"] if "reference" in rows else pd.Series(np.nan, index=rows.index)
     skipped = graphs_skipped(samples)
     verdicts = [verdict_text(v, r) for v, r in zip(rows["verdict"], roles)]
+    details = throughput_details(rows)
     table = pd.DataFrame({
         "model": rows["model"], "phase": rows["phase"], "variant": rows["variant"],
         COMPARED_WITH: [MISSING if pd.isna(r) else str(r) for r in references],
@@ -211,10 +212,19 @@ def comparison_table(summary: pd.DataFrame, variants: "list[str] | tuple[str, ..
         "verdict": [f"{verdict} ({GRAPHS_SKIPPED})" if key in skipped else verdict
                     for verdict, key in zip(verdicts, rows[KEYS].itertuples(index=False, name=None))],
         "peak MiB": rows["peak_mem_mb"].map(significant),
-        **{label: rows[column].map(significant) if column in rows else MISSING for column, label in DETAILS.items()},
+        **{label: rows[column].map(significant) if column in rows else MISSING for column, label in details.items()},
     }).reset_index(drop=True)
-    table.attrs.update(keys=KEYS, details=list(DETAILS.values()))
+    table.attrs.update(keys=KEYS, details=list(details.values()))
     return table
+
+
+def throughput_details(rows: pd.DataFrame) -> dict[str, str]:
+    """:data:`DETAILS`, with the throughput in the run's own unit where it is not images (tokens/s for the GPT)."""
+    units = set(rows["unit"].dropna()) if "unit" in rows else set()
+    if len(units) != 1 or units == {"images"} or "items_per_s" not in rows:
+        return DETAILS
+    return {("items_per_s" if column == "images_per_s" else column): (f"{units.pop()}/s" if column == "images_per_s"
+                                                                      else label) for column, label in DETAILS.items()}
 
 
 def stack_table(steps: pd.DataFrame) -> pd.DataFrame:
