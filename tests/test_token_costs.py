@@ -45,3 +45,17 @@ def test_stack_throughput_lists_the_steps_in_order_with_rate_mfu_and_memory():
     assert table["step"].tolist() == ["first", "second"]
     assert table["tokens/s (median)"].tolist() == [10.0, 20.0] and table["MFU %"].tolist() == [1.0, 2.0]
     assert table["peak MiB"].tolist() == [3.0, 2.0]
+
+
+def test_the_summary_carries_each_variants_median_throughput_in_its_unit():
+    from optlab.core.summary import summarize_runs
+
+    samples = pd.DataFrame([{"model": "gpt_tiny", "phase": "train", "variant": variant, "repeat": repeat, "status": "ok",
+                             "epoch_equiv_s": 1.0 + repeat / 10, "step_median_s": 0.1, "startup_s": 0.0,
+                             "images_per_s": 8.0, "items_per_s": rate + repeat, "unit": "tokens",
+                             "peak_mem_mb": 1.0, "tflops": 0.01}
+                            for variant, rate in (("a", 100.0), ("b", 200.0)) for repeat in range(3)])
+    rows = summarize_runs(samples, "a").set_index("variant")
+    assert rows.loc["a", "items_per_s"] == 101.0 and rows.loc["b", "items_per_s"] == 201.0
+    assert set(rows["unit"]) == {"tokens"}
+    assert summarize_runs(samples.drop(columns=["items_per_s", "unit"]), "a")["items_per_s"].isna().all()
