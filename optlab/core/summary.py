@@ -8,8 +8,8 @@ from .timing import speed_up, summarize
 
 SUMMARY_COLUMNS = [
     "model", "phase", "variant", "n", "epoch_s", "epoch_iqr_s", "epoch_min_s", "step_ms", "startup_s",
-    "images_per_s", "items_per_s", "unit", "peak_mem_mb", "first_peak_mem_mb", "tflops", "reference", "speedup", "ci_low", "ci_high", "verdict",
-    "noise", "role",
+    "images_per_s", "items_per_s", "unit", "peak_mem_mb", "first_peak_mem_mb", "tflops", "reference", "speedup",
+    "ci_low", "ci_high", "verdict", "noise", "role",
 ]
 CLAIM, CONTROL = "claim", "A/A control"
 LOOK_CONFIDENCE = "look_confidence"  # samples' column: the level of the look a model's answers were read at
