@@ -68,3 +68,33 @@ def test_the_beyond_table_has_every_variant_of_every_source_in_registry_order():
 
 def test_the_beyond_table_without_records_is_empty():
     assert summary_page.beyond_table({"live": pd.DataFrame()}).empty
+
+
+GPT_ROW = {"model": "gpt_tiny", "phase": "train", "machine": "cpu", "profile": "smoke", "unit": "tokens"}
+TRANSFORMER = pd.DataFrame([
+    {**GPT_ROW, "technique": "gpt_shapes", "variant": "vocab 65, 8 x 64", "speedup": 1.0, "ci_low": 1.0,
+     "ci_high": 1.0, "verdict": "baseline", "reference": None, "items_per_s": 4000.0, "peak_mem_mb": 6.0},
+    {**GPT_ROW, "technique": "gpt_shapes", "variant": "vocab 128, 8 x 64", "speedup": 0.98, "ci_low": 0.9,
+     "ci_high": 1.1, "verdict": "can't tell yet", "reference": "vocab 65, 8 x 64", "items_per_s": 3900.0,
+     "peak_mem_mb": 6.5},
+    {**GPT_ROW, "technique": "attention", "variant": "SDPA (PyTorch picks)", "speedup": 1.08, "ci_low": 1.02,
+     "ci_high": 1.14, "verdict": "faster", "reference": "hand-written attention", "items_per_s": 4321.0,
+     "peak_mem_mb": 5.0},
+])
+
+
+def test_the_transformer_table_shows_tokens_per_second_beside_speedup_and_verdict_in_track_order():
+    table = summary_page.transformer_table({"live": pd.concat([LIVE, BEYOND, TRANSFORMER])})
+    assert list(table.index.get_level_values("technique")) == ["attention", "gpt_shapes", "gpt_shapes"]  # no CNNs
+    row = table.loc[("attention", "SDPA (PyTorch picks)", "gpt_tiny", "train")]
+    assert (row[LIVE_COLUMN], row["live verdict"], row["live tokens/s"]) == ("1.08 (1.02–1.14)", "faster", 4321.0)
+    assert row["live compared with"] == "hand-written attention"
+    assert table.loc[("gpt_shapes", "vocab 65, 8 x 64", "gpt_tiny", "train"), "live verdict"] == "baseline"
+
+
+def test_the_transformer_table_keeps_the_cnn_tables_as_they_were():
+    found = {"live": pd.concat([LIVE, BEYOND, TRANSFORMER])}
+    beyond = summary_page.beyond_table(found)
+    assert "gpt_shapes" not in set(beyond.index.get_level_values("technique"))
+    assert list(beyond.columns) == ["compared with", LIVE_COLUMN, "live verdict", "live peak MiB", "live TFLOP/s"]
+    assert summary_page.transformer_table({"live": pd.concat([LIVE, BEYOND])}).empty

@@ -1,5 +1,5 @@
 """The book's summary page: every seed technique's speed-ups (the seed's, our live run's, our stored references'),
-then the techniques beyond the seed (ours only: the seed did not measure them)."""
+then the techniques beyond the seed and the transformer track (ours only: the seed did not measure them)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,6 +8,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from ..core import store
+from ..core.gpt_techniques import TRANSFORMER_TECHNIQUES
 from ..core.registry import get_experiment
 from ..core.seed import seed_speedups
 from ..core.summary import CLAIM
@@ -52,7 +53,8 @@ def describe(found: dict[str, pd.DataFrame]) -> str:
             continue
         machines, profiles = (", ".join(sorted(set(rows[column]))) for column in ("machine", "profile"))
         counts = []
-        for kind, names in (("seed", SEED_TECHNIQUES), ("beyond-the-seed", BEYOND_TECHNIQUES)):
+        for kind, names in (("seed", SEED_TECHNIQUES), ("beyond-the-seed", BEYOND_TECHNIQUES),
+                            ("transformer", TRANSFORMER_TECHNIQUES)):
             missing = sorted(set(names) - set(rows["technique"]))
             counts.append(f"{len(names) - len(missing)} of {len(names)} {kind} techniques"
                           + (f" (missing: {', '.join(missing)})" if missing else ""))
@@ -136,3 +138,38 @@ def beyond_table(found: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
     position = [rank.get((t, v), (BEYOND_TECHNIQUES.index(t), len(rank))) for t, v in zip(table["technique"], table["variant"])]
     table = report.in_order(table.assign(_position=position)).sort_values("_position", kind="stable")
     return table.drop(columns="_position").set_index(keys)
+
+
+def transformer_table(found: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
+    """The transformer track's techniques, one row per technique, variant, model and phase, baselines included: each
+    source's speed-up over the variant it is compared with (as its run recorded it) with its interval and verdict,
+    then its throughput in the workload's unit (tokens/s) and its peak memory."""
+    found = sources() if found is None else found
+    keys = ["technique", "variant", "model", "phase"]
+    table = None
+    for name, rows in found.items():
+        if rows.empty or "technique" not in rows:
+            continue
+        rows = rows[rows["technique"].isin(TRANSFORMER_TECHNIQUES)].drop_duplicates(keys, keep="last")
+        if rows.empty:
+            continue
+        roles = rows["role"] if "role" in rows else pd.Series(CLAIM, index=rows.index)
+        units = rows["unit"].dropna() if "unit" in rows else pd.Series(dtype=object)
+        rates = rows["items_per_s"] if "items_per_s" in rows else pd.Series(float("nan"), index=rows.index)
+        ours = pd.DataFrame({
+            **{key: rows[key] for key in keys},
+            f"{name} {report.COMPARED_WITH}": rows["reference"] if "reference" in rows else None,
+            f"{name} ({report.INTERVAL})": [NOT_RUN if pd.isna(r) else speedup_text(r, lo, hi)
+                                            for r, lo, hi in zip(rows["speedup"], rows["ci_low"], rows["ci_high"])],
+            f"{name} verdict": [verdict_text(v, r) for v, r in zip(rows["verdict"], roles)],
+            f"{name} {units.iloc[0] if not units.empty else 'items'}/s": rates.map(significant),
+            f"{name} peak MiB": rows["peak_mem_mb"].map(significant),
+        })
+        table = ours if table is None else table.merge(ours, on=keys, how="outer")
+    if table is None:
+        return pd.DataFrame(columns=keys)
+    measured = [column for column in table if column.endswith(f" ({report.INTERVAL})")]
+    table[measured] = table[measured].fillna(NOT_RUN)
+    rank = {name: i for i, name in enumerate(TRANSFORMER_TECHNIQUES)}
+    table = table.assign(_rank=table["technique"].map(rank)).sort_values("_rank", kind="stable")
+    return table.drop(columns="_rank").set_index(keys)

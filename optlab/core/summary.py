@@ -8,8 +8,8 @@ from .timing import speed_up, summarize
 
 SUMMARY_COLUMNS = [
     "model", "phase", "variant", "n", "epoch_s", "epoch_iqr_s", "epoch_min_s", "step_ms", "startup_s",
-    "images_per_s", "items_per_s", "unit", "peak_mem_mb", "first_peak_mem_mb", "tflops", "reference", "speedup", "ci_low", "ci_high", "verdict",
-    "noise", "role",
+    "images_per_s", "items_per_s", "unit", "peak_mem_mb", "first_peak_mem_mb", "tflops", "reference", "speedup",
+    "ci_low", "ci_high", "verdict", "noise", "role",
 ]
 CLAIM, CONTROL = "claim", "A/A control"
 LOOK_CONFIDENCE = "look_confidence"  # samples' column: the level of the look a model's answers were read at
@@ -72,7 +72,9 @@ def summarize_runs(samples: pd.DataFrame, baseline: str, controls: "tuple[str, .
                 "epoch_s": epoch.median, "epoch_iqr_s": epoch.iqr, "epoch_min_s": epoch.min,
                 "step_ms": 1e3 * runs["step_median_s"].median(), "startup_s": runs["startup_s"].median(),
                 "images_per_s": runs["images_per_s"].median(),
-                **({"items_per_s": runs["items_per_s"].median(), "unit": runs["unit"].iloc[0]} if "unit" in runs else {}),
+                # throughput in the workload's unit (tokens for a GPT); records from before it was kept lack it
+                "items_per_s": runs["items_per_s"].median() if "items_per_s" in runs else float("nan"),
+                "unit": runs["unit"].iloc[0] if "unit" in runs else None,
                 "peak_mem_mb": runs.loc[~first if (~first).any() else first, "peak_mem_mb"].max(),
                 "first_peak_mem_mb": runs.loc[first, "peak_mem_mb"].max(),
                 "tflops": runs["tflops"].median(), "role": role,
