@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..core.device import effective_config, resolve_device
-from ..core.fp8 import ACTIVATION_DTYPE, OUT_DTYPE, FP8Linear, column_major, swap_linears_to_fp8, to_fp8
+from ..core.fp8 import ACTIVATION_DTYPE, OUT_DTYPE, column_major, swap_linears_to_fp8, to_fp8
 from ..core.limits import check_count
 from ..core.loops import train_step
 from ..core.quiet import fix_threads
@@ -31,7 +31,8 @@ VARIANTS = {"fp32": ("none", False), "bf16 autocast": ("bf16", False), "FP8 line
 
 @dataclass(frozen=True)
 class FP8Run:
-    """The losses of every step per variant, the FP8 backend used, and how many linear layers ran in FP8."""
+    """The losses of every step per variant, the FP8 backend used, and how many of the model's linear layers ran in
+    FP8 (torch's :class:`~optlab.core.fp8.FP8Linear` or torchao's ``Float8Linear``, both subclasses of ``nn.Linear``)."""
 
     losses: pd.DataFrame  # variant, step, loss
     backend: str
@@ -64,7 +65,7 @@ def fp8_losses(model: str = "gpt_tiny", steps: int = 10, backend: str = "torch",
         linears = sum(isinstance(m, nn.Linear) for m in state.model.modules())
         if fp8:
             used = swap_linears_to_fp8(state.model, backend)
-            swapped = sum(isinstance(m, FP8Linear) for m in state.model.modules()) if used == "torch" else linears
+            swapped = sum(type(m) is not nn.Linear and isinstance(m, nn.Linear) for m in state.model.modules())
         state.model.train()
         batches = iter(state.loaders["train"])
         for step in range(1, steps + 1):
