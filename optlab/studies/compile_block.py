@@ -44,10 +44,11 @@ def _step(block: nn.Module, x: torch.Tensor, device: torch.device) -> tuple[floa
 
 
 def block_compile_record(model: str = "gpt_tiny", part: str = "block", batch_size: int = 8, steps: int = 10,
-                         mode: str = "default", device: str = "auto", seed: int = 0) -> dict[str, Any]:
-    """Eager against ``torch.compile(mode=mode)`` on ``part`` ("block", or its "mlp") of the first block of
-    ``model``: a first step each (the compiled one compiles there), then ``steps`` timed steps each, alternating;
-    returned as a run record (baseline eager)."""
+                         mode: str = "default", device: str = "auto", seed: int = 0,
+                         backend: str = "inductor") -> dict[str, Any]:
+    """Eager against ``torch.compile(mode=mode, backend=backend)`` on ``part`` ("block", or its "mlp") of the first
+    block of ``model``: a first step each (the compiled one compiles there), then ``steps`` timed steps each,
+    alternating; returned as a run record (baseline eager). ``backend`` other than Inductor is for tests."""
     if mode not in MODES:
         raise choice_error("compile mode", mode, MODES)
     if part not in PARTS:
@@ -60,8 +61,8 @@ def block_compile_record(model: str = "gpt_tiny", part: str = "block", batch_siz
     gpt = build_gpt(model).to(info.device)
     x = torch.randn(batch_size, gpt.config.block_size, gpt.config.n_embd, device=info.device)
     block = gpt.blocks[0] if part == "block" else gpt.blocks[0].mlp
-    blocks = {EAGER: block, COMPILED.format(mode=mode): torch.compile(copy.deepcopy(block),
-                                                                       mode=None if mode == "default" else mode)}
+    blocks = {EAGER: block, COMPILED.format(mode=mode): torch.compile(
+        copy.deepcopy(block), backend=backend, mode=None if mode == "default" or backend != "inductor" else mode)}
     runs = {label: {"warmup_times_s": [], "step_times_s": [], "warmup_losses": []} for label in blocks}
     for label, block in blocks.items():
         graphs, cache = compiler.compiled_graphs(), compiler.cache_counts()
