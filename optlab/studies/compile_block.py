@@ -4,13 +4,13 @@ Compiling the whole GPT's training step costs tens of seconds of Inductor's C++ 
 unit the GPT repeats: LayerNorm, causal self-attention, LayerNorm, MLP, two residual adds), or only its MLP (a matmul,
 GELU, a matmul), compiles the same kinds of kernels in a fraction of that. Eager and compiled copies of the part, from
 the same weights, each take a first step (where the compiled one compiles) and then alternate timed steps on the same
-input; the loss is a stand-in, the mean square of the part's output. The result is a run record in the shape :mod:`optlab.studies.compile_cost` reads, so the
-compile time, the saving per step and the break-even step count come from the same code as a full run's.
+input; the loss is a stand-in, the mean square of the part's output. The result is a run record in the shape
+:mod:`optlab.studies.compile_cost` reads, so the compile time, the saving per step and the break-even step count come
+from the same code as a full run's.
 """
 from __future__ import annotations
 
 import copy
-import statistics
 import time
 from typing import Any
 
@@ -32,11 +32,11 @@ MAX_BATCH = 256
 EAGER, COMPILED = "eager", "compile {mode}"
 
 
-def _step(block: nn.Module, x: torch.Tensor, device: torch.device) -> tuple[float, float]:
-    """One forward and backward of ``block`` on ``x``: its seconds (device work included) and its loss."""
-    block.zero_grad(set_to_none=True)
+def _step(module: nn.Module, x: torch.Tensor, device: torch.device) -> tuple[float, float]:
+    """One forward and backward of ``module`` on ``x``: its seconds (device work included) and its loss."""
+    module.zero_grad(set_to_none=True)
     start = time.perf_counter()
-    loss = block(x).float().square().mean()
+    loss = module(x).float().square().mean()
     loss.backward()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -60,26 +60,27 @@ def block_compile_record(model: str = "gpt_tiny", part: str = "block", batch_siz
     torch.manual_seed(seed)
     gpt = build_gpt(model).to(info.device)
     x = torch.randn(batch_size, gpt.config.block_size, gpt.config.n_embd, device=info.device)
-    block = gpt.blocks[0] if part == "block" else gpt.blocks[0].mlp
-    blocks = {EAGER: block, COMPILED.format(mode=mode): torch.compile(
-        copy.deepcopy(block), backend=backend, mode=None if mode == "default" or backend != "inductor" else mode)}
-    runs = {label: {"warmup_times_s": [], "step_times_s": [], "warmup_losses": []} for label in blocks}
-    for label, block in blocks.items():
+    part_module = gpt.blocks[0] if part == "block" else gpt.blocks[0].mlp
+    compiled = torch.compile(copy.deepcopy(part_module), backend=backend,
+                             mode=None if mode == "default" or backend != "inductor" else mode)
+    modules = {EAGER: part_module, COMPILED.format(mode=mode): compiled}
+    runs = {}
+    for label, module in modules.items():
         graphs, cache = compiler.compiled_graphs(), compiler.cache_counts()
-        seconds, loss = _step(block, x, info.device)
+        seconds, loss = _step(module, x, info.device)
         after = compiler.cache_counts()
-        runs[label].update(warmup_times_s=[seconds], warmup_losses=[loss],
-                           graphs_compiled=compiler.compiled_graphs() - graphs,
-                           inductor_cache=compiler.cache_state(after["cache hits"] - cache["cache hits"],
-                                                               after["cache misses"] - cache["cache misses"]))
+        runs[label] = {"warmup_times_s": [seconds], "warmup_losses": [loss], "step_times_s": [],
+                       "graphs_compiled": compiler.compiled_graphs() - graphs,
+                       "inductor_cache": compiler.cache_state(after["cache hits"] - cache["cache hits"],
+                                                              after["cache misses"] - cache["cache misses"])}
     for _ in range(steps):
-        for label, block in blocks.items():
-            runs[label]["step_times_s"].append(_step(block, x, info.device)[0])
-    epoch = get_workload("gpt").train_size
+        for label, module in modules.items():
+            runs[label]["step_times_s"].append(_step(module, x, info.device)[0])
+    epoch = get_workload("gpt").train_size  # the corpus's training sequences: the "epochs" of the payoff
     samples = [{"status": "ok", "model": model, "phase": "train", "variant": label, "repeat": 0,
                 "first_step_s": run["warmup_times_s"][0], "images_per_step": batch_size, "epoch_images": epoch,
-                "median_step_s": statistics.median(run["step_times_s"]), **run} for label, run in runs.items()]
+                **run} for label, run in runs.items()]
     return {"technique": f"gpt_compile (one {part})", "profile": {"name": "block", "warmup_repeats": 0},
             "baseline": EAGER, "samples": samples, "summary": [],
-            "effective_configs": {model: {label: {"amp_dtype": "none"} for label in blocks}},
+            "effective_configs": {model: {label: {"amp_dtype": "none"} for label in modules}},
             "notes": [f"{model}'s first {part}, batch {batch_size}, {steps} alternating timed steps on {info.name}"]}

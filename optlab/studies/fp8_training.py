@@ -32,7 +32,7 @@ VARIANTS = {"fp32": ("none", False), "bf16 autocast": ("bf16", False), "FP8 line
 @dataclass(frozen=True)
 class FP8Run:
     """The losses of every step per variant, the FP8 backend used, and how many of the model's linear layers ran in
-    FP8 (torch's :class:`~optlab.core.fp8.FP8Linear` or torchao's ``Float8Linear``, both subclasses of ``nn.Linear``)."""
+    FP8 (torch's :class:`~optlab.core.fp8.FP8Linear` or torchao's ``Float8Linear``, both ``nn.Linear`` subclasses)."""
 
     losses: pd.DataFrame  # variant, step, loss
     backend: str
@@ -88,4 +88,5 @@ def scaled_mm_error(rows: int = 64, cols: int = 64, inner: int = 64, seed: int =
     raw = torch._scaled_mm(a.to(ACTIVATION_DTYPE), column_major(b.to(ACTIVATION_DTYPE).t()), scale_a=one,
                            scale_b=one, out_dtype=OUT_DTYPE).float()
     norm = float(exact.norm())
-    return {"scaled_rel_err": float((scaled - exact).norm()) / norm, "unscaled_rel_err": float((raw - exact).norm()) / norm}
+    return {"scaled_rel_err": float((scaled - exact).norm()) / norm,
+            "unscaled_rel_err": float((raw - exact).norm()) / norm}
