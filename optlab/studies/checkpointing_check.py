@@ -2,7 +2,7 @@
 
 Every setting of :data:`~optlab.core.config.CHECKPOINTINGS` starts from the same weights and trains a few AdamW steps
 on the same batches. The losses of every step (the later ones depend on the earlier gradients) and the gradients of
-the first step are compared with the run without checkpointing, within :data:`TOLERANCE`.
+the first step are compared with the run without checkpointing, within ``TOLERANCE``.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def checkpointing_agreement(size: str = "gpt_tiny", batch: int = 8, steps: int =
                             device: "torch.device | str" = "cpu") -> pd.DataFrame:
     """One row per checkpointing setting: the loss of each of ``steps`` training steps from the same weights on the
     same ``batch`` x ``size``'s block of random tokens, the largest difference of those losses and of the first
-    step's gradients from the run without checkpointing, and ``agrees`` (both within :data:`TOLERANCE`)."""
+    step's gradients from the run without checkpointing, and ``agrees`` (both within ``TOLERANCE``, 1e-5)."""
     if size not in GPT_SIZES:
         raise choice_error("GPT size", size, tuple(GPT_SIZES))
     for name, value, limit in (("batch", batch, MAX_BATCH), ("steps", steps, MAX_STEPS)):

@@ -73,7 +73,7 @@ def shape_table(configs: dict[str, RunConfig], samples: pd.DataFrame | None = No
 def stack_throughput(summary: pd.DataFrame, mfu: pd.DataFrame, labels: "list[str] | tuple[str, ...]",
                      phase: str = "train") -> pd.DataFrame:
     """A stack's steps in order (``labels``), each with its median throughput in the workload's unit, its MFU
-    (rows of :func:`optlab.studies.peaks.mfu_table`), the peak it is measured against and its peak memory."""
+    (rows of ``optlab.studies.peaks.mfu_table``), the peak it is measured against and its peak memory."""
     rows = summary[summary["phase"] == phase].drop_duplicates(["model", "variant"]).set_index(["model", "variant"])
     mfu = mfu.set_index(["model", "variant"])
     out = []
