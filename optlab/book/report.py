@@ -47,7 +47,7 @@ UNCLEAR_COLOUR = "#949494"
 COMPARED_WITH = "compared with"
 SOURCE_MARKERS = ("o", "s", "^", "v", "P", "X")  # the live run, then each stored reference machine
 LABEL_WIDTH = 34  # characters per line of a row label of the speed-up figure
-LONG_NAME = 12  # characters: a longer word in a table cell may break after punctuation
+LONG_NAME = 10  # characters: a longer word in a table cell may break after punctuation
 WIDE = 9  # a table with more columns is set tighter (book/_static/optlab.css), to fit the article column
 
 

@@ -10,11 +10,13 @@ from .errors import OptlabError
 
 COLUMNS = ["source", "claim", "hardware", "before", "after", "unit", "url"]
 TIME_UNIT = "minutes"  # a unit starting with it is a time (lower is better); any other is a rate (higher is better)
+FIGURES = "published_transformer_figures.csv"  # under optlab/resources
 
 
-def published_figures(name: str = "published_transformer_figures.csv") -> pd.DataFrame:
-    """The published figures (``COLUMNS``) and the speed-up each claims: before / after for a time, after / before
-    for a rate."""
+def published_figures(name: str | None = None) -> pd.DataFrame:
+    """The published figures (``COLUMNS``) of ``name`` (a file under ``optlab/resources``; default :data:`FIGURES`)
+    and the speed-up each claims: before / after for a time, after / before for a rate."""
+    name = name or FIGURES
     with resources.files("optlab.resources").joinpath(name).open() as handle:
         table = pd.read_csv(handle)
     missing = [column for column in COLUMNS if column not in table]
