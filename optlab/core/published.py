@@ -14,7 +14,7 @@ FIGURES = "published_transformer_figures.csv"  # under optlab/resources
 
 
 def published_figures(name: str | None = None) -> pd.DataFrame:
-    """The published figures (``COLUMNS``) of ``name`` (a file under ``optlab/resources``; default :data:`FIGURES`)
+    """The published figures (``COLUMNS``) of ``name`` (a file under ``optlab/resources``; default ``FIGURES``)
     and the speed-up each claims: before / after for a time, after / before for a rate."""
     name = name or FIGURES
     with resources.files("optlab.resources").joinpath(name).open() as handle:
