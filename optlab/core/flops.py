@@ -14,6 +14,19 @@ TRAIN_TO_FORWARD = 3  # backward costs about twice the forward: the usual 6 x MA
 
 
 @lru_cache(maxsize=None)
+def forward_flop_counts(config: RunConfig) -> dict[str, int]:
+    """FLOPs of one forward pass on one sample of ``config``'s model, per operator (``"aten.mm"``, ...), counted by
+    FlopCounterMode on the meta device under the workload's ``counting_knobs``."""
+    spec = get_workload(config.workload)
+    config = replace(config, fp8=False, **spec.counting_knobs)
+    with torch.device("meta"):
+        net = spec.build(config)
+        example = spec.input_for(1, config)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        net(example)
+    return {str(op): count for op, count in counter.get_flop_counts().get("Global", {}).items()}
+
+
 def forward_flops_of(config: RunConfig) -> int:
     """FLOPs of one forward pass on one sample of ``config``'s model (its workload's example input for the config: one
     image, one token sequence), counted by FlopCounterMode on the meta device, attention included where the model has
@@ -22,14 +35,7 @@ def forward_flops_of(config: RunConfig) -> int:
     Training FLOPs are derived as 3 x forward rather than counted, because FlopCounterMode overcounts the
     backward of depthwise convolutions (MobileNetV2: 21x the forward in torch 2.14).
     """
-    spec = get_workload(config.workload)
-    config = replace(config, fp8=False, **spec.counting_knobs)
-    with torch.device("meta"):
-        net = spec.build(config)
-        example = spec.input_for(1, config)
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
-        net(example)
-    return counter.get_total_flops()
+    return sum(forward_flop_counts(config).values())
 
 
 def forward_flops_per_sample(model: str, variant: str = "base", width: float = 1.0, workload: str = "cifar") -> int:

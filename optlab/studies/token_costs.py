@@ -7,15 +7,11 @@ workload's counting knobs (the hand-written attention, whose score and weighted-
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pandas as pd
-import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from ..core.config import RunConfig
 from ..core.errors import OptlabError
-from ..core.flops import TRAIN_TO_FORWARD, forward_flops_of
+from ..core.flops import TRAIN_TO_FORWARD, forward_flop_counts, forward_flops_of
 from ..core.workload import get_workload
 
 ATTENTION_OPS = ("aten.bmm",)  # q @ k^T and weights @ v; the linears count as addmm / mm
@@ -28,15 +24,8 @@ def tokens_per_step(config: RunConfig) -> int:
 
 def attention_flops_of(config: RunConfig) -> int:
     """FLOPs of the attention matmuls (scores and weighted sum) in one forward pass over one sequence of ``config``,
-    counted by FlopCounterMode under the workload's counting knobs."""
-    spec = get_workload(config.workload)
-    counted = replace(config, fp8=False, **spec.counting_knobs)
-    with torch.device("meta"):
-        net = spec.build(counted)
-        example = spec.input_for(1, counted)
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
-        net(example)
-    return sum(count for op, count in counter.get_flop_counts().get("Global", {}).items() if str(op) in ATTENTION_OPS)
+    counted by FlopCounterMode under the workload's counting knobs (``optlab.core.flops.forward_flop_counts``)."""
+    return sum(count for op, count in forward_flop_counts(config).items() if op in ATTENTION_OPS)
 
 
 def flops_per_token(config: RunConfig) -> dict[str, float]:
