@@ -41,11 +41,12 @@ from ...core.memory import memory_kind
 from ...core.profiles import Profile, get_profile
 from ...core.samples import failed_row
 from ...core.summary import summarize_runs
-from ...core.timing import FASTER, INTERVAL, interval_text
+from ...core.timing import INTERVAL, interval_text
 from .batch_sweep import (MAX_REQUEST_SECONDS, MIN_REQUESTS, PLATEAU_DOUBLINGS, PLATEAU_GAIN, REQUEST_SECONDS,
                           REQUEST_WARMUP, LATENCY_COLUMNS, Served, SweepTarget, sweep)
 from .examples import Examples, examples_from
-from .recommendation import AFRESH, FINAL, START, Recommendation, json_rows, recommendation_record
+from .recommendation import (AFRESH, FINAL, START, Recommendation, decision_before_the_check, json_rows,
+                             recommendation_record)
 from .output_check import (OUTPUT_TOLERANCE, OutputFn, output_change, pick_output, precision, tolerance,
                            within_tolerance)
 from .examples import MAX_CLASSES, describe_inputs
@@ -70,12 +71,8 @@ def decide(verdict: str, error: float, top1: float | None, limit: float, before_
            after_failed: str = "") -> tuple[str, str]:
     """Whether a measured step is kept, and why not: only if its verdict is "faster" and its outputs are within
     ``limit`` of the starting point's."""
-    if before_failed:
-        return "not decided", f"the configuration before it failed: {before_failed}"
-    if after_failed:
-        return "failed", after_failed
-    if verdict != FASTER:
-        return "not kept", ""
+    if (undecided := decision_before_the_check(verdict, before_failed, after_failed)) is not None:
+        return undecided
     if not within_tolerance(error, top1, limit):
         moved = f"relative error {error:.2g}" + (f", top-1 agreement {100 * top1:.3g} %" if top1 is not None else "")
         return "not kept: outputs changed", (f"faster, but its outputs moved from the starting point's ({moved}), "

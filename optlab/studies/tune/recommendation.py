@@ -89,3 +89,15 @@ def recommendation_record(result: Recommendation, knobs: Callable[[RunConfig], d
         "samples": json_rows(result.samples),
         "summary": json_rows(result.summary),
     }
+
+
+def decision_before_the_check(verdict: str, before_failed: str, after_failed: str) -> tuple[str, str] | None:
+    """A step's decision and why, where it is settled before its outputs or losses are checked: the configuration
+    before it failed, the step failed, or it was not faster; None when the check decides."""
+    if before_failed:
+        return "not decided", f"the configuration before it failed: {before_failed}"
+    if after_failed:
+        return "failed", after_failed
+    if verdict != FASTER:
+        return "not kept", ""
+    return None

@@ -33,12 +33,13 @@ from ...core.profiles import Profile, get_profile
 from ...core.samples import failed_row
 from ...core.summary import summarize_runs
 from ...core.techniques import ALL_TOGETHER
-from ...core.timing import FASTER, INTERVAL, interval_text
+from ...core.timing import INTERVAL, interval_text
 from ..compile_cost import LOSS_RTOL
 from .batch_sweep import REQUEST_SECONDS
 from .inference import InferenceResult, OutputFn, tune_inference
 from .examples import examples_from
-from .recommendation import AFRESH, FINAL, START, Recommendation, json_rows, recommendation_record
+from .recommendation import (AFRESH, FINAL, START, Recommendation, decision_before_the_check, json_rows,
+                             recommendation_record)
 from .inputs import (MAX_BATCH_SIZE, Batches, LossFn, ModelFn, Probe, build_model, cross_entropy, dataset_batches,
                      loader_batches, model_name, probe, synthetic_batches)
 
@@ -183,12 +184,8 @@ def decide(verdict: str, change: float, tolerance: float, before_failed: str = "
     """Whether a measured step is kept, and why not: kept only if its verdict is "faster" and its first losses moved by
     at most ``tolerance``. ``before_failed`` and ``after_failed`` are the failures (out of memory, an error) of the
     configuration before the step and of the step itself."""
-    if before_failed:
-        return "not decided", f"the configuration before it failed: {before_failed}"
-    if after_failed:
-        return "failed", after_failed
-    if verdict != FASTER:
-        return "not kept", ""
+    if (undecided := decision_before_the_check(verdict, before_failed, after_failed)) is not None:
+        return undecided
     if not change <= tolerance:  # NaN too
         return "not kept: loss changed", (f"faster, but its first losses moved by {percent(change) or 'nan'}, "
                                           f"beyond the {percent(tolerance)} tolerance")
