@@ -1,11 +1,11 @@
-"""The table of contents, and one build of the book per session for test_book.py and test_browser.py.
+"""The table of contents, and the chapters' runs and one build of the book per session (tests/chapter_runs.py).
 
-The build executes every chapter and takes minutes, so it starts in the background as soon as the tests are
-collected, runs while the other tests run, and the tests that read it go last.
+Running every chapter takes minutes, so a background process starts on them as soon as the tests are collected and
+runs while the other tests run; the chapters' own tests go after the other tests and share what is left, and the
+tests that read the book, built from those runs, go last.
 """
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,48 +15,56 @@ from pathlib import Path
 import pytest
 import yaml
 
-# One torch thread per process (set before any test imports torch; subprocesses inherit it): the background build
+import chapter_runs
+
+# One torch thread per process (set before any test imports torch; subprocesses inherit it): the background runs
 # and the tests share the cores, and oversubscribed threads spin (training steps ten times slower, measured here).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "_build"
-BUILD_LOG = BUILD / "test-build.log"
-BOOK_LIVE = ROOT / "results" / "live"  # the book's chapters write here and its summary page reads it
 # The tests never see a user's data folder: an empty one gives every run the stand-in, whatever the machine holds.
 NO_DATA = BUILD / "test-data"
 NO_DATA.mkdir(parents=True, exist_ok=True)
 os.environ["OPTLAB_DATA"] = str(NO_DATA)
-os.environ.pop("OPTLAB_LIVE_DIR", None)
+os.environ.pop("OPTLAB_LIVE_DIR", None)  # the chapters write their records where the book's summary page reads them
 SMOKE_ENV = {**os.environ, "OPTLAB_PROFILE": "smoke"}  # the CI size, whatever the machine
-BUILDING = pytest.StashKey[subprocess.Popen]()
+RUNNER = pytest.StashKey[subprocess.Popen]()
+CHAPTER_TEST = "test_notebook_runs_under_nbval"
 
 
-def start_build() -> subprocess.Popen:
-    """``jupyter-book build`` from a clean state: stale doctrees would let Sphinx skip executing the notebooks, and
-    an older run's records would show on the summary page."""
-    for stale in (BUILD / ".doctrees", BUILD / "html", BUILD / "jupyter_execute", BOOK_LIVE):
-        shutil.rmtree(stale, ignore_errors=True)  # start clean: the summary page shows only this build's records
-    BUILD.mkdir(exist_ok=True)
-    command = [str(Path(sys.executable).parent / "jupyter-book"), "build", ".", "-W", "-n", "--keep-going"]
-    with BUILD_LOG.open("w") as log:
-        return subprocess.Popen(command, cwd=ROOT, env=SMOKE_ENV, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+def start_runner(stems: list[str], book: bool) -> subprocess.Popen:
+    """The background worker: it runs ``stems``' chapters and, with ``book``, builds the book from every chapter."""
+    chapter_runs.start_afresh()
+    command = [sys.executable, str(Path(chapter_runs.__file__)), *stems, *(["--book"] if book else [])]
+    return subprocess.Popen(command, cwd=ROOT, env=SMOKE_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
 
 
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected
 def pytest_collection_modifyitems(config, items):
+    chapters = [item for item in items if getattr(item, "originalname", "") == CHAPTER_TEST]
     needs_book = [item for item in items if "book" in item.fixturenames]
-    if needs_book and not config.option.collectonly:
-        items[:] = [item for item in items if item not in needs_book] + needs_book
-        config.stash[BUILDING] = start_build()
+    if (chapters or needs_book) and not config.option.collectonly:
+        items[:] = [item for item in items if item not in chapters + needs_book] + chapters + needs_book
+        stems = chapter_runs.all_chapters() if needs_book else [item.callspec.id for item in chapters]
+        config.stash[RUNNER] = start_runner(stems, book=bool(needs_book))
 
 
 def pytest_sessionfinish(session):
-    """Stop a build still running when the session ends early (its notebook kernels with it)."""
-    build = session.config.stash.get(BUILDING, None)
-    if build is not None and build.poll() is None:
-        os.killpg(build.pid, signal.SIGTERM)
+    """Stop the background worker if it is still running when the session ends early (its chapters with it)."""
+    runner = session.config.stash.get(RUNNER, None)
+    if runner is not None and runner.poll() is None:
+        runner.send_signal(signal.SIGTERM)
+        runner.wait()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Each chapter's time under nbval, slowest first: the figure the one-minute target is read from."""
+    runs = sorted(chapter_runs.finished_runs(), key=lambda run: -run.seconds)
+    if runs and terminalreporter.config.stash.get(RUNNER, None):
+        terminalreporter.write_sep("=", "chapters under nbval, slowest first (s)")
+        terminalreporter.write_line(", ".join(f"{run.stem} {run.seconds:.0f}" for run in runs))
 
 
 @pytest.fixture(scope="session")
@@ -86,10 +94,10 @@ class Build:
 @pytest.fixture(scope="session")
 def book(request) -> Build:
     """The finished build: its HTML folder and its log without colour codes."""
-    build = request.config.stash.get(BUILDING, None) or start_build()
-    returncode = build.wait()
-    log = re.sub(r"\x1b\[[0-9;]*m", "", BUILD_LOG.read_text())
-    assert returncode == 0, f"the book build failed (log: {BUILD_LOG}):\n{log[-8000:]}"
+    runner = request.config.stash.get(RUNNER, None) or start_runner(chapter_runs.all_chapters(), book=True)
+    returncode = runner.wait()
+    log = re.sub(r"\x1b\[[0-9;]*m", "", chapter_runs.BUILD_LOG.read_text())
+    assert returncode == 0, f"the book build failed (log: {chapter_runs.BUILD_LOG}):\n{log[-8000:]}"
     return Build(BUILD / "html", log)
 
 

@@ -135,6 +135,15 @@ def test_the_summary_runs_after_every_chapter(book, toc_pages):
     assert read[-1] == "book/summary"
 
 
+def test_the_book_shows_the_chapters_runs_under_nbval_and_executes_no_chapter_again(book, toc_pages):
+    """The test book takes each chapter's outputs from its nbval run (tests/chapter_runs.py): a chapter executed a
+    second time would double the time of the tests."""
+    cached = set(re.findall(r"(notebooks/\S+)\.ipynb: Using cached notebook", book.log))
+    executed = re.findall(r"(notebooks/\S+)\.ipynb: Execut", book.log)
+    notebooks = {page for page in toc_pages if page.startswith("notebooks/")}
+    assert cached == notebooks and not executed, f"executed again: {executed}; not from the cache: {notebooks - cached}"
+
+
 WRONG_LEVEL = re.compile(r"\b(100|95)\s?%\s?(confidence\s)?(interval|CI)\b", re.IGNORECASE)
 
 

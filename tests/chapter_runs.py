@@ -1,0 +1,184 @@
+"""Every chapter runs once under nbval, and the test book is built from those runs.
+
+Two workers share the chapters: a background process (``python tests/chapter_runs.py STEM ...``, started when the
+tests are collected) and the test session itself, once it reaches the chapters' tests. A chapter goes to the worker
+that claims it first (a file created only where none exists), so none runs twice; the other worker waits for its
+result. nbval writes each executed notebook back (``tests/nbval_outputs.py``); once every chapter has run, the
+background process stores them in a jupyter-cache and builds the book from it, so the build executes only the
+summary page, which reads the records the chapters wrote.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "_build"
+RUNS = BUILD / "chapter-runs"
+EXECUTED = RUNS / "executed"
+CACHE = RUNS / "jupyter-cache"
+BUILD_LOG = BUILD / "test-build.log"
+BUILD_CONFIG = RUNS / "book-config.yml"
+BOOK_LIVE = ROOT / "results" / "live"  # the chapters write their records here and the summary page reads them
+NOTEBOOKS = ROOT / "notebooks"
+TIMEOUT_S = 900  # a chapter's whole nbval run; the target is a minute, so only a hang gets near this
+POLL_S = 0.5
+RUNNING: set[int] = set()  # the process groups of the chapters running now, stopped with this process
+
+
+@dataclass(frozen=True)
+class ChapterRun:
+    """How one chapter's nbval run ended."""
+    stem: str
+    returncode: int | None  # None: stopped at the timeout
+    seconds: float
+    cells_reported: int  # the cells nbval reported on (each code cell, if it collected them all)
+    output: str  # the end of nbval's output
+
+    @property
+    def passed(self) -> bool:
+        return self.returncode == 0
+
+
+def result_path(stem: str) -> Path:
+    return RUNS / f"{stem}.json"
+
+
+def start_afresh() -> None:
+    """Forget earlier runs and the records they wrote: the summary page shows only this session's."""
+    for stale in (RUNS, BOOK_LIVE, BUILD / ".doctrees", BUILD / "html", BUILD / "jupyter_execute"):
+        shutil.rmtree(stale, ignore_errors=True)
+    EXECUTED.mkdir(parents=True)
+
+
+def claim(stem: str) -> bool:
+    """True for the one worker that gets to run ``stem``."""
+    try:
+        descriptor = os.open(RUNS / f"{stem}.claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    os.write(descriptor, str(os.getpid()).encode())
+    os.close(descriptor)
+    return True
+
+
+def run_chapter(stem: str, env: dict[str, str]) -> ChapterRun:
+    """``stem``'s notebook under nbval in a process of its own (stopped with its kernel if it overruns); its result
+    is written for the other worker and returned."""
+    report = RUNS / f"{stem}.xml"
+    started = time.monotonic()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "-p", "no:cacheprovider",
+         "-p", "tests.nbval_outputs", f"--junit-xml={report}", "-q", str(NOTEBOOKS / f"{stem}.ipynb")],
+        cwd=ROOT, env={**env, "OPTLAB_EXECUTED_DIR": str(EXECUTED)}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    RUNNING.add(process.pid)
+    try:
+        stdout, _ = process.communicate(timeout=TIMEOUT_S)
+        returncode = process.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, _ = process.communicate()
+        returncode = None
+    finally:
+        RUNNING.discard(process.pid)
+    cells = sum(1 for _ in ET.parse(report).getroot().iter("testcase")) if report.exists() else 0
+    run = ChapterRun(stem, returncode, time.monotonic() - started, cells, stdout[-8000:])
+    written = result_path(stem).with_suffix(".tmp")
+    written.write_text(json.dumps(run.__dict__))
+    written.replace(result_path(stem))  # whole or absent, for the worker that waits on it
+    return run
+
+
+def finished_runs() -> list[ChapterRun]:
+    return [ChapterRun(**json.loads(path.read_text())) for path in sorted(RUNS.glob("*.json"))]
+
+
+def wait_for(stem: str) -> ChapterRun:
+    """The result of ``stem``'s run by the other worker."""
+    deadline = time.monotonic() + TIMEOUT_S + 120
+    while not result_path(stem).exists():
+        claimer = int((RUNS / f"{stem}.claim").read_text() or 0)
+        if not _alive(claimer):
+            raise RuntimeError(f"the process that ran {stem} (pid {claimer}) ended without a result")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no result for {stem} after {TIMEOUT_S + 120} s")
+        time.sleep(POLL_S)
+    return ChapterRun(**json.loads(result_path(stem).read_text()))
+
+
+def run_or_wait(stem: str, env: dict[str, str]) -> ChapterRun:
+    return run_chapter(stem, env) if claim(stem) else wait_for(stem)
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return True  # claimed a moment ago, the pid not written yet
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def all_chapters() -> list[str]:
+    return sorted(path.stem for path in NOTEBOOKS.glob("*.ipynb"))
+
+
+def build_book(env: dict[str, str]) -> int:
+    """The book built from the chapters' runs (``-W -n``, as ``make book`` builds it): their outputs come from a
+    jupyter-cache, so the build executes only the pages that are not chapters. Returns the build's exit status."""
+    from jupyter_cache import get_cache
+
+    cache = get_cache(CACHE)
+    for stem in all_chapters():
+        cache.cache_notebook_file(EXECUTED / f"{stem}.ipynb", uri=str(NOTEBOOKS / f"{stem}.ipynb"))
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    config["execute"].update(execute_notebooks="cache", cache=str(CACHE))
+    extensions = config["sphinx"]["local_extensions"]  # a config outside the book root names them by full path
+    config["sphinx"]["local_extensions"] = {name: str(ROOT / folder) for name, folder in extensions.items()}
+    BUILD_CONFIG.write_text(yaml.safe_dump(config, sort_keys=False))
+    command = [str(Path(sys.executable).parent / "jupyter-book"), "build", ".", "--config", str(BUILD_CONFIG),
+               "-W", "-n", "--keep-going"]
+    with BUILD_LOG.open("w") as log:
+        build = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+        RUNNING.add(build.pid)
+        return build.wait()
+
+
+def stop(*_) -> None:
+    for group in RUNNING:
+        os.killpg(group, signal.SIGKILL)
+    sys.exit(1)
+
+
+def main(stems: list[str], book: bool) -> int:
+    """Run the unclaimed chapters among ``stems``, from the last (the test session takes them from the first); with
+    ``book``, wait for every chapter and build the book from their runs."""
+    signal.signal(signal.SIGTERM, stop)
+    env = dict(os.environ)
+    for stem in reversed(stems):
+        if claim(stem):
+            run_chapter(stem, env)
+    if not book:
+        return 0
+    failed = [run.stem for run in map(wait_for, all_chapters()) if not run.passed]
+    if failed:
+        BUILD_LOG.write_text(f"the book is built from the chapters' runs, and these failed under nbval: {failed}\n")
+        return 1
+    return build_book(env)
+
+
+if __name__ == "__main__":
+    arguments = sys.argv[1:]
+    sys.exit(main([stem for stem in arguments if stem != "--book"], "--book" in arguments))
