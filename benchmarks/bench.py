@@ -4,7 +4,8 @@
    timed in mirrored rounds (target: at most 1.03).
 2. Stand-in data cost: the stand-in's per-image loading against torchvision's own CIFAR10 ``__getitem__`` over
    identical arrays, in mirrored rounds (target: between 0.8 and 1.25).
-3. A/A false verdicts: the same configuration timed against itself, five copies, through the registry's API
+3. A/A false verdicts: the same configuration timed against itself (five copies, or ``--copies N``), through the
+   registry's API
    and its sequential rule (smoke profile, ResNet18 and MobileNetV2, train and test). The unit is a *run*: its
    comparisons share one baseline and one stopping decision, so they are not independent; the line counts the runs
    with any "faster" or "slower" (target: at most the page bound of a run's comparisons, ``timing.page_bound``),
@@ -43,8 +44,8 @@ from optlab.core.timing import FASTER, INTERVAL, SLOWER, VERDICTS, page_bound, p
 ROUNDS = 20  # mirrored rounds for the two ratios
 A_A_RUNS = 27  # runs of 2 models x 2 phases x 4 comparisons (16 a run, read together): the unit is the run
 POWER_RUNS = 10
-A_A = Experiment("a_a", "the same configuration five times", "",
-                 variants=tuple((f"A, copy {i}", {}) for i in range(1, 6)))
+A_A_COPIES = 5
+MAX_COPIES = 8  # a page's largest comparison: a baseline and seven variants
 EXTRA_IMAGES = Experiment("extra_images", "16 + 3 images per batch against 16", "", phases=("train",),
                           variants=(("batch 16", {}), ("batch 16 + 3", {"batch_offset": 3})))
 
@@ -149,13 +150,19 @@ def quiet_run(experiment: Experiment, seed: int, profile="smoke", models=None):
         return run_experiment(experiment, profile=profile, models=models, device="cpu", seed=seed, progress=False)
 
 
-def a_a_false_verdicts(runs: int = A_A_RUNS) -> dict:
-    """Of ``runs`` experiments with five copies of one configuration: how many runs had any false verdict, how many
+def a_a_experiment(copies: int) -> Experiment:
+    """``copies`` copies of one configuration: every variant the baseline again."""
+    return Experiment("a_a", f"the same configuration {copies} times", "",
+                      variants=tuple((f"A, copy {i}", {}) for i in range(1, copies + 1)))
+
+
+def a_a_false_verdicts(runs: int = A_A_RUNS, copies: int = A_A_COPIES) -> dict:
+    """Of ``runs`` experiments with ``copies`` copies of one configuration: how many runs had any false verdict, how many
     comparisons a run holds, the share of rounds whose second slot was faster than the first, the mean repeats a
     model took and the median round-level noise of the comparisons."""
     false_runs, per_run, second_faster, pairs, repeats, noise = 0, 0, 0, 0, [], []
     for seed in tqdm(range(runs), desc="A/A runs", file=sys.stderr, leave=False):
-        result = quiet_run(A_A, seed)
+        result = quiet_run(a_a_experiment(copies), seed)
         compared = result.summary[result.summary["verdict"] != "baseline"]
         false_runs += int(compared["verdict"].isin([FASTER, SLOWER]).any())
         per_run = max(per_run, len(compared))
@@ -193,7 +200,12 @@ def arguments(argv: "list[str] | None" = None) -> argparse.Namespace:
     parser.add_argument("--only", choices=PARTS, action="append", help="run only these parts (repeatable)")
     parser.add_argument("--a-a-runs", type=int, default=A_A_RUNS, help=f"A/A runs (default {A_A_RUNS})")
     parser.add_argument("--power-runs", type=int, default=POWER_RUNS, help=f"live power runs (default {POWER_RUNS})")
+    parser.add_argument("--copies", type=int, default=A_A_COPIES,
+                        help=f"copies of one configuration in an A/A run (default {A_A_COPIES})")
     args = parser.parse_args(argv)
+    if not 2 <= args.copies <= MAX_COPIES:
+        parser.error(f"--copies must be from 2 to {MAX_COPIES} (a baseline and up to {MAX_COPIES - 1} variants), "
+                     f"got {args.copies}")
     for name in ("a_a_runs", "power_runs"):
         if not 1 <= getattr(args, name) <= MAX_RUNS:
             parser.error(f"--{name.replace('_', '-')} must be from 1 to {MAX_RUNS}, got {getattr(args, name)}")
@@ -212,16 +224,16 @@ def main(argv: "list[str] | None" = None) -> None:
         print("stand-in data cost (stand-in / torchvision CIFAR10 per image), target 0.8-1.25:")
         standin_cost()
     if "a-a" in parts:
-        a_a_lines(args.a_a_runs)
+        a_a_lines(args.a_a_runs, args.copies)
     if "power" in parts:
         print("live power: a batch of 16 + 3 images against 16 (ResNet18 training, per image):")
         live_power(args.power_runs)
 
 
-def a_a_lines(runs: int) -> None:
-    print(f"A/A runs ({runs} runs of five copies of one configuration, smoke profile, sequential rule; "
+def a_a_lines(runs: int, copies: int = A_A_COPIES) -> None:
+    print(f"A/A runs ({runs} runs of {copies} copies of one configuration, smoke profile, sequential rule; "
           "unit: a run, whose comparisons share one baseline and one stopping decision):")
-    found = a_a_false_verdicts(runs)
+    found = a_a_false_verdicts(runs, copies)
     target = page_bound(found["per_run"])
     print(f"  second slot faster in {100 * found['second_faster']:.0f} % of rounds (50 %: no order effect); "
           f"mean repeats per model {found['mean_repeats']:.1f}")
