@@ -209,7 +209,7 @@ def run_distributed(
     """
     experiment = ddp_variants(get_experiment(experiment))
     if "train" in experiment.phases:
-        experiment = replace(experiment, phases=("train",))
+        experiment = experiment.for_phases("train")
     with process_group(device) as group, explain_timeouts(group):
         return _run(experiment, group, models, profile, overrides, out, seed, progress, download, filename)
 
