@@ -204,9 +204,12 @@ def run_distributed(
     """``run_experiment`` on every rank of a torchrun job; rank 0 returns the result and writes it, the others return None.
 
     ``overrides`` are per process (``batch_size`` is each rank's micro-batch); the record's samples describe the job
-    (the global batch, the job's step times) and keep every rank's raw step times.
+    (the global batch, the job's step times) and keep every rank's raw step times. Data parallelism changes the
+    training step, so a technique with a training phase times that phase only.
     """
     experiment = ddp_variants(get_experiment(experiment))
+    if "train" in experiment.phases:
+        experiment = experiment.for_phases("train")
     with process_group(device) as group, explain_timeouts(group):
         return _run(experiment, group, models, profile, overrides, out, seed, progress, download, filename)
 
