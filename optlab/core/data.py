@@ -67,7 +67,9 @@ def standin_arrays(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     patterns = patterns.repeat(8, axis=1).repeat(8, axis=2)  # 10 blocky 32x32 class patterns in [0, 128)
     rng = np.random.default_rng(seed)
     labels = rng.integers(0, 10, size=count)
-    images = rng.integers(0, 128, size=(count, 32, 32, 3), dtype=np.uint8)
+    # random bytes halved: uniform in [0, 128) as integers(0, 128) draws them, four times faster (every process of a
+    # run, each DataLoader rank included, builds its own)
+    images = np.frombuffer(rng.bytes(count * 32 * 32 * 3), dtype=np.uint8).reshape(count, 32, 32, 3) >> 1
     images += patterns[labels]
     return images, labels
 
