@@ -206,7 +206,7 @@ def test_a_run_killed_midway_leaves_valid_records(tmp_path):
     """Kill the command once its first record is on disk: every file left must read back."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "optlab", "reference", "--profile", "smoke", "--device", "cpu", "--out",
-               str(tmp_path), "--quiet"]
+               str(tmp_path), "--quiet", "--repeats", "2", "--max-repeats", "2"]
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)
     try:
