@@ -128,8 +128,9 @@ def test_cudnn_benchmark_runs_each_variant_in_a_fresh_process_of_its_own():
     variant, the same one for all its repeats, never this one."""
     copies = get_experiment("cudnn_benchmark").with_variants(("first copy", {}), ("second copy", {}))
     assert copies.isolate_variants
-    isolated = experiments.run_experiment(copies, profile=TINY, device="cpu", progress=False)
-    local = experiments.run_experiment(replace(copies, isolate_variants=False), profile=TINY, device="cpu",
+    profile = TINY.with_sizes(repeats=2)  # two repeats: each variant's process must serve both
+    isolated = experiments.run_experiment(copies, profile=profile, device="cpu", progress=False)
+    local = experiments.run_experiment(replace(copies, isolate_variants=False), profile=profile, device="cpu",
                                        progress=False)
     pids = isolated.samples.groupby("variant")["pid"].agg(set)
     assert all(len(p) == 1 for p in pids) and len(set.union(*pids)) == 2 and os.getpid() not in set.union(*pids)
