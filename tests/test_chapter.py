@@ -11,7 +11,9 @@ from tests.helpers import TINY
 
 @pytest.fixture(scope="module")
 def result():
-    return run_experiment("optimizers", models=["resnet18"], profile=TINY, device="cpu", progress=False)
+    """A live run of every variant: one timed step and two repeats are all the page's lines and tables read."""
+    return run_experiment("optimizers", models=["resnet18"], profile=TINY.with_sizes(steps=1, repeats=2), device="cpu",
+                          progress=False)
 
 
 def test_without_a_reference_the_page_says_so_once_and_how_to_make_one(result, tmp_path, monkeypatch):

@@ -38,7 +38,8 @@ def test_run_prints_a_comparison_and_writes_a_record(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         [sys.executable, "-m", "optlab", "run", "mixed_precision", "--models", "resnet18", "--profile", "smoke",
-         "--out", str(tmp_path), "--quiet", "--repeats", "2", "--max-repeats", "2"],  # 16-bit autocast is slow on a CPU
+         "--out", str(tmp_path), "--quiet", "--repeats", "2", "--max-repeats", "2", "--batch-size", "4", "--steps",
+         "1"],  # 16-bit autocast is slow on a CPU: the fewest images and steps that still print a whole comparison
         capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr

@@ -66,8 +66,8 @@ def test_a_stuck_rank_ends_the_job_with_a_timeout_error_not_a_hang(tmp_path):
 
 def test_a_distributed_run_writes_a_record_that_loads_back_like_any_other(tmp_path):
     command = distributed.torchrun_command(["-m", "optlab", "run", "set_to_none", "--distributed", "--models",
-                                            "resnet18", "--profile", "smoke", "--batch-size", "4", "--out",
-                                            str(tmp_path), "--quiet"], nproc=2)
+                                            "resnet18", "--profile", "smoke", "--batch-size", "4", "--repeats", "2",
+                                            "--max-repeats", "2", "--out", str(tmp_path), "--quiet"], nproc=2)
     done = distributed.launch(command, LAUNCH_TIMEOUT_S, threads=1)
     assert "backend gloo" in done.stdout and "w gradient none" in done.stdout
     (path,) = tmp_path.glob("set_to_none-*.json")  # only rank 0 writes

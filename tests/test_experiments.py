@@ -102,7 +102,8 @@ def test_a_failing_step_is_recorded_and_the_run_goes_on(monkeypatch, tmp_path):
     monkeypatch.setattr(loops, "train_step", fail_for_b)
     experiment = Experiment("oom", "one variant fails", "", variants=(("A", {}), ("B", {"amp_dtype": "bf16"})),
                             phases=("train",))
-    result = run_experiment(experiment, models=["resnet18", "mobilenet_v2"], profile=TINY, device="cpu",
+    profile = TINY.with_sizes(repeats=2)  # two: A's second repeat runs after B has failed
+    result = run_experiment(experiment, models=["resnet18", "mobilenet_v2"], profile=profile, device="cpu",
                             progress=False, out=tmp_path, filename="oom.json")
     status = result.samples.groupby(["model", "variant"])["status"].agg(set)
     assert status[("resnet18", "A")] == {"ok"} and status[("mobilenet_v2", "A")] == {"ok"}
@@ -112,7 +113,7 @@ def test_a_failing_step_is_recorded_and_the_run_goes_on(monkeypatch, tmp_path):
     assert verdicts[("resnet18", "B")] == "out of memory"
     stored = load_samples(tmp_path / "oom.json")
     assert set(stored["model"]) == {"resnet18", "mobilenet_v2"}
-    assert len(stored[stored["status"] == "ok"]) == 2 * TINY.repeats
+    assert len(stored[stored["status"] == "ok"]) == 2 * profile.repeats
 
 
 def test_unknown_model_in_a_run():

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from optlab.commands.cli import main
 from optlab.core import compiler, device, environment, experiments, loops, memory, store
 from optlab.core.config import RunConfig
 from optlab.core.device import DeviceInfo, effective_config, resolve_device
@@ -128,8 +129,9 @@ def test_cudnn_benchmark_runs_each_variant_in_a_fresh_process_of_its_own():
     variant, the same one for all its repeats, never this one."""
     copies = get_experiment("cudnn_benchmark").with_variants(("first copy", {}), ("second copy", {}))
     assert copies.isolate_variants
-    isolated = experiments.run_experiment(copies, profile=TINY, device="cpu", progress=False)
-    local = experiments.run_experiment(replace(copies, isolate_variants=False), profile=TINY, device="cpu",
+    profile = TINY.with_sizes(repeats=2)  # two repeats: each variant's process must serve both
+    isolated = experiments.run_experiment(copies, profile=profile, device="cpu", progress=False)
+    local = experiments.run_experiment(replace(copies, isolate_variants=False), profile=profile, device="cpu",
                                        progress=False)
     pids = isolated.samples.groupby("variant")["pid"].agg(set)
     assert all(len(p) == 1 for p in pids) and len(set.union(*pids)) == 2 and os.getpid() not in set.union(*pids)
@@ -140,13 +142,13 @@ def test_cudnn_benchmark_runs_each_variant_in_a_fresh_process_of_its_own():
     assert (isolated.samples["status"] == "ok").all()
 
 
-def test_git_commit_from_the_environment(monkeypatch):
+def test_git_commit_from_the_environment(monkeypatch, capsys):
     monkeypatch.setenv("OPTLAB_GIT_COMMIT", "0123abcd" * 5)
     assert environment.git_commit() == "0123abcd" * 5
     assert environment.capture(resolve_device("cpu"), "stand-in", "tiny")["git_commit"] == "0123abcd" * 5
-    help_text = subprocess.run([sys.executable, "-m", "optlab", "reference", "--help"], capture_output=True,
-                               text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
-    assert "OPTLAB_GIT_COMMIT" in help_text
+    with pytest.raises(SystemExit):
+        main(["reference", "--help"])
+    assert "OPTLAB_GIT_COMMIT" in capsys.readouterr().out
 
 
 def test_cuda_n_becomes_the_current_device(monkeypatch):

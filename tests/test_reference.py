@@ -23,6 +23,7 @@ from tests.test_experiments import AA
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = get_profile("quick")
+SHORT = TINY.with_sizes(steps=1, repeats=2)  # the fewest steps and repeats that still make a whole record
 
 
 def test_the_plan_has_every_part_of_every_set_in_priority_order():
@@ -154,7 +155,7 @@ def test_a_second_run_skips_what_is_recorded_and_a_failing_part_stays_in_its_par
 
     monkeypatch.setattr(reference, "run_experiment", first_fails)
     with pytest.raises(OptlabError, match="these parts failed and have no new results: set_to_none resnet18"):
-        list(reference.run_reference(tmp_path, profile=TINY, device="cpu", progress=False))
+        list(reference.run_reference(tmp_path, profile=SHORT, device="cpu", progress=False))
     assert store.load_record(tmp_path / "no_grad.json")["technique"] == "no_grad"
     manifest = pd.read_csv(tmp_path / f"{reference.MANIFEST}.csv").set_index("part")
     assert manifest.loc["set_to_none resnet18", "status"].startswith("failed: OptlabError: set_to_none broke")
@@ -162,20 +163,20 @@ def test_a_second_run_skips_what_is_recorded_and_a_failing_part_stays_in_its_par
 
     monkeypatch.setattr(reference, "run_experiment", real)
     capsys.readouterr()
-    ran = list(reference.run_reference(tmp_path, profile=TINY, device="cpu", progress=False))
+    ran = list(reference.run_reference(tmp_path, profile=SHORT, device="cpu", progress=False))
     assert [r.experiment.name for r in ran] == ["set_to_none"]  # the failed part again; the recorded one skipped
     assert "skipped 1 part(s) already recorded" in capsys.readouterr().out
-    assert list(reference.run_reference(tmp_path, profile=TINY, device="cpu", progress=False)) == []
+    assert list(reference.run_reference(tmp_path, profile=SHORT, device="cpu", progress=False)) == []
 
 
 def test_another_commit_or_profile_is_not_skipped(monkeypatch, tmp_path):
     monkeypatch.setattr(reference, "plan", _two_parts)
-    parts = _two_parts("seed", TINY)
-    list(reference.run_reference(tmp_path, profile=TINY, device="cpu", progress=False))
+    parts = _two_parts("seed", SHORT)
+    list(reference.run_reference(tmp_path, profile=SHORT, device="cpu", progress=False))
     key = reference.run_key(reference.resolve_device("cpu"))
-    assert reference.recorded(parts, tmp_path, key, TINY) == {p.name for p in parts}
-    assert reference.recorded(parts, tmp_path, {**key, "git_commit": "other"}, TINY) == set()
-    assert reference.recorded(parts, tmp_path, key, TINY.with_sizes(repeats=4)) == set()
+    assert reference.recorded(parts, tmp_path, key, SHORT) == {p.name for p in parts}
+    assert reference.recorded(parts, tmp_path, {**key, "git_commit": "other"}, SHORT) == set()
+    assert reference.recorded(parts, tmp_path, key, SHORT.with_sizes(repeats=4)) == set()
 
 
 def test_a_budget_too_small_runs_nothing_and_says_what_it_left(monkeypatch, tmp_path, capsys):
@@ -186,7 +187,7 @@ def test_a_budget_too_small_runs_nothing_and_says_what_it_left(monkeypatch, tmp_
 
 
 def test_resume_keeps_the_recorded_models_and_runs_the_others(tmp_path, capsys):
-    two = replace(TINY, models=("resnet18", "mobilenet_v2"))
+    two = replace(SHORT, models=("resnet18", "mobilenet_v2"))
     first = experiments.run_experiment(AA, models=["resnet18"], profile=two, device="cpu", progress=False,
                                        out=tmp_path, filename="aa.json")
     both = experiments.run_experiment(AA, profile=two, device="cpu", progress=False, out=tmp_path,
@@ -206,7 +207,7 @@ def test_a_run_killed_midway_leaves_valid_records(tmp_path):
     """Kill the command once its first record is on disk: every file left must read back."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "optlab", "reference", "--profile", "smoke", "--device", "cpu", "--out",
-               str(tmp_path), "--quiet"]
+               str(tmp_path), "--quiet", "--repeats", "2", "--max-repeats", "2"]
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)
     try:
@@ -253,7 +254,7 @@ def test_a_deadline_stops_a_slow_part_at_a_repeat_and_skips_a_part_that_does_not
     monkeypatch.setattr(reference, "plan", lambda set_name, profile, measured=None: [
         reference.Part("seed", f"{name} resnet18", 1, seconds, technique=name, model="resnet18")
         for name, seconds in (("set_to_none", 30.0), ("no_grad", 500.0), ("channels_last", 20.0))])
-    profile = TINY.with_sizes(repeats=4, max_repeats=8)
+    profile = TINY.with_sizes(steps=1, repeats=4, max_repeats=8)  # the clock is fake: one real step is enough
     ran = list(reference.run_reference(tmp_path, profile=profile, device="cpu", progress=False, budget_s=200))
     assert [r.experiment.name for r in ran] == ["set_to_none", "channels_last"]
     rows = pd.read_csv(tmp_path / f"{reference.MANIFEST}.csv").set_index("part")

@@ -41,7 +41,8 @@ def test_an_archived_seed_run_unpacks_and_a_second_run_skips_every_part(monkeypa
     monkeypatch.setattr(reference, "plan", lambda set_name, profile, measured=None: [
         part for part in seed_plan(set_name, profile, measured) if part.model == "mobilenet_v2"][:3])
     out, packed, unpacked = tmp_path / "run" / "h200", tmp_path / "h200.tar.gz", tmp_path / "empty" / "h200"
-    common = ["reference", "--set", "seed", "--profile", "smoke", "--device", "cpu", "--quiet", "--repeats", "2"]
+    common = ["reference", "--set", "seed", "--profile", "smoke", "--device", "cpu", "--quiet", "--repeats", "2",
+              "--max-repeats", "2"]
     assert main([*common, "--out", str(out), "--archive", str(packed)]) == 0
     written = {p.name: p.read_bytes() for p in out.iterdir()}
     assert {"reference-parts.csv", "reference.log"} < set(written) and len(written) == 5  # 3 records
