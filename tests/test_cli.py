@@ -44,6 +44,7 @@ def test_run_prints_a_comparison_and_writes_a_record(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert "profile smoke" in done.stdout and "data source: stand-in" in done.stdout
+    assert "; batch 4; " in done.stdout, "the header names the batch size typed, not the profile's"
     assert "speed-up (99.5 % sequential interval)" in done.stdout and "w mixed precision" in done.stdout
     assert "compared with" in done.stdout and "resnet18: " in done.stdout and " repeats, stopped " in done.stdout
     verdicts = {row["verdict"] for row in json.loads(next(tmp_path.glob("*.json")).read_text())["summary"]}

@@ -127,7 +127,8 @@ def run_experiment(
     out_dir = store.writable_dir(out) if out is not None else None
     filename = filename or store.record_filename(experiment.name)
     source = workload.find_source(download)
-    print(f"optlab {experiment.name}: {prof.describe(chosen, workload.profile_knobs.get(prof.name))}")
+    sizes = {**(workload.profile_knobs.get(prof.name) or {}), **(overrides or {})}  # what the user typed wins
+    print(f"optlab {experiment.name}: {prof.describe(chosen, sizes)}")
     threads = quiet.fix_threads(info.is_cuda)
     print(f"device: {info.describe()}; {threads} torch thread{'s' if threads != 1 else ''}")
     print(f"data source: {source.description}")

@@ -64,13 +64,13 @@ class Profile:
 
     def describe(self, models: "tuple[str, ...] | None" = None, sizes: "dict | None" = None) -> str:
         """One line: the profile's name and sizes, with the ``models`` a run actually uses and the ``sizes`` (batch
-        size, width) its workload sets for this profile."""
+        size, width, workers) its workload sets for this profile or the user typed."""
         steps = "whole epochs" if self.steps is None else f"{self.warmup_steps} warm-up + {self.steps} timed steps"
         sizes = sizes or {}
         return (
             f"profile {self.name}: models {', '.join(models or self.models)}; batch {sizes.get('batch_size', self.batch_size)}; "
             f"width {sizes.get('width', self.width)}; "
-            f"{self.num_workers} workers; "
+            f"{sizes.get('num_workers', self.num_workers)} workers; "
             f"{steps}; {self.describe_repeats()}"
             + (f" after {self.warmup_repeats} discarded" if self.warmup_repeats else "")
         )
