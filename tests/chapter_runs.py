@@ -26,6 +26,7 @@ RUNS = BUILD / "chapter-runs"
 EXECUTED = RUNS / "executed"
 CACHE = RUNS / "jupyter-cache"
 BUILD_LOG = BUILD / "test-build.log"
+RUNNER_LOG = RUNS / "worker.log"
 BUILD_CONFIG = RUNS / "book-config.yml"
 BOOK_LIVE = ROOT / "results" / "live"  # the chapters write their records here and the summary page reads them
 NOTEBOOKS = ROOT / "notebooks"
@@ -56,6 +57,7 @@ def start_afresh() -> None:
     """Forget earlier runs and the records they wrote: the summary page shows only this session's."""
     for stale in (RUNS, BOOK_LIVE, BUILD / ".doctrees", BUILD / "html", BUILD / "jupyter_execute"):
         shutil.rmtree(stale, ignore_errors=True)
+    BUILD_LOG.unlink(missing_ok=True)
     EXECUTED.mkdir(parents=True)
 
 

@@ -37,8 +37,9 @@ def start_runner(stems: list[str], book: bool) -> subprocess.Popen:
     """The background worker: it runs ``stems``' chapters and, with ``book``, builds the book from every chapter."""
     chapter_runs.start_afresh()
     command = [sys.executable, str(Path(chapter_runs.__file__)), *stems, *(["--book"] if book else [])]
-    return subprocess.Popen(command, cwd=ROOT, env=SMOKE_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    with chapter_runs.RUNNER_LOG.open("w") as log:  # where the worker's own failure, if any, is told
+        return subprocess.Popen(command, cwd=ROOT, env=SMOKE_ENV, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
 
 
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected
@@ -96,6 +97,7 @@ def book(request) -> Build:
     """The finished build: its HTML folder and its log without colour codes."""
     runner = request.config.stash.get(RUNNER, None) or start_runner(chapter_runs.all_chapters(), book=True)
     returncode = runner.wait()
+    assert chapter_runs.BUILD_LOG.exists(), f"the chapters' worker ended early:\n{chapter_runs.RUNNER_LOG.read_text()}"
     log = re.sub(r"\x1b\[[0-9;]*m", "", chapter_runs.BUILD_LOG.read_text())
     assert returncode == 0, f"the book build failed (log: {chapter_runs.BUILD_LOG}):\n{log[-8000:]}"
     return Build(BUILD / "html", log)
