@@ -101,8 +101,12 @@ def run_chapter(stem: str, env: dict[str, str]) -> ChapterRun:
     return run
 
 
+def read_run(path: Path) -> ChapterRun:
+    return ChapterRun(**json.loads(path.read_text()))
+
+
 def finished_runs() -> list[ChapterRun]:
-    return [ChapterRun(**json.loads(path.read_text())) for path in sorted(RUNS.glob("*.json"))]
+    return [read_run(path) for path in sorted(RUNS.glob("*.json"))]
 
 
 def wait_for(stem: str) -> ChapterRun:
@@ -115,7 +119,7 @@ def wait_for(stem: str) -> ChapterRun:
         if time.monotonic() > deadline:
             raise TimeoutError(f"no result for {stem} after {TIMEOUT_S + 120} s")
         time.sleep(POLL_S)
-    return ChapterRun(**json.loads(result_path(stem).read_text()))
+    return read_run(result_path(stem))
 
 
 def run_or_wait(stem: str, env: dict[str, str]) -> ChapterRun:
