@@ -11,15 +11,22 @@ settings take turns, run after run, so that a drift of the machine hits each ali
 Each line gives the median noise over the runs (and its interquartile range), with every round and without each
 run's first round (what a discarded warm-up round would remove). Run it on a quiet machine:
 ``PYTHONPATH=. python benchmarks/noise.py --runs 12 --rounds 12`` (``--settings`` picks some of them).
+
+``--shapes`` times other round shapes, written ``W+S``: W untimed warm-up steps and S timed steps per variant and
+round (the smoke profile's is 1+2). Each line then also gives the seconds a round took and what the rule gets per
+second, rounds / noise^2 / seconds (the interval's half-width falls as noise / sqrt(rounds)): the shape with the most
+tells the most in a fixed time budget.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+from dataclasses import replace
 import gc
 import io
 import os
 import sys
+import time
 from typing import Callable, Iterator
 
 import numpy as np
@@ -27,7 +34,7 @@ import pandas as pd
 
 from optlab.core import loops, quiet
 from optlab.core.experiments import run_experiment
-from optlab.core.limits import cpu_cores
+from optlab.core.limits import MAX_STEPS, cpu_cores
 from optlab.core.profiles import get_profile
 from optlab.core.registry import Experiment
 
@@ -87,30 +94,52 @@ def round_noise(samples: pd.DataFrame, skip_first: bool = False) -> dict[str, fl
     return noise
 
 
-def measure(runs: int, rounds: int, settings: "list[str] | None" = None, seed: int = 0) -> pd.DataFrame:
-    """Tidy noise: one row per run, setting, phase and whether the first round is kept."""
+def round_shape(text: str) -> tuple[int, int]:
+    """``"W+S"`` as (warm-up steps, timed steps): W from 0, S from 1, each at most ``MAX_STEPS``."""
+    try:
+        warmup, steps = (int(part) for part in text.split("+"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a round shape is W+S (warm-up + timed steps, e.g. 1+2), got {text!r}")
+    if not (0 <= warmup <= MAX_STEPS and 1 <= steps <= MAX_STEPS):
+        raise argparse.ArgumentTypeError(f"a round shape needs 0-{MAX_STEPS} warm-up and 1-{MAX_STEPS} timed steps, "
+                                         f"got {text!r}")
+    return warmup, steps
+
+
+def measure(runs: int, rounds: int, settings: "list[str] | None" = None, seed: int = 0,
+            shapes: "list[tuple[int, int]] | None" = None) -> pd.DataFrame:
+    """Tidy noise: one row per run, setting, round shape (warm-up + timed steps), phase and whether the first round
+    is kept, with the seconds a round took."""
     settings = settings or list(SETTINGS)
-    profile = get_profile("smoke").with_sizes(repeats=rounds, max_repeats=rounds)
+    smoke = get_profile("smoke")
+    shapes = shapes or [(smoke.warmup_steps, smoke.steps)]
     rows = []
     for run in range(runs):
-        for setting in settings:
-            with SETTINGS[setting](), contextlib.redirect_stdout(io.StringIO()):
-                result = run_experiment(A_A, models=["resnet18"], profile=profile, device="cpu", seed=seed + run,
-                                        progress=False)
-            for skip_first in (False, True):
-                for phase, value in round_noise(result.samples, skip_first).items():
-                    rows.append({"run": run, "setting": setting, "phase": phase, "first round": not skip_first,
-                                 "noise": value})
+        for warmup, steps in shapes:
+            profile = replace(smoke.with_sizes(steps=steps, repeats=rounds, max_repeats=rounds), warmup_steps=warmup)
+            for setting in settings:
+                started = time.perf_counter()
+                with SETTINGS[setting](), contextlib.redirect_stdout(io.StringIO()):
+                    result = run_experiment(A_A, models=["resnet18"], profile=profile, device="cpu", seed=seed + run,
+                                            progress=False)
+                round_s = (time.perf_counter() - started) / rounds
+                for skip_first in (False, True):
+                    for phase, value in round_noise(result.samples, skip_first).items():
+                        rows.append({"run": run, "setting": setting, "shape": f"{warmup}+{steps}", "phase": phase,
+                                     "first round": not skip_first, "noise": value, "round s": round_s})
         print(f"run {run + 1} of {runs} done", file=sys.stderr)
     return pd.DataFrame(rows)
 
 
 def report(noise: pd.DataFrame) -> pd.DataFrame:
-    """The median noise (%) and its interquartile range per setting, phase and first round kept or not."""
-    grouped = noise.groupby(["phase", "first round", "setting"], sort=False)["noise"]
-    table = pd.DataFrame({"median %": 100 * grouped.median(),
-                          "IQR %": 100 * (grouped.quantile(0.75) - grouped.quantile(0.25)),
-                          "runs": grouped.size()})
+    """Per setting, round shape, phase and first round kept or not: the median noise (%) and its interquartile
+    range, the median seconds a round took (both phases), and rounds / noise^2 / seconds at those medians."""
+    grouped = noise.groupby(["phase", "first round", "setting", "shape"], sort=False)
+    median = grouped["noise"].median()
+    seconds = grouped["round s"].median()
+    table = pd.DataFrame({"median %": 100 * median,
+                          "IQR %": 100 * (grouped["noise"].quantile(0.75) - grouped["noise"].quantile(0.25)),
+                          "round s": seconds, "told per s": 1 / (median ** 2 * seconds), "runs": grouped.size()})
     return table.round(2)
 
 
@@ -120,13 +149,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=12, help=f"rounds per run (3-{MAX_ROUNDS})")
     parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS), metavar="SETTING",
                         help=f"which settings to measure: {', '.join(repr(s) for s in SETTINGS)}")
+    parser.add_argument("--shapes", nargs="+", type=round_shape, default=None, metavar="W+S",
+                        help="round shapes to time: W warm-up + S timed steps per variant (default: the smoke "
+                             "profile's)")
     args = parser.parse_args(argv)
     if not (1 <= args.runs <= MAX_RUNS and 3 <= args.rounds <= MAX_ROUNDS):
         parser.error(f"--runs must be 1-{MAX_RUNS} and --rounds 3-{MAX_ROUNDS}")
     print(f"A/A round-level noise: {args.runs} runs of {args.rounds} rounds per setting, smoke profile, ResNet18, "
           f"{cpu_cores()} cores")
     with pd.option_context("display.width", 120):
-        print(report(measure(args.runs, args.rounds, args.settings)))
+        print(report(measure(args.runs, args.rounds, args.settings, shapes=args.shapes)))
 
 
 if __name__ == "__main__":

@@ -52,6 +52,23 @@ def test_accumulation_does_not_step_before_the_boundary():
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("accumulation, warmup, steps, expected", [
+    (1, 1, 1, (1, 1)), (2, 1, 1, (2, 2)), (2, 0, 3, (0, 4)), (4, 1, 4, (4, 4)), (3, 2, None, (3, None))])
+def test_a_training_window_holds_whole_optimizer_steps(accumulation, warmup, steps, expected):
+    assert _config(accumulation_steps=accumulation).train_window(warmup, steps) == expected
+
+
+def test_an_accumulating_pass_times_whole_optimizer_steps():
+    """1 warm-up + 1 timed micro-step asked with 2 micro-steps an optimizer step: the pass runs 2 + 2, so the timed
+    window holds one optimizer step, not a micro-step that steps every time."""
+    config = _config(batch_size=4, accumulation_steps=2)
+    loader = DataLoader(TensorDataset(*_batch(32)), batch_size=4)
+    model = _bn_free_model()
+    result = train_phase(model, loader, make_optimizer(model), make_scaler(config, CPU), config, CPU, steps=1,
+                         warmup=1)
+    assert len(result.warmup_times_s) == 2 and len(result.step_times_s) == 2 and len(result.losses) == 2
+
+
 def test_set_to_none_both_ways_gives_identical_weights():
     batches = [_batch(8, seed) for seed in range(4)]
     with_none = _train(_bn_free_model(), batches, _config(set_to_none=True))

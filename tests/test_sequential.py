@@ -168,6 +168,20 @@ def test_the_rule_waits_for_unclear_claims_and_stops_at_the_cap_or_the_budget():
     assert tight.looks[-1].final and tight.confidence == pytest.approx(1 - timing.ERROR_RATE)
 
 
+def test_the_budget_forecasts_from_the_rounds_after_the_first():
+    """A first round that paid one-off costs (3 s here) does not end a run whose later rounds fit the budget."""
+    now = [0.0]
+    rule = StoppingRule(4, 48, time_budget_s=5.0, clock=lambda: now[0])
+    rule.start()
+    for seconds in (3.0, 0.2, 0.2, 0.2):
+        rule.round_done(seconds)
+    now[0] = 3.6
+    assert not rule.stop_on(4, lambda level: False)  # 3.6 s + 2 x 0.2 s fits; 2 x 3 s would not
+    rule.round_done(0.2), rule.round_done(0.9)
+    now[0] = 4.7
+    assert rule.stop_on(6, lambda level: False) and rule.looks[-1].final  # 4.7 s + 2 x 0.9 s does not fit
+
+
 def test_mirrored_rounds_put_every_variant_in_every_slot_and_cancel_a_slot_trend():
     labels = ["A", "B", "C"]
     orders = [visit_order(labels, r) for r in range(6)]

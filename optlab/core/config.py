@@ -107,6 +107,14 @@ class RunConfig:
         """Samples in one micro-batch (images, token sequences, ...): the batch size plus any offset."""
         return self.batch_size + self.batch_offset
 
+    def train_window(self, warmup: int, steps: int | None) -> tuple[int, int | None]:
+        """The warm-up and timed micro-steps of a training pass, each rounded up to whole optimizer steps: with
+        accumulation the timed window must start and end where the optimizer steps, or its mean step would count too
+        many or too few optimizer updates (``steps=None``, a whole epoch, stays None)."""
+        def whole(count: int) -> int:
+            return -(-count // self.accumulation_steps) * self.accumulation_steps
+        return whole(warmup), None if steps is None else whole(steps)
+
     @property
     def images_per_step(self) -> int:
         """:attr:`samples_per_step` under the name the image chapters and their records use."""

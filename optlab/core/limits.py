@@ -55,7 +55,8 @@ def check_phase_sizes(configs: Iterable[RunConfig], phases: Iterable[str], warmu
     loops drop the last, partial batch); a whole-epoch phase needs one warm-up batch and one timed batch more."""
     for config in configs:
         for phase in phases:
-            needed = warmup + (steps[phase] if steps[phase] is not None else 1)
+            first, timed = config.train_window(warmup, steps[phase]) if phase == "train" else (warmup, steps[phase])
+            needed = first + (timed if timed is not None else 1)
             most = sizes[phase] // needed
             if config.samples_per_step > most:
                 raise OptlabError(

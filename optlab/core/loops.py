@@ -270,10 +270,12 @@ def train_phase(model, loader, optimizer, scaler, config: RunConfig, device: tor
                 loss_fn: LossFn = F.cross_entropy, step_increase_mb: float | None = None) -> PhaseResult:
     """Time ``steps`` training micro-steps after ``warmup`` untimed ones (``steps=None``: the whole epoch).
 
+    With gradient accumulation both counts are rounded up to whole optimizer steps (:meth:`RunConfig.train_window`).
     ``step_context(micro_step)``, if given, wraps each micro-step (DDP's ``no_sync`` between optimizer steps);
     ``loss_fn(outputs, targets)`` is the loss (cross-entropy unless a reader's own model needs another);
     ``step_increase_mb`` as for :func:`run_timed`.
     """
+    warmup, steps = config.train_window(warmup, steps)
     model.train()
     optimizer.zero_grad(set_to_none=config.set_to_none)
     warmup_losses: list[torch.Tensor] = []

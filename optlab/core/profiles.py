@@ -65,7 +65,8 @@ class Profile:
     def describe(self, models: "tuple[str, ...] | None" = None, sizes: "dict | None" = None) -> str:
         """One line: the profile's name and sizes, with the ``models`` a run actually uses and the ``sizes`` (batch
         size, width, workers) its workload sets for this profile or the user typed."""
-        steps = "whole epochs" if self.steps is None else f"{self.warmup_steps} warm-up + {self.steps} timed steps"
+        steps = ("whole epochs" if self.steps is None
+                 else f"{self.warmup_steps} warm-up + {self.steps} timed step{'s' if self.steps != 1 else ''}")
         sizes = sizes or {}
         return (
             f"profile {self.name}: models {', '.join(models or self.models)}; batch {sizes.get('batch_size', self.batch_size)}; "
@@ -80,12 +81,14 @@ ALL_MODELS = ("resnet18", "resnet50", "resnet101", "mobilenet_v2")
 PROFILES = {
     # At least 4 repeats, then pairs of rounds while an answer is unclear, until the time budget (a model's share of a
     # CI notebook's time in smoke, of a reference part's in quick) or the hard cap of 48: the budget, not the cap,
-    # ends a cheap comparison (tests/test_sequential.py checks the error rates for any budget). Smoke keeps 2 timed
-    # steps a round: on a quiet 2-core machine a round of 2 steps has 4.2 % noise, of 8 steps 3.7 %, of 24 steps
-    # 2.8 %, and 12 rounds take 2.2, 4.1 and 10.9 s, so 2-step rounds tell the most per second (rounds / noise^2).
+    # ends a cheap comparison (tests/test_sequential.py checks the error rates for any budget). Smoke times 1 step a
+    # round after 1 warm-up step: on a quiet 2-core machine (benchmarks/noise.py --shapes, 10 runs of 16 rounds) an
+    # A/A ResNet18 round's training noise was 3.4 % with 1 warm-up + 1 timed step, 3.8 % with 1 + 2 and 3.3 % with
+    # 0 + 2 (whose first timed step leaves its batch's loading out), and a round took 0.46, 0.64 and 0.45 s: the
+    # noise is the pass's, not the step's, so the shortest honest round tells the most per second (rounds / noise^2).
     # smoke: two models at 1/8 width on few steps, data loaded in the main process (2-core CI machines)
-    "smoke": Profile("smoke", ("resnet18", "mobilenet_v2"), batch_size=16, width=0.125, warmup_steps=1, steps=2,
-                     test_steps=2, repeats=4, max_repeats=48, time_budget_s=8.0, num_workers=0),
+    "smoke": Profile("smoke", ("resnet18", "mobilenet_v2"), batch_size=16, width=0.125, warmup_steps=1, steps=1,
+                     test_steps=1, repeats=4, max_repeats=48, time_budget_s=12.0, num_workers=0),
     "quick": Profile("quick", ALL_MODELS, batch_size=128, width=1.0, warmup_steps=3, steps=10, test_steps=6, repeats=4,
                      max_repeats=48, time_budget_s=150.0),
     "full": Profile("full", ALL_MODELS, batch_size=128, width=1.0, warmup_steps=0, steps=None, test_steps=None,

@@ -128,7 +128,8 @@ class StoppingRule:
         self._mark, self._longest = shutdown.now(), 0.0
 
     def round_done(self, seconds: float) -> None:
-        """Record how long a timed round took (the budget's forecast of the next ones)."""
+        """Record how long a timed round took. The budget's forecast of the next rounds is the longest one after the
+        first, whose one-off costs (the CPU's profiled memory step, a first compile) the later rounds do not pay."""
         self._round_s.append(seconds)
 
     @property
@@ -145,7 +146,7 @@ class StoppingRule:
             return None
         elapsed = self.clock() - self._started
         next_look = min(repeats + self.look_every, self.max_repeats)
-        forecast = (next_look - repeats) * max(self._round_s, default=0.0)
+        forecast = (next_look - repeats) * max(self._round_s[1:] or self._round_s, default=0.0)
         final = repeats >= self.max_repeats or elapsed + forecast > self.time_budget_s
         fraction = 1.0 if final else min(1.0, max(repeats / self.max_repeats, elapsed / self.time_budget_s))
         share = error_spent(fraction) - self._spent
