@@ -561,10 +561,10 @@ def _run_parts(folder: Path, set_name: str, profile: str | Profile | None, devic
                   f"--budget {budget_s:g} s")
             continue
         source = "measured" if part.estimate_from != "table" else f"on an {TABLE_GPU}"
-        print(f"part {part.name} ({part.set_name}; about {part.estimate_s:.0f} s, {source})")
         part_start, watch = shutdown.now(), PartWatch(info.device)
-        watch.start()
-        try:
+        try:  # from the part's first line on, a signal records it as interrupted
+            print(f"part {part.name} ({part.set_name}; about {part.estimate_s:.0f} s, {source})")
+            watch.start()
             result = _run_part(part, folder, prof, device, progress, download, part_deadline(part, deadline))
             status = "ok"
         except Interrupted:
