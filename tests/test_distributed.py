@@ -3,7 +3,7 @@
 The three torchrun tests start real 2-process gloo jobs on the CPU (a few seconds of imports each).
 """
 import importlib
-import socket
+import os
 
 import numpy as np
 import pandas as pd
@@ -17,7 +17,9 @@ from optlab.commands.cli import main
 from optlab.core.errors import OptlabError
 from optlab.core.registry import get_experiment
 from optlab.core.loops import PhaseResult
+from optlab.core.profiles import get_profile
 
+TINY_DDP = get_profile("smoke").with_sizes(repeats=2)  # 2 rounds: enough to load a record back
 LAUNCH_TIMEOUT_S = 300  # the subprocess limit: a hang fails the test instead of stalling the suite
 
 HANG_SCRIPT = """
@@ -67,12 +69,16 @@ def test_a_stuck_rank_ends_the_job_with_a_timeout_error_not_a_hang(tmp_path):
 def test_a_distributed_run_writes_a_record_that_loads_back_like_any_other(tmp_path):
     command = distributed.torchrun_command(["-m", "optlab", "run", "set_to_none", "--distributed", "--models",
                                             "resnet18", "--profile", "smoke", "--batch-size", "4", "--repeats", "2",
-                                            "--max-repeats", "2", "--out", str(tmp_path), "--quiet"], nproc=2)
+                                            "--max-repeats", "2", "--out", str(tmp_path), "--quiet",
+                                            "--check-parity"], nproc=2)
     done = distributed.launch(command, LAUNCH_TIMEOUT_S, threads=1)
     assert "backend gloo" in done.stdout and "w gradient none" in done.stdout
+    assert "parity check: max parameter difference" in done.stdout
     (path,) = tmp_path.glob("set_to_none-*.json")  # only rank 0 writes
     record = optlab.load_record(path)
     assert record["distributed"]["world_size"] == 2 and record["distributed"]["backend"] == "gloo"
+    check = distributed.Parity(**record["distributed"]["parity"])  # the same ranks checked themselves first
+    assert check.world_size == 2 and check.max_difference < distributed.PARITY_TOLERANCE < check.max_update
     samples = optlab.load_samples(path)
     assert set(samples["world_size"]) == {2} and set(samples["images_per_step"]) == {8}  # 2 ranks x 4 images
     for _, row in samples.iterrows():
@@ -102,14 +108,33 @@ def test_the_job_step_ends_when_the_slowest_rank_ends_it():
 
 
 @pytest.fixture
-def one_process_group(monkeypatch):
+def one_process_group():
     """The environment torchrun gives a job of one process, on a free port."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
-        monkeypatch.setenv(name, value)
+    with distributed.job_of_one():
+        yield
+
+
+def test_a_job_of_one_runs_in_this_process_and_leaves_no_trace(tmp_path, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    threads = torch.get_num_threads()
+    with distributed.job_of_one(threads=1):
+        assert all(name in os.environ for name in distributed.TORCHRUN_ENV) and torch.get_num_threads() == 1
+        result = distributed.run_distributed("set_to_none", models=["resnet18"], profile=TINY_DDP, device="cpu",
+                                             out=tmp_path, progress=False)
+    assert "RANK" not in os.environ and torch.get_num_threads() == threads
+    assert not torch.distributed.is_initialized()
+    assert result.record["distributed"]["world_size"] == 1 and result.record["distributed"]["backend"] == "gloo"
+    assert result.path.exists() and set(result.samples["world_size"]) == {1}
+    assert result.record["distributed"]["parity"] is None  # not asked for
+
+
+def test_a_parity_check_needs_two_ranks_and_a_distributed_run(one_process_group, tmp_path, capsys):
+    with pytest.raises(OptlabError, match="parity check: nproc must be at least 2, got 1"):
+        distributed.run_distributed("set_to_none", models=["resnet18"], profile=TINY_DDP, device="cpu",
+                                    out=tmp_path, progress=False, parity=distributed.check_for_run)
+    assert not torch.distributed.is_initialized() and not list(tmp_path.glob("*.json"))
+    assert main(["run", "set_to_none", "--check-parity", "--out", str(tmp_path)]) == 2
+    assert "--check-parity checks the ranks of a distributed run; add --distributed" in capsys.readouterr().err
 
 
 def test_data_held_on_the_device_is_refused_because_it_cannot_be_sharded(one_process_group, tmp_path):

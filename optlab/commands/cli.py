@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -53,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--distributed", action="store_true",
                      help="one process per device with DistributedDataParallel; start it with "
                           "torchrun --nproc-per-node N -m optlab run TECHNIQUE --distributed")
+    run.add_argument("--check-parity", action="store_true",
+                     help="with --distributed on CPU processes: before timing, check that the ranks train to the "
+                          "weights of one process (make ddp-check's check, kept in the record)")
 
     reference = commands.add_parser(
         "reference", help="run every technique: the GPU reference run",
@@ -171,11 +175,15 @@ def _list() -> None:
 
 
 def _run(args: argparse.Namespace) -> None:
-    from ..studies.distributed import run_distributed
+    from ..studies.distributed import check_for_run, run_distributed
     from ..core.experiments import run_experiment
 
     overrides = {k: v for k, v in {"batch_size": args.batch_size, "num_workers": args.num_workers}.items() if v is not None}
-    run = run_distributed if args.distributed else run_experiment
+    if args.check_parity and not args.distributed:
+        raise OptlabError("--check-parity checks the ranks of a distributed run; add --distributed and start it with "
+                          "torchrun --nproc-per-node N (N from 2)")
+    parity = check_for_run if args.check_parity else None
+    run = functools.partial(run_distributed, parity=parity) if args.distributed else run_experiment
     result = run(args.technique, models=args.models, profile=_sized_profile(args), device=args.device,
                  overrides=overrides, out=args.out or args.default_out, progress=not args.quiet, download=args.download)
     if result is not None:  # a distributed run returns its result on rank 0 only

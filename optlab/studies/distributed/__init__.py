@@ -12,8 +12,8 @@ fake group), ``shard_checkpoint`` (``torch.distributed.checkpoint``), ``clusters
 and ``shard_commands`` (``python -m optlab.studies.distributed shard-check``).
 """
 from .group import TIMEOUT_ENV, TORCHRUN_ENV, Group, gather, process_group, timeout_s
-from .launch import launch, torchrun_command
-from .parity import PARITY_TOLERANCE, Parity, main, parity
+from .launch import job_of_one, launch, torchrun_command
+from .parity import PARITY_TOLERANCE, Parity, check_for_run, main, parity
 from .scaling import STORED_DIR, ring_allreduce_s, scaling, stored_samples
 from .clusters import ENVIRONMENT, cluster_commands
 from .shard_checkpoint import ROUND_TRIP_TOLERANCE, load_checkpoint, loaded_outputs, save_sharded
@@ -22,8 +22,9 @@ from .sharding import TRANSFORMER, Workload, build_transformer, shard, state_byt
 from .training import SYNC_SUFFIX, ddp_step, ddp_variants, distributed_loader, merge_ranks, run_distributed, sync_context, wrap
 
 __all__ = [
-    "Group", "PARITY_TOLERANCE", "Parity", "STORED_DIR", "SYNC_SUFFIX", "TIMEOUT_ENV", "TORCHRUN_ENV", "ddp_step",
-    "ddp_variants", "distributed_loader", "gather", "launch", "main", "merge_ranks", "parity", "process_group",
+    "Group", "PARITY_TOLERANCE", "Parity", "STORED_DIR", "SYNC_SUFFIX", "TIMEOUT_ENV", "TORCHRUN_ENV", "check_for_run",
+    "ddp_step", "ddp_variants", "distributed_loader", "gather", "job_of_one", "launch", "main", "merge_ranks", "parity",
+    "process_group",
     "ring_allreduce_s", "run_distributed", "scaling", "stored_samples", "sync_context", "timeout_s",
     "torchrun_command", "wrap",
     # sharded training (FSDP2)

@@ -1,12 +1,17 @@
-"""Launching torchrun from Python (notebooks, tests, the parity check): the command line, and a run that ends."""
+"""Launching torchrun from Python (notebooks, tests, the parity check): the command line, a run that ends, and a job
+of one process that needs no launcher."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
-from typing import Sequence
+from typing import Iterator, Sequence
+
+import torch
 
 from ...core.errors import OptlabError
 
@@ -47,3 +52,27 @@ def _failure_lines(stderr: str) -> list[str]:
     lines = stderr.strip().splitlines()
     found = [line for line in lines if FAILURE_LINE.match(line) and "ChildFailedError" not in line]
     return list(dict.fromkeys(found)) or lines[-10:]
+
+
+@contextlib.contextmanager
+def job_of_one(threads: int | None = None) -> Iterator[None]:
+    """This process as the only rank of a job on this host: the variables ``torchrun --nproc-per-node 1`` gives its
+    rank (rendezvous on a free local port), and ``threads`` torch threads; both are restored on exit. A world of one
+    needs no launcher, so a notebook runs it in its own kernel instead of starting Python and importing everything
+    again."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    values = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+              "MASTER_PORT": str(port)}
+    before = {name: os.environ.get(name) for name in values}
+    threads_before = torch.get_num_threads()
+    os.environ.update(values)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads_before)
+        for name, value in before.items():
+            os.environ.pop(name) if value is None else os.environ.update({name: value})

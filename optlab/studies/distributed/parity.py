@@ -11,7 +11,7 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -23,7 +23,7 @@ from ...core.config import RunConfig
 from ...core.errors import OptlabError
 from ...core.limits import check_count, cpu_cores
 from ...core.models import build_model
-from .group import gather, process_group
+from .group import Group, gather, process_group
 from .launch import launch, torchrun_command
 from .training import ddp_step, distributed_loader, wrap
 
@@ -61,6 +61,7 @@ class Parity:
 
 MODES = {"no_sync": True, "all-reduce every micro-step": False}
 
+CHECK_STEPS, CHECK_ACCUMULATION_STEPS = 3, 2  # the check's optimizer steps and micro-steps per step, by default
 PARITY_CONFIG = RunConfig(model="resnet18", width=0.125, batch_size=4, num_workers=0, pin_memory=False)
 
 
@@ -85,42 +86,42 @@ def _single_process(model: nn.Module, dataset: Dataset, config: RunConfig, steps
     return model
 
 
-def parity_rank(steps: int, accumulation_steps: int, out: Path) -> None:
-    """One rank of the parity check (run under torchrun); rank 0 also trains the single-process reference."""
+def check_in_group(group: Group, steps: int, accumulation_steps: int) -> Parity | None:
+    """The parity check on the ranks of a joined ``group``: every rank trains its DDP replica both ways, rank 0 also
+    the single-process reference, and rank 0 returns what they found (the other ranks return None)."""
     config = replace(PARITY_CONFIG, accumulation_steps=accumulation_steps)
     # the test split with the test transform: no random augmentation, so every rank's batches are known exactly
     dataset = data.StandInCIFAR10(train=False, transform=data.test_transform())
-    with process_group("cpu") as group:
-        torch.manual_seed(0)
-        # eval-mode BatchNorm normalises with its fixed running statistics: in train mode each rank would use its own
-        # shard's statistics, which differ from the whole batch's, and the comparison would not be exact in principle
-        initial = build_model(config.model, width=config.width).eval()
-        finals, traffic = {}, {}
-        for mode, no_sync in MODES.items():
-            model = wrap(copy.deepcopy(initial), group.info)
-            counter = {"calls": 0, "bytes": 0}
-            model.register_comm_hook(counter, _counting_hook)
-            loader = distributed_loader(dataset, config, True, 0, group.rank, group.world_size)
-            optimizer, scaler = loops.make_optimizer(model, config), loops.make_scaler(config, group.info.device)
-            for micro_step, batch in zip(range(steps * accumulation_steps), loader):
-                ddp_step(model, batch, optimizer, scaler, config, group.info.device, micro_step, no_sync)
-            finals[mode], traffic[mode] = _flat(model.module), counter
-        per_rank = gather(finals["no_sync"], group)
-        if group.is_main:
-            reference = _flat(_single_process(copy.deepcopy(initial), dataset, config, steps, group.world_size))
-            result = Parity(
-                group.world_size, steps, accumulation_steps,
-                difference={mode: float((final - reference).abs().max()) for mode, final in finals.items()},
-                rank_difference=max(float((p - per_rank[0]).abs().max()) for p in per_rank),
-                max_update=float((reference - _flat(initial)).abs().max()),
-                allreduce_calls={mode: c["calls"] for mode, c in traffic.items()},
-                allreduce_bytes={mode: c["bytes"] for mode, c in traffic.items()},
-            )
-            store.atomic_write_text(out, json.dumps(asdict(result)))
+    torch.manual_seed(0)
+    # eval-mode BatchNorm normalises with its fixed running statistics: in train mode each rank would use its own
+    # shard's statistics, which differ from the whole batch's, and the comparison would not be exact in principle
+    initial = build_model(config.model, width=config.width).eval()
+    finals, traffic = {}, {}
+    for mode, no_sync in MODES.items():
+        model = wrap(copy.deepcopy(initial), group.info)
+        counter = {"calls": 0, "bytes": 0}
+        model.register_comm_hook(counter, _counting_hook)
+        loader = distributed_loader(dataset, config, True, 0, group.rank, group.world_size)
+        optimizer, scaler = loops.make_optimizer(model, config), loops.make_scaler(config, group.info.device)
+        for micro_step, batch in zip(range(steps * accumulation_steps), loader):
+            ddp_step(model, batch, optimizer, scaler, config, group.info.device, micro_step, no_sync)
+        finals[mode], traffic[mode] = _flat(model.module), counter
+    per_rank = gather(finals["no_sync"], group)
+    if not group.is_main:
+        return None
+    reference = _flat(_single_process(copy.deepcopy(initial), dataset, config, steps, group.world_size))
+    return Parity(
+        group.world_size, steps, accumulation_steps,
+        difference={mode: float((final - reference).abs().max()) for mode, final in finals.items()},
+        rank_difference=max(float((p - per_rank[0]).abs().max()) for p in per_rank),
+        max_update=float((reference - _flat(initial)).abs().max()),
+        allreduce_calls={mode: c["calls"] for mode, c in traffic.items()},
+        allreduce_bytes={mode: c["bytes"] for mode, c in traffic.items()},
+    )
 
 
-def parity(nproc: int = 2, steps: int = 3, accumulation_steps: int = 2, timeout: float = 300.0) -> Parity:
-    """Launch the parity check on ``nproc`` CPU processes (gloo) and return what rank 0 measured."""
+def check_sizes(nproc: int, steps: int, accumulation_steps: int) -> None:
+    """Refuse a check the test set cannot feed, or one of fewer than 2 processes, with the limit in the message."""
     try:
         check_count("nproc", nproc, 2, max(2, cpu_cores()), "one process per CPU core")
         micro_batches = data.TEST_SIZE // (PARITY_CONFIG.batch_size * nproc)
@@ -128,6 +129,38 @@ def parity(nproc: int = 2, steps: int = 3, accumulation_steps: int = 2, timeout:
         check_count("steps", steps, 1, micro_batches // accumulation_steps, "optimizer steps the test set can feed")
     except OptlabError as error:
         raise OptlabError(f"parity check: {error}") from None
+
+
+def check_for_run(group: Group) -> dict[str, Any]:
+    """The parity check as a distributed run's first step (``optlab run --distributed --check-parity``): rank 0
+    prints it and returns it as a dict for the record, the other ranks return an empty one; a difference beyond
+    :data:`PARITY_TOLERANCE` stops the run, since its timing would describe a broken setup."""
+    if group.info.is_cuda:
+        raise OptlabError("--check-parity compares CPU processes (gloo) with one CPU process; on GPUs run the job "
+                          "without it, and make ddp-check on a CPU")
+    check_sizes(group.world_size, CHECK_STEPS, CHECK_ACCUMULATION_STEPS)
+    result = check_in_group(group, CHECK_STEPS, CHECK_ACCUMULATION_STEPS)
+    if result is None:
+        return {}
+    print(f"parity check: {result.describe()}")
+    if not result.max_difference < PARITY_TOLERANCE:  # rank 0 stops, and torchrun stops the others
+        raise OptlabError(f"the parity check failed: DDP and one process differ by {result.max_difference:.3g}, beyond "
+                          f"{PARITY_TOLERANCE:g}; timing such a job would measure a broken setup")
+    return asdict(result)
+
+
+def parity_rank(steps: int, accumulation_steps: int, out: Path) -> None:
+    """One rank of the parity check (run under torchrun); rank 0 writes the result to ``out``."""
+    with process_group("cpu") as group:
+        result = check_in_group(group, steps, accumulation_steps)
+        if result is not None:
+            store.atomic_write_text(out, json.dumps(asdict(result)))
+
+
+def parity(nproc: int = 2, steps: int = CHECK_STEPS, accumulation_steps: int = CHECK_ACCUMULATION_STEPS,
+           timeout: float = 300.0) -> Parity:
+    """Launch the parity check on ``nproc`` CPU processes (gloo) and return what rank 0 measured."""
+    check_sizes(nproc, steps, accumulation_steps)
     with tempfile.TemporaryDirectory(prefix="optlab-parity-") as folder:
         out = Path(folder) / "parity.json"
         args = ["-m", "optlab.studies.distributed", "parity-rank", "--steps", str(steps), "--accumulation-steps",
@@ -144,8 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rank = commands.add_parser("parity-rank", help="one rank of the parity check (started by torchrun)")
     rank.add_argument("--out", type=Path, required=True)
     for command in (check, rank):
-        command.add_argument("--steps", type=int, default=3)
-        command.add_argument("--accumulation-steps", type=int, default=2)
+        command.add_argument("--steps", type=int, default=CHECK_STEPS)
+        command.add_argument("--accumulation-steps", type=int, default=CHECK_ACCUMULATION_STEPS)
     args = parser.parse_args(argv)
     try:
         if args.command == "parity-rank":

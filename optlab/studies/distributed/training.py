@@ -12,7 +12,7 @@ import sys
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -200,22 +200,26 @@ def run_distributed(
     progress: bool = True,
     download: bool = False,
     filename: str | None = None,
+    parity: Callable[[Group], dict[str, Any]] | None = None,
 ) -> ExperimentResult | None:
     """``run_experiment`` on every rank of a torchrun job; rank 0 returns the result and writes it, the others return None.
 
     ``overrides`` are per process (``batch_size`` is each rank's micro-batch); the record's samples describe the job
     (the global batch, the job's step times) and keep every rank's raw step times. Data parallelism changes the
-    training step, so a technique with a training phase times that phase only.
+    training step, so a technique with a training phase times that phase only. ``parity``: a check to run on every
+    rank once the job is joined and before timing (:func:`optlab.studies.distributed.parity.check_for_run`, the
+    check of ``make ddp-check``); what it returns on rank 0 is kept in the record under ``distributed.parity``: a run
+    that proves its own ranks train like one process, without a launch of its own.
     """
     experiment = ddp_variants(get_experiment(experiment))
     if "train" in experiment.phases:
         experiment = experiment.for_phases("train")
     with process_group(device) as group, explain_timeouts(group):
-        return _run(experiment, group, models, profile, overrides, out, seed, progress, download, filename)
+        return _run(experiment, group, models, profile, overrides, out, seed, progress, download, filename, parity)
 
 
 def _run(experiment: Experiment, group: Group, models, profile, overrides, out, seed, progress, download,
-         filename) -> ExperimentResult | None:
+         filename, parity: Callable[[Group], dict[str, Any]] | None = None) -> ExperimentResult | None:
     info, main = group.info, group.is_main
     if experiment.needs_cuda and not info.is_cuda:
         raise OptlabError(f"{experiment.name} needs a CUDA device and this run is on {info.name} (cpu)")
@@ -239,6 +243,7 @@ def _run(experiment: Experiment, group: Group, models, profile, overrides, out, 
         for note in notes:
             print(f"note: {note}")
     warnings.filterwarnings("ignore", message="This DataLoader will create")
+    checked = parity(group) if parity is not None else None
     sets = _datasets(source, download, group)
     environment = capture(info, source.description, prof.name)
 
@@ -275,7 +280,7 @@ def _run(experiment: Experiment, group: Group, models, profile, overrides, out, 
         "world_size": group.world_size, "nnodes": group.nnodes, "nproc_per_node": group.local_world_size,
         "backend": group.backend, "hosts": hosts, "torch_threads_per_process": torch.get_num_threads(),
         "sync_every_micro_step": [label for label in experiment.labels if label.endswith(SYNC_SUFFIX)],
-        "timeout_s": timeout_s(),
+        "timeout_s": timeout_s(), "parity": checked,
         "step_times": "configs are per process; samples describe the job: the global batch, and step k ends when "
                       "the slowest rank ends it; rank_warmup_times_s and rank_step_times_s keep every rank's own",
     }
