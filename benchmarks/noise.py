@@ -13,7 +13,7 @@ run's first round (what a discarded warm-up round would remove). Run it on a qui
 ``PYTHONPATH=. python benchmarks/noise.py --runs 12 --rounds 12`` (``--settings`` picks some of them).
 
 ``--shapes`` times other round shapes, written ``W+S``: W untimed warm-up steps and S timed steps per variant and
-round (the smoke profile's is 1+2). Each line then also gives the seconds a round took and what the rule gets per
+round (the smoke profile's is 1+1). Each line then also gives the seconds a round took and what the rule gets per
 second, rounds / noise^2 / seconds (the interval's half-width falls as noise / sqrt(rounds)): the shape with the most
 tells the most in a fixed time budget.
 """
@@ -99,7 +99,7 @@ def round_shape(text: str) -> tuple[int, int]:
     try:
         warmup, steps = (int(part) for part in text.split("+"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"a round shape is W+S (warm-up + timed steps, e.g. 1+2), got {text!r}")
+        raise argparse.ArgumentTypeError(f"a round shape is W+S (warm-up + timed steps, e.g. 1+1), got {text!r}")
     if not (0 <= warmup <= MAX_STEPS and 1 <= steps <= MAX_STEPS):
         raise argparse.ArgumentTypeError(f"a round shape needs 0-{MAX_STEPS} warm-up and 1-{MAX_STEPS} timed steps, "
                                          f"got {text!r}")

@@ -1,7 +1,10 @@
 """`make bench`'s options: the A/A part runs any number of copies of one configuration a page can hold."""
+import argparse
+import re
+
 import pytest
 
-from benchmarks import bench
+from benchmarks import bench, noise
 
 
 @pytest.mark.parametrize("copies", [2, 7])
@@ -18,3 +21,17 @@ def test_a_copy_count_a_page_cannot_hold_is_refused_with_the_limits(copies, caps
         bench.arguments(["--copies", copies])
     assert exit_.value.code == 2
     assert f"--copies must be from 2 to {bench.MAX_COPIES}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, shape", [("1+1", (1, 1)), ("0+2", (0, 2)), ("3+24", (3, 24))])
+def test_a_round_shape_reads_warm_up_plus_timed_steps(text, shape):
+    assert noise.round_shape(text) == shape
+
+
+@pytest.mark.parametrize("text, message", [("2", "a round shape is W+S (warm-up + timed steps, e.g. 1+1), got '2'"),
+                                           ("a+b", "a round shape is W+S"),
+                                           ("1+0", "needs 0-100000 warm-up and 1-100000 timed steps"),
+                                           ("-1+2", "needs 0-100000 warm-up and 1-100000 timed steps")])
+def test_a_bad_round_shape_says_what_is_allowed(text, message):
+    with pytest.raises(argparse.ArgumentTypeError, match=re.escape(message)):
+        noise.round_shape(text)
