@@ -74,6 +74,30 @@ def test_loss_agreement_compares_the_first_step_against_the_baseline():
     assert (bf16["tolerance"] == compile_cost.LOSS_RTOL["bf16"]).all()
 
 
+def test_loss_agreement_of_a_test_phase_run_reads_the_first_evaluation_loss():
+    test_only = _record([{**row, "phase": "test"} for row in RECORD["samples"]])
+    agreement = compile_cost.loss_agreement(test_only).set_index("variant")
+    assert agreement.loc["fast", "rel_diff"] == pytest.approx(0.0005)
+    assert agreement.loc["slow", "rel_diff"] == pytest.approx(0.25)
+    both = _record(RECORD["samples"] + [{**row, "phase": "test", "warmup_losses": [9.0]} for row in RECORD["samples"]])
+    assert compile_cost.loss_agreement(both).set_index("variant").loc["slow", "rel_diff"] == pytest.approx(0.25)
+    no_losses = _record([{**row, "phase": "test", "warmup_losses": []} for row in RECORD["samples"]])
+    with pytest.raises(OptlabError, match="train or test phase"):
+        compile_cost.loss_agreement(no_losses)
+
+
+def test_an_evaluation_pass_keeps_its_warm_up_losses_on_the_same_weights():
+    from optlab.core import loops
+    from optlab.core.config import RunConfig
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
+    batches = [(torch.randn(4, 3, 2, 2), torch.randint(0, 3, (4,))) for _ in range(3)]
+    result = loops.eval_phase(model, batches, RunConfig(), torch.device("cpu"), steps=2, warmup=1)
+    with torch.no_grad():
+        expected = torch.nn.functional.cross_entropy(model(batches[0][0]), batches[0][1]).item()
+    assert result.warmup_losses == [pytest.approx(expected, rel=1e-6)]
+
+
 def test_step_trace_orders_warmup_then_timed_steps_of_repeat_0():
     trace = compile_cost.step_trace(pd.DataFrame(RECORD["samples"]))
     fast = trace[trace["variant"] == "fast"]

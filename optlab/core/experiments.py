@@ -69,13 +69,13 @@ def cached_datasets(workload: Workload, source: DataSource, download: bool = Fal
 def run_phase(state: VariantState, phase: str, profile: Profile, info: DeviceInfo) -> PhaseResult:
     """One timed pass of ``phase`` with the variant's own loader and the profile's step counts."""
     known = state.step_increase_mb.get(phase)  # the CPU memory figure: profiled on the variant's first pass only
+    loss_fn = get_workload(state.config.workload).loss
     if phase == "train":
         result = train_phase(state.model, state.loaders["train"], state.optimizer, state.scaler, state.config,
-                             info.device, profile.steps, profile.warmup_steps,
-                             loss_fn=get_workload(state.config.workload).loss, step_increase_mb=known)
+                             info.device, profile.steps, profile.warmup_steps, loss_fn=loss_fn, step_increase_mb=known)
     else:
         result = eval_phase(state.model, state.loaders["test"], state.config, info.device, profile.test_steps,
-                            profile.warmup_steps, step_increase_mb=known)
+                            profile.warmup_steps, step_increase_mb=known, loss_fn=loss_fn)
     state.step_increase_mb[phase] = result.step_increase_mb
     return result
 

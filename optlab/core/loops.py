@@ -170,13 +170,17 @@ def grad_mode(mode: str) -> contextlib.AbstractContextManager:
     return {"grad": contextlib.nullcontext, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}[mode]()
 
 
-def eval_step(model, batch, config: RunConfig, device: torch.device) -> torch.Tensor:
+def eval_step(model, batch, config: RunConfig, device: torch.device,
+              losses: list[torch.Tensor] | None = None, loss_fn: LossFn = F.cross_entropy) -> torch.Tensor:
     """One evaluation step; returns the number of correct predictions (argmax over the outputs' last dimension, so
-    ``[N, C]`` logits or ``[N, T, V]`` per token) as a device tensor."""
+    ``[N, C]`` logits or ``[N, T, V]`` per token) as a device tensor. With ``losses``, the batch's ``loss_fn`` is
+    appended to it (the warm-up steps': every variant's loss on the same weights and batch)."""
     inputs, targets = to_device(batch, config, device)
     amp_dtype = TORCH_DTYPES[config.amp_dtype]
     with grad_mode(config.eval_grad_mode), torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
         outputs = call_model(model, inputs)
+        if losses is not None:
+            losses.append(loss_fn(outputs, targets).detach())
     return correct_predictions(outputs, targets)
 
 
@@ -299,21 +303,23 @@ def train_phase(model, loader, optimizer, scaler, config: RunConfig, device: tor
 
 
 def eval_phase(model, loader, config: RunConfig, device: torch.device, steps: int | None, warmup: int,
-               step_increase_mb: float | None = None) -> PhaseResult:
+               step_increase_mb: float | None = None, loss_fn: LossFn = F.cross_entropy) -> PhaseResult:
     """Time ``steps`` evaluation steps after ``warmup`` untimed ones (the memory counts the model and its data, not
-    the optimizer that inference does not use)."""
+    the optimizer that inference does not use); the warm-up steps' ``loss_fn`` is kept, as in training."""
     model.eval()
     prefetch = config if config.prefetch_to_device else None
     predictions: dict[int, int] = {}
+    warmup_losses: list[torch.Tensor] = []
 
     def step(batch, index: int) -> torch.Tensor:
         predictions[index] = batch[1].numel()  # one per sample, or one per token
-        return eval_step(model, batch, config, device)
+        return eval_step(model, batch, config, device, warmup_losses if index < warmup else None, loss_fn)
 
     with backend_flags(config):
         result, correct = run_timed(step, loader, device, steps, warmup, (model, loader), prefetch, step_increase_mb)
     count_graph_pool(result, config, device)
     result.correct = int(torch.stack(correct).sum())
+    result.warmup_losses = torch.stack(warmup_losses).float().cpu().tolist() if warmup_losses else []
     result.predictions = sum(predictions[i] for i in range(warmup, warmup + len(correct)))
     result.samples = len(correct) * config.samples_per_step
     return result

@@ -111,17 +111,19 @@ def inductor_counters() -> dict[str, int]:
 
 
 def loss_agreement(record: dict[str, Any]) -> pd.DataFrame:
-    """Each variant's first training loss (same weights, same batch) against the baseline's, with the tolerance.
+    """Each variant's first loss (same weights, same batch) against the baseline's, with the tolerance: the first
+    training loss, or in a run of the test phase alone the first evaluation loss.
 
     The first warm-up step of repeat 0 is the only step where every variant starts from identical weights; later
     losses drift apart as rounding differences grow in training from scratch.
     """
     samples, baseline = _samples(record), record["baseline"]
-    train = samples[(samples["phase"] == "train") & (samples["repeat"] == samples["repeat"].min())]
-    if train.empty or "warmup_losses" not in train or not all(map(len, train["warmup_losses"])):
-        raise OptlabError("loss_agreement needs a train phase with at least one recorded warm-up loss")
+    phase = "train" if (samples["phase"] == "train").any() else "test"
+    first_pass = samples[(samples["phase"] == phase) & (samples["repeat"] == samples["repeat"].min())]
+    if first_pass.empty or "warmup_losses" not in first_pass or not all(map(len, first_pass["warmup_losses"])):
+        raise OptlabError("loss_agreement needs a train or test phase with at least one recorded warm-up loss")
     rows = []
-    for model, group in train.groupby("model", sort=False):
+    for model, group in first_pass.groupby("model", sort=False):
         first = {row["variant"]: row["warmup_losses"][0] for _, row in group.iterrows()}
         for variant, loss in first.items():
             amp = record["effective_configs"][model][variant]["amp_dtype"]
