@@ -31,6 +31,7 @@ os.environ.pop("OPTLAB_LIVE_DIR", None)  # the chapters write their records wher
 SMOKE_ENV = {**os.environ, "OPTLAB_PROFILE": "smoke"}  # the CI size, whatever the machine
 RUNNER = pytest.StashKey[subprocess.Popen]()
 CHAPTER_TEST = "test_notebook_runs_under_nbval"
+BESIDE_BUILD = "beside_the_book_build"  # the marker of slow tests that fill the wait for the book's build
 
 
 def start_runner(stems: list[str], book: bool) -> subprocess.Popen:
@@ -42,12 +43,22 @@ def start_runner(stems: list[str], book: bool) -> subprocess.Popen:
                                 start_new_session=True)
 
 
-@pytest.hookimpl(trylast=True)  # after -k and -m have deselected
-def pytest_collection_modifyitems(config, items):
+def run_order(items: list) -> tuple[list, list, list]:
+    """The tests in the order they run, and the chapters' and the book's among them: the other tests first, then the
+    chapters' own, then (when the book is built) the tests marked ``beside_the_book_build``, which run while the
+    background worker builds the book instead of leaving this process idle, and the tests that read the book last."""
     chapters = [item for item in items if getattr(item, "originalname", "") == CHAPTER_TEST]
     needs_book = [item for item in items if "book" in item.fixturenames]
+    beside_build = [item for item in items if needs_book and item.get_closest_marker(BESIDE_BUILD)]
+    moved = chapters + beside_build + needs_book
+    return [item for item in items if item not in moved] + moved, chapters, needs_book
+
+
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected
+def pytest_collection_modifyitems(config, items):
+    ordered, chapters, needs_book = run_order(items)
     if (chapters or needs_book) and not config.option.collectonly:
-        items[:] = [item for item in items if item not in chapters + needs_book] + chapters + needs_book
+        items[:] = ordered
         stems = chapter_runs.all_chapters() if needs_book else [item.callspec.id for item in chapters]
         config.stash[RUNNER] = start_runner(stems, book=bool(needs_book))
 

@@ -6,8 +6,10 @@ Each page must load without a console error or a failed request (style sheets, s
 image it links (``naturalWidth > 0``), link only pages and anchors that exist, and keep its article body from scrolling
 sideways anywhere but in code (``pre`` blocks); a screenshot of each page goes to ``_build/screenshots/``. Every
 chapter offers the records behind it for download, and each one loads back with ``optlab.load_samples``; the summary
-offers them all as one archive. A missing page gets the book's 404 page, styled, with a way back to the contents. Runs wherever Chromium and playwright are installed (``.ci/run`` installs Debian's Chromium);
-skipped elsewhere, except under CI (``CI`` set), where either one missing is a failure.
+offers them all as one archive. Each page is opened once for all these checks (a page load costs seconds on two cores).
+A missing page gets the book's 404 page, styled, with a way back to the contents. Runs wherever Chromium and playwright
+are installed (``.ci/run`` installs Debian's Chromium); skipped elsewhere, except under CI (``CI`` set), where either
+one missing is a failure.
 """
 import io
 import os
@@ -16,6 +18,8 @@ import shutil
 import threading
 import urllib.parse
 import zipfile
+from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -138,12 +142,50 @@ def test_index_leads_to_the_navigation(browser, site, toc_pages):
     assert not problems, problems
 
 
-def test_every_page_loads_cleanly_and_fits_the_article(browser, site, book, toc_pages):
+def download_links(page) -> list[dict]:
+    return page.locator("div.optlab-downloads a[download]").evaluate_all(
+        "links => links.map(a => ({href: a.href, name: a.textContent}))")
+
+
+@dataclass
+class Visit:
+    """One page of the book as a reader's browser showed it: what went wrong while it loaded and was read and, for a
+    chapter, the files it offers, downloaded (``None`` for a page that is not a chapter)."""
+
+    problems: list[str]
+    downloads: list[Path] | None = None
+
+
+def download_offered(page, folder: Path) -> tuple[list[Path], list[str]]:
+    """The files a chapter page offers, saved in ``folder``: the first by a click, as a reader would, the others
+    fetched; and what went wrong."""
+    saved, problems = [], []
+    for number, link in enumerate(download_links(page)):
+        path = folder / link["name"].strip()
+        if number == 0:
+            with page.expect_download() as started:
+                page.locator("div.optlab-downloads a[download]").first.click()
+            started.value.save_as(path)
+        else:
+            response = page.context.request.get(link["href"])
+            if response.status != 200:
+                problems.append(f"HTTP {response.status} for {link['href']}")
+                continue
+            path.write_bytes(response.body())
+        saved.append(path)
+    return saved, problems
+
+
+@pytest.fixture(scope="module")
+def visits(browser, site, book, toc_pages, tmp_path_factory) -> dict[str, Visit]:
+    """Every page of the table of contents opened once at 1400 px: its load problems, images that did not load, what
+    scrolls sideways, links to missing pages or anchors, a screenshot in ``_build/screenshots/``, and a chapter's
+    downloads."""
     shots = book.html.parent / "screenshots"
     shutil.rmtree(shots, ignore_errors=True)
     shots.mkdir()
-    problems = {}
-    targets = None
+    downloads = tmp_path_factory.mktemp("downloads")
+    targets, visited = None, {}
     for name in toc_pages:
         page, found = open_page(browser, site, f"{name}.html")
         targets = targets or Targets(browser.new_context().request)
@@ -152,45 +194,39 @@ def test_every_page_loads_cleanly_and_fits_the_article(browser, site, book, toc_
         page.wait_for_load_state("networkidle")
         links = {link for link in page.evaluate(LINKS) if link.startswith(site)}
         found += [problem for link in sorted(links) if (problem := targets.problem(link))]
-        page.screenshot(path=str(shots / f"{name.replace('/', '_')}.png"), full_page=True)
+        page.screenshot(path=str(shots / f"{name.replace('/', '_')}.jpg"), full_page=True, type="jpeg", quality=85)
+        offered = None
+        if name.startswith("notebooks/"):
+            folder = downloads / name.replace("/", "_")
+            folder.mkdir()
+            offered, failed = download_offered(page, folder)
+            found += failed
         page.context.close()
-        if found:
-            problems[name] = found
+        visited[name] = Visit(found, offered)
+    return visited
+
+
+def test_every_page_loads_cleanly_and_fits_the_article(visits):
+    problems = {name: visit.problems for name, visit in visits.items() if visit.problems}
     assert not problems, problems
 
 
-def download_links(page) -> list[dict]:
-    return page.locator("div.optlab-downloads a[download]").evaluate_all(
-        "links => links.map(a => ({href: a.href, name: a.textContent}))")
-
-
-def test_every_chapter_offers_its_records_and_each_loads_back(browser, site, toc_pages, tmp_path):
+def test_every_chapter_offers_its_records_and_each_loads_back(visits):
     """Each chapter shows its download list; each file downloads, a record loads with optlab.load_samples and a table
-    with pandas. The first link of each page is clicked, as a reader would; the others are fetched."""
+    with pandas."""
     problems, loaded = {}, 0
-    for name in (page for page in toc_pages if page.startswith("notebooks/")):
-        page, found = open_page(browser, site, f"{name}.html")
-        links = download_links(page)
-        if not links:
-            found.append("no download links")
-        for number, link in enumerate(links):
-            path = tmp_path / link["name"].strip()
-            if number == 0:
-                with page.expect_download() as started:
-                    page.locator("div.optlab-downloads a[download]").first.click()
-                started.value.save_as(path)
-            else:
-                response = page.context.request.get(link["href"])
-                assert response.status == 200, f"{name}: HTTP {response.status} for {link['href']}"
-                path.write_bytes(response.body())
+    for name, visit in visits.items():
+        if visit.downloads is None:
+            continue
+        found = [] if visit.downloads else ["no download links"]
+        for path in visit.downloads:
             if path.suffix == ".json":
                 samples = optlab.load_samples(path)
                 loaded += 1
                 if samples.empty or not {"technique", "machine", "profile"} <= set(samples.columns):
-                    found.append(f"{link['name']}: no samples loaded back ({list(samples.columns)[:8]})")
+                    found.append(f"{path.name}: no samples loaded back ({list(samples.columns)[:8]})")
             elif path.suffix == ".csv" and pd.read_csv(path).empty:
-                found.append(f"{link['name']}: an empty table")
-        page.context.close()
+                found.append(f"{path.name}: an empty table")
         if found:
             problems[name] = found
     assert not problems, problems

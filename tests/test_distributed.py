@@ -49,6 +49,7 @@ def test_two_processes_train_to_the_weights_of_one_process_on_the_concatenated_b
     assert sent["all-reduce every micro-step"] == 2 * sent["no_sync"] > 0
 
 
+@pytest.mark.beside_the_book_build  # slow, in processes of its own: it fills the wait for the book
 def test_a_stuck_rank_ends_the_job_with_a_timeout_error_not_a_hang(tmp_path):
     """Rank 0 starts 12 s late (longer than the 10 s timeout): the start waits for it, and the timeout still ends the
     job once rank 1 gets stuck in training."""
@@ -66,6 +67,7 @@ def test_a_stuck_rank_ends_the_job_with_a_timeout_error_not_a_hang(tmp_path):
     assert not list(tmp_path.glob("*.json")), "a failed run must not write a record"
 
 
+@pytest.mark.beside_the_book_build  # slow, in processes of its own: it fills the wait for the book
 def test_a_distributed_run_writes_a_record_that_loads_back_like_any_other(tmp_path):
     command = distributed.torchrun_command(["-m", "optlab", "run", "set_to_none", "--distributed", "--models",
                                             "resnet18", "--profile", "smoke", "--batch-size", "4", "--repeats", "2",

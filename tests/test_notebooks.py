@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 import chapter_runs
+import conftest
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -24,6 +25,26 @@ def test_notebooks_are_committed_without_outputs():
     dirty = [f"{path.name} cell {index}" for path in NOTEBOOKS for index, cell in enumerate(code_cells(path))
              if cell["outputs"] or cell["execution_count"] is not None]
     assert not dirty, f"clear the outputs of these cells before committing: {dirty}"
+
+
+class Item:
+    """A collected test as the run order sees it: its name, fixtures and markers."""
+
+    def __init__(self, name: str, fixtures: tuple[str, ...] = (), marked: bool = False) -> None:
+        self.name, self.originalname, self.fixturenames, self.marked = name, name.split("[")[0], fixtures, marked
+
+    def get_closest_marker(self, name: str):
+        return name if self.marked and name == conftest.BESIDE_BUILD else None
+
+
+def test_the_slow_tests_marked_so_run_while_the_book_builds_and_only_then():
+    unit, slow = Item("test_unit"), Item("test_waits", marked=True)
+    chapter, reads_book = Item(f"{conftest.CHAPTER_TEST}[01]"), Item("test_page", ("book",))
+    order, chapters, needs_book = conftest.run_order([reads_book, slow, chapter, unit])
+    assert [item.name for item in order] == ["test_unit", chapter.name, "test_waits", "test_page"]
+    assert (chapters, needs_book) == ([chapter], [reads_book])
+    without_book, _, _ = conftest.run_order([slow, chapter, unit])
+    assert [item.name for item in without_book] == ["test_waits", "test_unit", chapter.name]
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[path.stem for path in NOTEBOOKS])

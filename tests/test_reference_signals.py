@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMAND = [sys.executable, "-m", "optlab", "reference", "--set", "seed", "--profile", "smoke", "--device", "cpu",
@@ -55,6 +56,7 @@ MOMENTS = {  # when to send the signal: early (the first part running), mid-part
 }
 
 
+@pytest.mark.beside_the_book_build  # slow, in processes of its own: it fills the wait for the book
 def test_a_signal_at_any_moment_leaves_an_archive_of_every_finished_part_a_log_and_one_last_line(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     runs = {}
