@@ -168,6 +168,22 @@ def test_the_rule_waits_for_unclear_claims_and_stops_at_the_cap_or_the_budget():
     assert tight.looks[-1].final and tight.confidence == pytest.approx(1 - timing.ERROR_RATE)
 
 
+def test_a_run_with_no_comparison_to_wait_for_stops_at_its_first_look():
+    """Only the baseline timed (every variant has no effect on this device, or failed): no round after the minimum,
+    although the first looks of a long run read nothing."""
+    rows = [{"model": "m", "phase": "train", "variant": "A", "status": "ok", "repeat": r, "epoch_equiv_s": 1.0}
+            for r in range(4)]
+    alone = StoppingRule(4, 48, comparisons={})
+    alone.start()
+    assert not alone.waits_for(rows) and alone.stop_after(4, rows) and not alone.looks[-1].reads
+    waiting = StoppingRule(4, 48, comparisons={"B": "A"})
+    waiting.start()
+    with_b = rows + [{**row, "variant": "B", "epoch_equiv_s": 1.5} for row in rows]
+    assert waiting.waits_for(with_b) and not waiting.stop_after(4, with_b)  # 4 rounds of 48 read nothing yet
+    assert not waiting.waits_for(rows)  # B not timed: nothing left to wait for
+    assert not StoppingRule(4, 48).stop_on(3, lambda level: True, waiting=False)  # never before the minimum
+
+
 def test_the_budget_forecasts_from_the_rounds_after_the_first():
     """A first round that paid one-off costs (3 s here) does not end a run whose later rounds fit the budget."""
     now = [0.0]

@@ -355,6 +355,8 @@ def stop_reason(rule: StoppingRule, repeats: int, rows: list[dict[str, Any]]) ->
         return f"at the run's deadline{also}"
     if rule.max_repeats == rule.min_repeats:
         return f"fixed at {repeats} repeats{also}"
+    if not rule.waits_for(rows):
+        return f"no comparison to wait for{also}"
     if rule.settled(rows):
         return f"every answer clear{also}"
     if repeats >= rule.max_repeats:
