@@ -31,6 +31,16 @@ def test_cpu_sweep_times_eager_steps_only(cpu_sweep):
     assert (cpu_sweep["median_s"] > 0).all() and (cpu_sweep["blocks"] >= 2).all()  # an IQR needs blocks
 
 
+def test_a_step_slower_than_the_time_allowed_still_gets_two_blocks():
+    """A machine slow enough that one block spends ``max_run_time`` still gives an interquartile range."""
+    import time
+    calls = []
+    step = lambda inputs, targets: calls.append(time.sleep(0.02))  # noqa: E731
+    measurement = cuda_graphs._time_step(step, [(None, None)], min_run_time=0.001, max_run_time=0.001)
+    assert len(measurement.times) >= cuda_graphs.MIN_BLOCKS and measurement.median >= 0.02
+    assert len(calls) >= cuda_graphs.WARMUP_ITERS + cuda_graphs.MIN_BLOCKS
+
+
 def test_sweep_rates_come_from_the_timers_median(monkeypatch):
     fake = SimpleNamespace(median=0.004, iqr=0.001, times=[0.003, 0.004, 0.005])
     monkeypatch.setattr(cuda_graphs, "_time_step", lambda *args: fake)

@@ -212,15 +212,22 @@ def _step_for(net: nn.Module, mode: str, execution: str, example: tuple[torch.Te
     return eager_training(net, optimizer) if execution == "eager" else capture_training(net, optimizer, *example)
 
 
+MIN_BLOCKS = 2  # an interquartile range needs at least two blocks
+
+
 def _time_step(step: Step, batches: list[tuple[torch.Tensor, torch.Tensor]], min_run_time: float,
                max_run_time: float) -> benchmark.Measurement:
-    """Blocks of runs until there are four and their IQR is under 10 % of the median, or ``max_run_time`` is spent."""
+    """Blocks of runs until there are four and their IQR is under 10 % of the median, or ``max_run_time`` is spent;
+    at least :data:`MIN_BLOCKS` blocks in any case (a slow step can spend ``max_run_time`` in one block)."""
     cycle = itertools.cycle(batches)
     for _ in range(WARMUP_ITERS):  # first calls of a shape: cuDNN/oneDNN plans, allocator growth
         step(*next(cycle))
     timer = benchmark.Timer(stmt="step(*next(cycle))", globals={"step": step, "cycle": cycle},
                             num_threads=torch.get_num_threads())
-    return timer.adaptive_autorange(threshold=0.1, min_run_time=min_run_time, max_run_time=max_run_time)
+    measurement = timer.adaptive_autorange(threshold=0.1, min_run_time=min_run_time, max_run_time=max_run_time)
+    while len(measurement.times) < MIN_BLOCKS:
+        measurement = benchmark.Measurement.merge([measurement, timer.timeit(measurement.number_per_run)])[0]
+    return measurement
 
 
 def _validate(batch_sizes: Iterable[int], modes: Iterable[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
