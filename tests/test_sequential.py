@@ -181,7 +181,7 @@ def test_a_run_with_no_comparison_to_wait_for_stops_at_its_first_look():
     with_b = rows + [{**row, "variant": "B", "epoch_equiv_s": 1.5} for row in rows]
     assert waiting.waits_for(with_b) and not waiting.stop_after(4, with_b)  # 4 rounds of 48 read nothing yet
     assert not waiting.waits_for(rows)  # B not timed: nothing left to wait for
-    assert not StoppingRule(4, 48).stop_on(3, lambda level: True, waiting=False)  # never before the minimum
+    assert not StoppingRule(4, 48).stop_on(3, lambda level: True, waiting=lambda: False)  # never before the minimum
 
 
 def test_the_budget_forecasts_from_the_rounds_after_the_first():

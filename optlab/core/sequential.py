@@ -159,14 +159,15 @@ class StoppingRule:
 
     def stop_after(self, repeats: int, rows: list[dict[str, Any]]) -> bool:
         """Whether the run stops after ``repeats`` timed rounds with these sample ``rows``."""
-        return self.stop_on(repeats, lambda confidence: self.settled(rows, confidence), self.waits_for(rows))
+        return self.stop_on(repeats, lambda confidence: self.settled(rows, confidence), lambda: self.waits_for(rows))
 
-    def stop_on(self, repeats: int, settled: Callable[[float], bool], waiting: bool = True) -> bool:
+    def stop_on(self, repeats: int, settled: Callable[[float], bool],
+                waiting: Callable[[], bool] = lambda: True) -> bool:
         """The rule itself: never before the minimum, always at the last look (the cap, or the last that fits the
         budget), and at every look in between that reads when ``settled(confidence)`` (every comparison still
         running has a clear answer at that look's level); and after any round once the next would end past the
-        deadline. A run with no comparison left to wait for (``waiting`` false: none timed on this device, or every
-        one left the rule) stops at its first look."""
+        deadline. A run with no comparison left to wait for (``waiting()`` false, asked at looks only: none timed on
+        this device, or every one left the rule) stops at its first look."""
         now = shutdown.now()
         self._longest, self._mark = max(self._longest, now - self._mark), now
         if now + self._longest > self.deadline:
@@ -175,7 +176,7 @@ class StoppingRule:
         look = self.look(repeats)
         if look is None:
             return False
-        return look.final or not waiting or (look.reads and settled(look.confidence))
+        return look.final or not waiting() or (look.reads and settled(look.confidence))
 
     def waits_for(self, rows: list[dict[str, Any]]) -> bool:
         """Whether any comparison is still in the rule: both sides timed in these ``rows`` and neither failed."""
