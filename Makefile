@@ -10,7 +10,12 @@ install: $(STAMP)
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --no-compile -r requirements.txt -e .  # bytecode as modules are first imported: 135 s, not ~270 s, on 2 cores
+	$(PY) -m pip install --quiet --no-compile -r requirements.txt -e .
+# Bytecode for every installed module, on all cores (pip compiles on one). Where PYTHONDONTWRITEBYTECODE is set, as
+# in many containers, nothing else ever writes it, and each new process (a notebook kernel, a rank) would compile
+# torch again: 15 s more per process on 2 cores. A few files are written for newer Pythons and cannot compile here;
+# pip skips those the same way.
+	$(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null || true
 	touch $(STAMP)
 
 test: $(STAMP)
