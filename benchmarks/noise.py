@@ -1,7 +1,7 @@
 """`make noise`: the round-level noise of an A/A comparison as optlab times it, and without each jitter guard.
 
 The noise of one run is the standard deviation of the per-round log ratio of two copies of one configuration
-(smoke profile, ResNet18, a fixed number of rounds): the quantity the verdict rule's interval is built from. The
+(smoke profile, ResNet18 or, with ``--workload gpt``, the tiny GPT; a fixed number of rounds): the quantity the verdict rule's interval is built from. The
 settings take turns, run after run, so that a drift of the machine hits each alike:
 
 - ``as set``: optlab's defaults (``OPTLAB_THREADS``, else one thread on a CPU);
@@ -37,8 +37,9 @@ from optlab.core.experiments import run_experiment
 from optlab.core.limits import MAX_STEPS, cpu_cores
 from optlab.core.profiles import get_profile
 from optlab.core.registry import Experiment
+from optlab.core.workload import WORKLOADS
 
-A_A = Experiment("a_a_noise", "the same configuration twice", "", variants=(("A", {}), ("A again", {})))
+A_A_VARIANTS = (("A", {}), ("A again", {}))
 MAX_RUNS, MAX_ROUNDS = 100, 100
 
 
@@ -106,12 +107,19 @@ def round_shape(text: str) -> tuple[int, int]:
     return warmup, steps
 
 
+def a_a_experiment(workload: str) -> tuple[Experiment, str]:
+    """Two copies of one configuration of ``workload``, and the model the smoke profile runs it on."""
+    experiment = Experiment("a_a_noise", "the same configuration twice", "", variants=A_A_VARIANTS, workload=workload)
+    return experiment, experiment.default_models(get_profile("smoke"))[0]
+
+
 def measure(runs: int, rounds: int, settings: "list[str] | None" = None, seed: int = 0,
-            shapes: "list[tuple[int, int]] | None" = None) -> pd.DataFrame:
+            shapes: "list[tuple[int, int]] | None" = None, workload: str = "cifar") -> pd.DataFrame:
     """Tidy noise: one row per run, setting, round shape (warm-up + timed steps), phase and whether the first round
     is kept, with the seconds a round took."""
     settings = settings or list(SETTINGS)
     smoke = get_profile("smoke")
+    experiment, model = a_a_experiment(workload)
     shapes = shapes or [(smoke.warmup_steps, smoke.steps)]
     rows = []
     for run in range(runs):
@@ -120,7 +128,7 @@ def measure(runs: int, rounds: int, settings: "list[str] | None" = None, seed: i
             for setting in settings:
                 started = time.perf_counter()
                 with SETTINGS[setting](), contextlib.redirect_stdout(io.StringIO()):
-                    result = run_experiment(A_A, models=["resnet18"], profile=profile, device="cpu", seed=seed + run,
+                    result = run_experiment(experiment, models=[model], profile=profile, device="cpu", seed=seed + run,
                                             progress=False)
                 round_s = (time.perf_counter() - started) / rounds
                 for skip_first in (False, True):
@@ -152,13 +160,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shapes", nargs="+", type=round_shape, default=None, metavar="W+S",
                         help="round shapes to time: W warm-up + S timed steps per variant (default: the smoke "
                              "profile's)")
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="cifar",
+                        help="what the two copies train: cifar (ResNet18) or gpt (the tiny GPT); default cifar")
     args = parser.parse_args(argv)
     if not (1 <= args.runs <= MAX_RUNS and 3 <= args.rounds <= MAX_ROUNDS):
         parser.error(f"--runs must be 1-{MAX_RUNS} and --rounds 3-{MAX_ROUNDS}")
-    print(f"A/A round-level noise: {args.runs} runs of {args.rounds} rounds per setting, smoke profile, ResNet18, "
+    model = a_a_experiment(args.workload)[1]
+    print(f"A/A round-level noise: {args.runs} runs of {args.rounds} rounds per setting, smoke profile, {model}, "
           f"{cpu_cores()} cores")
     with pd.option_context("display.width", 120):
-        print(report(measure(args.runs, args.rounds, args.settings, shapes=args.shapes)))
+        print(report(measure(args.runs, args.rounds, args.settings, shapes=args.shapes, workload=args.workload)))
 
 
 if __name__ == "__main__":

@@ -35,3 +35,12 @@ def test_a_round_shape_reads_warm_up_plus_timed_steps(text, shape):
 def test_a_bad_round_shape_says_what_is_allowed(text, message):
     with pytest.raises(argparse.ArgumentTypeError, match=re.escape(message)):
         noise.round_shape(text)
+
+
+@pytest.mark.parametrize("workload, model", [("cifar", "resnet18"), ("gpt", "gpt_tiny")])
+def test_the_noise_benchmark_times_two_copies_of_either_workload(workload, model):
+    experiment, chosen = noise.a_a_experiment(workload)
+    assert (experiment.workload, chosen) == (workload, model)
+    rows = noise.measure(runs=1, rounds=3, settings=["as set"], workload=workload)
+    assert set(rows["phase"]) == {"train", "test"} and set(rows["shape"]) == {"1+1"}
+    assert (rows["noise"] >= 0).all() and (rows["round s"] > 0).all()

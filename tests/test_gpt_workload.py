@@ -1,10 +1,12 @@
 """The GPT workload: registered techniques run on it through the same loops, throughput and epochs count tokens, its
 knobs reach the model and are refused elsewhere, and each profile sizes it (a tiny fp32 GPT on a CPU, GPT-2 small in
 bf16 on a GPU)."""
+import itertools
 from dataclasses import replace
 
 import pytest
 import torch
+from torch.utils.data import RandomSampler, TensorDataset
 
 from optlab.core import gpt_techniques
 from optlab.core.config import RunConfig
@@ -16,7 +18,9 @@ from optlab.core.gpt import GPT_WORKLOAD, gpt_config, sequence_length
 from optlab.core.no_effect import NO_EFFECT
 from optlab.core.profiles import get_profile
 from optlab.core.techniques import technique_set
+from optlab.core.text_data import TokenWindows
 from optlab.core.transformer import GPT_SIZES, forward_flops
+from optlab.core.variants import build_state
 from tests.helpers import TINY
 
 GPT_PROFILE = replace(TINY, name="smoke", models=("gpt_tiny",), steps=2, test_steps=1, repeats=2)
@@ -102,3 +106,24 @@ def test_the_stack_and_the_shapes_refuse_an_unknown_size_or_step():
         gpt_techniques.gpt_all_together("gpt_tiny", skip=("+ nothing",))
     stack = gpt_techniques.gpt_all_together("gpt_tiny", skip=("+ bf16 autocast",))
     assert all(changes.get("amp_dtype", "none") == "none" for _, changes in stack.variants)
+
+
+
+def test_the_gpt_draws_random_windows_with_replacement_and_cifar_shuffles_a_pass():
+    info = resolve_device("cpu")
+    tokens = torch.arange(5000) % 65
+    train, test = TokenWindows(tokens[:4000], 1, 65), TokenWindows(tokens[4000:], 1, 65)
+    config = RunConfig(workload="gpt", model="gpt_tiny", batch_size=4, num_workers=0)
+
+    def first_batches(seed: int) -> list[torch.Tensor]:
+        loader = build_state(config, info, train, test, seed).loaders["train"]
+        assert isinstance(loader.sampler, RandomSampler) and loader.sampler.replacement
+        assert len(loader.sampler) == len(loader.dataset)  # a pass draws as many windows as the text holds
+        return [x for x, _ in itertools.islice(loader, 3)]
+
+    assert all(torch.equal(a, b) for a, b in zip(first_batches(0), first_batches(0)))  # the seed fixes the draws
+    assert not all(torch.equal(a, b) for a, b in zip(first_batches(0), first_batches(1)))
+    images = TensorDataset(torch.zeros(64, 3, 32, 32), torch.zeros(64, dtype=torch.long))
+    cifar = build_state(RunConfig(model="resnet18", width=0.125, batch_size=4, num_workers=0), info, images, images, 0)
+    sampler = cifar.loaders["train"].sampler
+    assert isinstance(sampler, RandomSampler) and not sampler.replacement  # a shuffled pass: each image once

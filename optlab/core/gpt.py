@@ -91,6 +91,7 @@ GPT_WORKLOAD = register_workload(Workload(
     items_of=sequence_length,
     counting_knobs={"attention": "manual", "checkpointing": "none"},  # FlopCounterMode knows matmuls, not every kernel
     profile_models={"smoke": ("gpt_tiny",), "quick": ("gpt2_small",), "full": ("gpt2_small",)},
+    train_with_replacement=True,  # random windows, as nanoGPT draws them
     # bf16 autocast on a GPU, as GPTs are trained today (and flash attention needs 16-bit inputs); fp32 on a CPU,
     # whose autocast has no bf16 units to run on (5x slower on the CI machine)
     profile_knobs={"smoke": {"batch_size": 8, "width": 1.0},

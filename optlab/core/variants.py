@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from torch.utils.data import RandomSampler
 
 from .config import RunConfig
 from .device import DeviceInfo
@@ -37,8 +38,10 @@ def build_state(config: RunConfig, info: DeviceInfo, train_set, test_set, seed: 
                                                  config.drop_last, seed)
                    for phase, dataset in (("train", train_set), ("test", test_set))}
     else:
+        sampler = (RandomSampler(train_set, replacement=True, generator=torch.Generator().manual_seed(seed))
+                   if workload.train_with_replacement else None)
         loaders = {
-            "train": make_loader(train_set, config, train=True, seed=seed),
+            "train": make_loader(train_set, config, train=True, seed=seed, sampler=sampler),
             "test": make_loader(test_set, config, train=False, seed=seed),
         }
     return VariantState(config, model, make_optimizer(model, config), make_scaler(config, info.device), loaders)

@@ -62,6 +62,8 @@ class Workload:
     (token windows of its sequence length), ``items_of(config)`` the items in one of its samples, and
     ``counting_knobs`` the knob values under which its FLOPs are counted (the same arithmetic in kernels the counter
     knows). ``profile_models`` and ``profile_knobs`` size it per profile (a GPT-2 on a GPU, a tiny GPT on a CPU).
+    ``train_with_replacement``: the training loader draws samples at random with replacement, as many a pass as the
+    data set holds, instead of shuffling them.
     """
 
     name: str
@@ -86,6 +88,9 @@ class Workload:
     counting_knobs: dict[str, Any] = field(default_factory=dict)
     profile_models: dict[str, tuple[str, ...]] = field(default_factory=dict)  # profile name -> its default models
     profile_knobs: dict[str, dict[str, Any]] = field(default_factory=dict)  # profile name -> knobs it sets
+    # Training samples drawn at random with replacement (nanoGPT's random windows) instead of a shuffled pass: a
+    # pass over a million overlapping windows would start with a permutation of all of them (60-120 ms on a CPU)
+    train_with_replacement: bool = False
 
     def __post_init__(self) -> None:
         if not self.model_names:
