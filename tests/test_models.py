@@ -1,9 +1,15 @@
+from dataclasses import replace
+
 import pytest
 import torch
 
+from optlab.core import experiments, flops, sequential
+from optlab.core.config import RunConfig
 from optlab.core.errors import OptlabError
 from optlab.core.flops import forward_flops_per_image, step_flops
 from optlab.core.models import MODEL_NAMES, build_model, conv_and_linear_widths, count_parameters, example_input
+from optlab.core.registry import Experiment
+from tests.helpers import TINY
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)
@@ -53,3 +59,24 @@ def test_training_flops_are_three_forwards_per_image():
     forward = forward_flops_per_image("resnet18", "base", 0.125)
     assert step_flops("resnet18", "base", 0.125, samples=4, train=True) == 12 * forward
     assert step_flops("resnet18", "base", 0.125, samples=4, train=False) == 4 * forward
+
+
+def test_configs_that_differ_only_in_how_they_run_a_model_share_one_flop_count():
+    flops._shape_flop_counts.cache_clear()
+    base = RunConfig(model="resnet18", width=0.125)
+    counts = {flops.forward_flops_of(replace(base, **changes))
+              for changes in ({}, {"amp_dtype": "bf16"}, {"channels_last": True}, {"batch_size": 8},
+                              {"optimizer": "adam"})}
+    assert len(counts) == 1 and flops._shape_flop_counts.cache_info().misses == 1
+    assert flops.forward_flops_of(replace(base, width=0.25)) > counts.pop()  # another shape is counted again
+    assert flops._shape_flop_counts.cache_info().misses == 2
+
+
+def test_a_run_counts_its_flops_before_its_time_budget_starts(monkeypatch):
+    events = []
+    counted, started = experiments.forward_flops_of, sequential.StoppingRule.start
+    monkeypatch.setattr(experiments, "forward_flops_of", lambda config: events.append("count") or counted(config))
+    monkeypatch.setattr(sequential.StoppingRule, "start", lambda rule: events.append("start") or started(rule))
+    experiment = Experiment("flops_first", "", "", (("fp32", {}), ("bf16", {"amp_dtype": "bf16"})), phases=("test",))
+    experiments.run_experiment(experiment, profile=TINY, device="cpu", progress=False)
+    assert events == ["count", "count", "start"]

@@ -32,6 +32,7 @@ from . import compiler, machine_load, quiet, store
 from .config import RunConfig
 from .device import DeviceInfo, effective_config, resolve_device
 from .environment import capture
+from .flops import forward_flops_of
 from .errors import OptlabError
 from .limits import check_overrides, check_phase_sizes
 from .loops import PhaseResult, eval_phase, train_phase
@@ -384,6 +385,8 @@ def _run_model(experiment: Experiment, model_name: str, configs: dict, prof: Pro
         except Exception as error:  # noqa: BLE001  (recorded, and the other variants go on)
             rows += [failed_row(experiment.name, model_name, label, 0, phase, config, failure_status(error))
                      for phase in experiment.phases]
+    for label in variants:  # counted before the rounds: a model's first count takes seconds the budget would pay
+        forward_flops_of(configs[label][0])
     runners = {label: variant.run for label, variant in variants.items()}
     comparisons = {label: ref for label, ref in experiment.comparisons.items()
                    if label in configs and ref in configs and label not in untimed}

@@ -13,12 +13,21 @@ from .workload import get_workload
 TRAIN_TO_FORWARD = 3  # backward costs about twice the forward: the usual 6 x MACs per trained sample
 
 
-@lru_cache(maxsize=None)
 def forward_flop_counts(config: RunConfig) -> dict[str, int]:
     """FLOPs of one forward pass on one sample of ``config``'s model, per operator (``"aten.mm"``, ...), counted by
-    FlopCounterMode on the meta device under the workload's ``counting_knobs``."""
+    FlopCounterMode on the meta device under the workload's ``counting_knobs``. Counted once per model shape: the
+    configs that differ only in how they run it (precision, layout, optimizer, loader) share one count, which takes
+    seconds for a MobileNetV2 on a CPU."""
     spec = get_workload(config.workload)
-    config = replace(config, fp8=False, **spec.counting_knobs)
+    counted = replace(config, fp8=False, **spec.counting_knobs)
+    return _shape_flop_counts(RunConfig(workload=config.workload, model=config.model,
+                                        model_variant=config.model_variant, width=config.width,
+                                        **spec.knobs_of(counted)))
+
+
+@lru_cache(maxsize=None)
+def _shape_flop_counts(config: RunConfig) -> dict[str, int]:
+    spec = get_workload(config.workload)
     with torch.device("meta"):
         net = spec.build(config)
         example = spec.input_for(1, config)
