@@ -1,4 +1,7 @@
 import gc
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -60,3 +63,14 @@ def test_a_run_states_its_thread_count_and_records_it(monkeypatch, threads, caps
                          profile=TINY.with_sizes(repeats=2, max_repeats=2), device="cpu", progress=False)
     header = [line for line in capsys.readouterr().out.splitlines() if line.startswith("device:")]
     assert header[0].endswith("; 1 torch thread") and run.record["environment"]["torch_threads"] == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the profiler's logs are silenced where there is no GPU")
+def test_a_profiled_step_writes_nothing_on_the_processs_stderr():
+    # kineto writes its logs to file descriptor 2 (a notebook shows them under the cell), so a fresh process tells
+    script = ("import torch, optlab.core\nfrom optlab.core import memory\n"
+              "memory.cpu_step_increase_mb(lambda: torch.ones(64, 64) @ torch.ones(64, 64))\nprint('profiled')")
+    env = {key: value for key, value in os.environ.items() if key != "KINETO_LOG_LEVEL"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "profiled", done.stderr
+    assert done.stderr == ""
