@@ -1,11 +1,15 @@
 """What a chapter shows around its live run: the line naming the device and the stored references, and the
 comparison with those references."""
+import math
+from dataclasses import replace
+
 import pandas as pd
 import pytest
 
 from optlab.book import chapter, report
 from optlab.core import store
 from optlab.core.experiments import run_experiment
+from optlab.core.profiles import get_profile
 from tests.helpers import TINY
 
 
@@ -40,3 +44,16 @@ def test_with_a_reference_the_page_names_it_and_sets_it_beside_the_live_numbers(
 def test_the_setup_line_names_the_models_and_sizes_of_the_chapters_workload():
     cnn, gpt = chapter.setup_line("smoke", "cpu"), chapter.setup_line("smoke", "cpu", workload="gpt")
     assert "models resnet18" in cnn and "models gpt_tiny; batch 8;" in gpt and "resnet" not in gpt
+
+
+@pytest.mark.parametrize("profile, budget", [("smoke", 24.0), ("quick", 150.0), ("full", math.inf)])
+def test_a_page_with_time_to_spare_widens_only_the_cpu_profiles_budget(monkeypatch, profile, budget):
+    asked = {}
+    monkeypatch.setattr(chapter, "run_experiment", lambda experiment, **options: asked.update(options))
+    chapter.run("optimizers", cpu_budget_s=24.0, profile=profile, device="cpu")
+    chosen = get_profile(asked["profile"])
+    assert chosen.time_budget_s == budget
+    assert replace(chosen, time_budget_s=get_profile(profile).time_budget_s) == get_profile(profile)  # nothing else
+    asked.clear()
+    chapter.run("optimizers", profile=profile, device="cpu")
+    assert asked["profile"] == profile  # no budget given: the profile as it is

@@ -66,9 +66,16 @@ def code_changes(experiment: "str | Experiment", model: str = "resnet18", profil
     return "\n".join(out)
 
 
-def run(experiment: "str | Experiment", **options) -> ExperimentResult:
-    """Run a chapter's comparison and keep its record in ``results/live/`` for the book's summary page."""
+def run(experiment: "str | Experiment", cpu_budget_s: float | None = None, **options) -> ExperimentResult:
+    """Run a chapter's comparison and keep its record in ``results/live/`` for the book's summary page.
+
+    ``cpu_budget_s``: the time budget a model in the ``smoke`` profile (a CPU's), for a page with time to spare
+    beyond the profile's own; more rounds narrow the intervals. Other profiles keep their budget."""
     experiment = get_experiment(experiment)
+    if cpu_budget_s is not None:
+        profile = get_profile(options.get("profile"), resolve_device(options.get("device", "auto")).is_cuda)
+        if profile.name == "smoke":
+            options["profile"] = profile.with_sizes(time_budget_s=cpu_budget_s)
     return run_experiment(experiment, out=store.LIVE_DIR, filename=f"{experiment.name}.json", **options)
 
 
