@@ -32,8 +32,8 @@ from . import compiler, machine_load, quiet, store
 from .config import RunConfig
 from .device import DeviceInfo, effective_config, resolve_device
 from .environment import capture
-from .flops import forward_flops_of
 from .errors import OptlabError
+from .flops import forward_flops_of
 from .limits import check_overrides, check_phase_sizes
 from .loops import PhaseResult, eval_phase, train_phase
 from .memory import memory_kind
