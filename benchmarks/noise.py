@@ -1,8 +1,9 @@
 """`make noise`: the round-level noise of an A/A comparison as optlab times it, and without each jitter guard.
 
 The noise of one run is the standard deviation of the per-round log ratio of two copies of one configuration
-(smoke profile, ResNet18 or, with ``--workload gpt``, the tiny GPT; a fixed number of rounds): the quantity the verdict rule's interval is built from. The
-settings take turns, run after run, so that a drift of the machine hits each alike:
+(smoke profile, ResNet18 or, with ``--workload gpt``, the tiny GPT; a fixed number of rounds): the quantity the
+verdict rule's interval is built from. The settings take turns, run after run, so that a drift of the machine hits
+each alike:
 
 - ``as set``: optlab's defaults (``OPTLAB_THREADS``, else one thread on a CPU);
 - ``a thread per core``: one intra-op thread per core of the machine;

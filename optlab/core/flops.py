@@ -19,7 +19,7 @@ def forward_flop_counts(config: RunConfig) -> dict[str, int]:
     configs that differ only in how they run it (precision, layout, optimizer, loader) share one count, which takes
     seconds for a MobileNetV2 on a CPU."""
     spec = get_workload(config.workload)
-    counted = replace(config, fp8=False, **spec.counting_knobs)
+    counted = replace(config, **spec.counting_knobs)
     return _shape_flop_counts(RunConfig(workload=config.workload, model=config.model,
                                         model_variant=config.model_variant, width=config.width,
                                         **spec.knobs_of(counted)))

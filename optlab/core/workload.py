@@ -88,9 +88,7 @@ class Workload:
     counting_knobs: dict[str, Any] = field(default_factory=dict)
     profile_models: dict[str, tuple[str, ...]] = field(default_factory=dict)  # profile name -> its default models
     profile_knobs: dict[str, dict[str, Any]] = field(default_factory=dict)  # profile name -> knobs it sets
-    # Training samples drawn at random with replacement (nanoGPT's random windows) instead of a shuffled pass: a
-    # pass over a million overlapping windows would start with a permutation of all of them (60-120 ms on a CPU)
-    train_with_replacement: bool = False
+    train_with_replacement: bool = False  # a shuffled pass over a million windows starts with a 60-120 ms permutation
 
     def __post_init__(self) -> None:
         if not self.model_names:
