@@ -86,6 +86,10 @@ PROFILES = {
     # A/A ResNet18 round's training noise was 3.4 % with 1 warm-up + 1 timed step, 3.8 % with 1 + 2 and 3.3 % with
     # 0 + 2 (whose first timed step leaves its batch's loading out), and a round took 0.46, 0.64 and 0.45 s: the
     # noise is the pass's, not the step's, so the shortest honest round tells the most per second (rounds / noise^2).
+    # The test phase's step (a forward only) is short enough for its own jitter to show: an A/A round's test noise
+    # was 5.5 % with 1 timed step, 3.9 % with 2 and 3.1 % with 4, at 0.52, 0.57 and 0.67 s a round (both phases; 6
+    # runs of 12 rounds; the tiny GPT: 5.1, 4.6 and 3.7 %). Smoke keeps 1: the extra steps would cost about a fifth
+    # of the rounds of the training claims that share them, and three quarters of the book's claims are training's.
     # smoke: two models at 1/8 width on few steps, data loaded in the main process (2-core CI machines)
     "smoke": Profile("smoke", ("resnet18", "mobilenet_v2"), batch_size=16, width=0.125, warmup_steps=1, steps=1,
                      test_steps=1, repeats=4, max_repeats=48, time_budget_s=12.0, num_workers=0),
