@@ -8,7 +8,7 @@ A comparison is judged on its repeats, not its steps. The steps within one repea
 (clock, caches, what else the machine runs), so they are not independent draws: resampling them gives an interval far
 narrower than a few repeats allow. Instead each repeat gives one epoch-equivalent time per variant; the variants of a
 repeat ran side by side, so each repeat gives one paired ratio, and the interval is Student's t on the logs of those
-ratios (regressed on the slot shift, see :func:`speed_up`).
+ratios (regressed on the slot shift, and from 10 rounds on trimmed: see :func:`log_ratio_fit`).
 
 A run looks at its intervals more than once (``optlab.core.sequential`` adds repeats while any answer is unclear), so
 the error rate is spent over the looks (Lan and DeMets' error spending with O'Brien-Fleming-like shape,
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+TRIM = 0.1  # the share of rounds cut from each end of the log ratios (Yuen's trimmed mean; none below 10 rounds)
 MIN_EFFECT = 0.02  # run-to-run variance floor (MLPerf sees about +-2.5 %): the band of no practical difference
 ERROR_RATE = 0.005  # two-sided, over all the looks of a run: at most 1 in 200 A/A comparisons says faster or slower
 CONFIDENCE = 1 - ERROR_RATE  # what a comparison's intervals guarantee together, over all its looks: 99.5 %
@@ -227,8 +228,13 @@ def log_ratio_fit(log_ratios: np.ndarray, slot_shifts: "np.ndarray | list | None
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """The log speed-up at a slot shift of 0, its standard error, the round-level noise (the standard deviation of one
     round's log ratio about the fit) and the degrees of freedom, along the last axis of ``log_ratios`` (one row per
-    simulated run, or a single run). The log ratio is regressed on the slot shift when the shifts vary and leave a
-    degree of freedom; otherwise it is the plain mean."""
+    simulated run, or a single run).
+
+    The log ratio is regressed on the slot shift when the shifts vary and leave a degree of freedom. The centre is
+    then Yuen's trimmed mean of the rounds at a shift of 0: ``TRIM`` of them cut from each end (none below 10
+    rounds), with the standard error of the winsorized rounds and one degree of freedom less for each round cut. A
+    round in which one variant was hit by other work moves the centre and the interval no further than the rounds
+    kept; with nothing cut it is the least-squares fit (the plain mean where the shifts do not vary)."""
     logs = np.asarray(log_ratios, dtype=float)
     n = logs.shape[-1]
     mean = logs.mean(axis=-1)
@@ -237,14 +243,21 @@ def log_ratio_fit(log_ratios: np.ndarray, slot_shifts: "np.ndarray | list | None
         raise ValueError(f"one slot shift per pair needed: {shifts.size} shifts for {n} pairs")
     centred = None if shifts is None else shifts - shifts.mean()
     spread = 0.0 if centred is None else float((centred ** 2).sum())
-    if n < 3 or spread == 0.0:
-        noise = logs.std(axis=-1, ddof=1)
-        return mean, noise / math.sqrt(n), noise, n - 1
-    slope = ((logs - mean[..., None]) @ centred) / spread
-    intercept = mean - slope * shifts.mean()
-    residuals = logs - intercept[..., None] - slope[..., None] * shifts
-    noise = np.sqrt((residuals ** 2).sum(axis=-1) / (n - 2))
-    return intercept, noise * math.sqrt(1 / n + shifts.mean() ** 2 / spread), noise, n - 2
+    fitted = n >= 3 and spread > 0.0
+    slope = ((logs - mean[..., None]) @ centred) / spread if fitted else np.zeros_like(mean)
+    at_zero = logs - slope[..., None] * shifts if fitted else logs
+    residuals = at_zero - at_zero.mean(axis=-1, keepdims=True)
+    kept_df = n - 1 - int(fitted)
+    noise = np.sqrt((residuals ** 2).sum(axis=-1) / kept_df) if kept_df > 0 else np.full_like(mean, np.nan)
+    cut = int(TRIM * n) if n >= 10 else 0
+    kept = n - 2 * cut
+    ordered = np.sort(at_zero, axis=-1)
+    centre = ordered[..., cut:n - cut].mean(axis=-1)
+    winsorized = np.clip(at_zero, ordered[..., cut:cut + 1], ordered[..., n - cut - 1:n - cut])
+    spread_w = winsorized - winsorized.mean(axis=-1, keepdims=True)
+    scale = np.sqrt((spread_w ** 2).sum(axis=-1) / kept_df) * n / kept if kept_df > 0 else np.full_like(mean, np.nan)
+    leverage = 1 / n + (shifts.mean() ** 2 / spread if fitted else 0.0)
+    return centre, scale * math.sqrt(leverage), noise, kept - 1 - int(fitted)
 
 
 def intervals(log_ratios: np.ndarray, slot_shifts: "np.ndarray | list | None" = None,
@@ -271,8 +284,9 @@ def speed_up(
     the estimate take out an effect of the slot: the log ratio is regressed on the shift, and the speed-up and its
     interval are those at a shift of 0, with n - 2 degrees of freedom. After whole mirrored pairs of rounds the shifts
     sum to 0 and the speed-up is the geometric mean of the ratios; at an odd number of rounds it is the regression's
-    value at a shift of 0, which differs from the geometric mean by the slot effect times the mean shift.
-    ``confidence`` is the level of this one interval (a run's look reads its own share, see ``sequential``).
+    value at a shift of 0, which differs from the geometric mean by the slot effect times the mean shift. From 10
+    rounds on, the centre is a trimmed mean (:func:`log_ratio_fit`), so that a round hit by other work does not widen
+    the interval by itself. ``confidence`` is the level of this one interval (a run's look reads its own share, see ``sequential``).
 
     Not read off an interval, with the reason: fewer than two pairs and a zero-width interval ("can't tell yet"); a
     time that is NaN, infinite, zero or negative (:data:`BAD_TIME`, a failed comparison).
