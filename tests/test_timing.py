@@ -1,3 +1,4 @@
+import math
 import time
 
 import numpy as np
@@ -5,6 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
+from optlab.core import timing
 from optlab.core.summary import summarize_runs
 from optlab.core.timing import CONFIDENCE, StepTimer, epoch_equivalent, speed_up, summarize, t_quantile, verdict
 from tests.noise import paired_epoch_times, simulated_samples
@@ -130,3 +132,16 @@ def test_a_chapter_line_says_the_noise_what_it_lets_the_rule_tell_and_the_page_b
     assert "2 comparisons" in line and "6.0 % median (4.0-8.0 %)" in line and "10 rounds median" in line
     assert "99.5 % sequential interval" in line and "at most 1 %" in line  # 2 x 0.5 %
     assert report.noise_line(summary.iloc[[0, 3]]).startswith("No comparison")
+
+
+def test_from_ten_rounds_a_round_hit_by_other_work_does_not_decide_the_answer(monkeypatch):
+    """One round of twelve 60 % off (another job took the core): the trimmed interval keeps the clean rounds' answer
+    and about their speed-up, while the recorded noise still shows the hit; the plain mean could not tell."""
+    logs = np.log(1.03) + np.random.default_rng(0).normal(0, 0.01, 12)
+    hit = logs.copy()
+    hit[5] += np.log(1.6)
+    clean, spoilt = (timing.speed_up(np.exp(values), np.ones(12)) for values in (logs, hit))
+    assert clean.verdict == spoilt.verdict == timing.FASTER
+    assert abs(math.log(spoilt.ratio / clean.ratio)) < 0.01 and spoilt.noise > 5 * clean.noise
+    monkeypatch.setattr(timing, "TRIM", 0.0)
+    assert timing.speed_up(np.exp(hit), np.ones(12)).verdict == timing.UNCLEAR
