@@ -247,15 +247,16 @@ def log_ratio_fit(log_ratios: np.ndarray, slot_shifts: "np.ndarray | list | None
     slope = ((logs - mean[..., None]) @ centred) / spread if fitted else np.zeros_like(mean)
     at_zero = logs - slope[..., None] * shifts if fitted else logs
     residuals = at_zero - at_zero.mean(axis=-1, keepdims=True)
-    kept_df = n - 1 - int(fitted)
-    noise = np.sqrt((residuals ** 2).sum(axis=-1) / kept_df) if kept_df > 0 else np.full_like(mean, np.nan)
+    residual_df = n - 1 - int(fitted)
+    noise = np.sqrt((residuals ** 2).sum(axis=-1) / residual_df) if residual_df > 0 else np.full_like(mean, np.nan)
     cut = int(TRIM * n) if n >= 10 else 0
     kept = n - 2 * cut
     ordered = np.sort(at_zero, axis=-1)
     centre = ordered[..., cut:n - cut].mean(axis=-1)
     winsorized = np.clip(at_zero, ordered[..., cut:cut + 1], ordered[..., n - cut - 1:n - cut])
-    spread_w = winsorized - winsorized.mean(axis=-1, keepdims=True)
-    scale = np.sqrt((spread_w ** 2).sum(axis=-1) / kept_df) * n / kept if kept_df > 0 else np.full_like(mean, np.nan)
+    deviations = winsorized - winsorized.mean(axis=-1, keepdims=True)
+    scale = (np.sqrt((deviations ** 2).sum(axis=-1) / residual_df) * n / kept if residual_df > 0
+             else np.full_like(mean, np.nan))
     leverage = 1 / n + (shifts.mean() ** 2 / spread if fitted else 0.0)
     return centre, scale * math.sqrt(leverage), noise, kept - 1 - int(fitted)
 
@@ -286,7 +287,8 @@ def speed_up(
     sum to 0 and the speed-up is the geometric mean of the ratios; at an odd number of rounds it is the regression's
     value at a shift of 0, which differs from the geometric mean by the slot effect times the mean shift. From 10
     rounds on, the centre is a trimmed mean (:func:`log_ratio_fit`), so that a round hit by other work does not widen
-    the interval by itself. ``confidence`` is the level of this one interval (a run's look reads its own share, see ``sequential``).
+    the interval by itself. ``confidence`` is the level of this one interval (a run's look reads its own share, see
+    ``sequential``).
 
     Not read off an interval, with the reason: fewer than two pairs and a zero-width interval ("can't tell yet"); a
     time that is NaN, infinite, zero or negative (:data:`BAD_TIME`, a failed comparison).
