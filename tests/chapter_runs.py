@@ -5,7 +5,8 @@ tests are collected) and the test session itself, once it reaches the chapters' 
 that claims it first (a file created only where none exists), so none runs twice; the other worker waits for its
 result. nbval writes each executed notebook back (``tests/nbval_outputs.py``); once every chapter has run, the
 background process stores them in a jupyter-cache and builds the book from it, so the build executes only the
-summary page, which reads the records the chapters wrote.
+summary page, which reads the records the chapters wrote. It then opens every page of the build in a browser
+(``tests/site_visits.py``) while the test session runs the tests that read the build.
 """
 import json
 import os
@@ -26,6 +27,9 @@ RUNS = BUILD / "chapter-runs"
 EXECUTED = RUNS / "executed"
 CACHE = RUNS / "jupyter-cache"
 BUILD_LOG = BUILD / "test-build.log"
+BUILD_STATUS = RUNS / "build-status"  # the build's exit status, written when it ends
+VISITS = RUNS / "site-visits.json"  # what the browser found on every page of the build (tests/site_visits.py)
+VISITS_LOG = RUNS / "site-visits.log"
 RUNNER_LOG = RUNS / "worker.log"
 BUILD_CONFIG = RUNS / "book-config.yml"
 BOOK_LIVE = ROOT / "results" / "live"  # the chapters write their records here and the summary page reads them
@@ -140,6 +144,18 @@ def all_chapters() -> list[str]:
     return sorted(path.stem for path in NOTEBOOKS.glob("*.ipynb"))
 
 
+def book_pages() -> list[str]:
+    """Every page of ``_toc.yml`` (root first), as paths without suffix relative to the book root."""
+    def walk(node):
+        if isinstance(node, dict):
+            yield from ([node["file"]] if "file" in node else [])
+            for key in ("parts", "chapters", "sections"):
+                for child in node.get(key, []):
+                    yield from walk(child)
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    return [toc["root"], *walk(toc)]
+
+
 def build_book(env: dict[str, str]) -> int:
     """The book built from the chapters' runs (``-W -n``, as ``make book`` builds it): their outputs come from a
     jupyter-cache, so the build executes only the pages that are not chapters. Returns the build's exit status."""
@@ -156,10 +172,29 @@ def build_book(env: dict[str, str]) -> int:
     command = [str(Path(sys.executable).parent / "jupyter-book"), "build", ".", "--config", str(BUILD_CONFIG),
                "-W", "-n", "--keep-going"]
     with BUILD_LOG.open("w") as log:
-        build = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
-        RUNNING.add(build.pid)
-        return build.wait()
+        return run_to_end(command, env, log)
+
+
+def run_to_end(command: list[str], env: dict[str, str], log) -> int:
+    """``command``'s exit status, its output in ``log``; stopped with this process."""
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    RUNNING.add(process.pid)
+    return process.wait()
+
+
+def visit_site(env: dict[str, str]) -> int:
+    """Every page of the build opened in a browser (``tests/site_visits.py``), its findings in ``VISITS``."""
+    command = [sys.executable, str(Path(__file__).with_name("site_visits.py")), str(BUILD / "html"), str(VISITS)]
+    with VISITS_LOG.open("w") as log:
+        return run_to_end(command, env, log)
+
+
+def wait_for_build(worker: subprocess.Popen) -> int | None:
+    """The exit status of the book's build by ``worker``, once it ends; ``None`` if the worker ended without one."""
+    while not BUILD_STATUS.exists() and worker.poll() is None:
+        time.sleep(POLL_S)
+    return int(BUILD_STATUS.read_text()) if BUILD_STATUS.exists() else None
 
 
 def stop(*_) -> None:
@@ -170,7 +205,7 @@ def stop(*_) -> None:
 
 def main(stems: list[str], book: bool) -> int:
     """Run the unclaimed chapters among ``stems``, from the last (the test session takes them from the first); with
-    ``book``, wait for every chapter and build the book from their runs."""
+    ``book``, wait for every chapter, build the book from their runs and open its pages in a browser."""
     signal.signal(signal.SIGTERM, stop)
     env = dict(os.environ)
     for stem in reversed(stems):
@@ -182,7 +217,11 @@ def main(stems: list[str], book: bool) -> int:
     if failed:
         BUILD_LOG.write_text(f"the book is built from the chapters' runs, and these failed under nbval: {failed}\n")
         return 1
-    return build_book(env)
+    status = build_book(env)
+    written = BUILD_STATUS.with_suffix(".tmp")
+    written.write_text(str(status))
+    written.replace(BUILD_STATUS)  # whole or absent, for the session that waits on it
+    return status or visit_site(env)
 
 
 if __name__ == "__main__":

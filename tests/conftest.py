@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
 
 import chapter_runs
 
@@ -87,14 +86,7 @@ def smoke_env() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def toc_pages() -> list[str]:
     """Every page of ``_toc.yml`` (root first), as paths without suffix relative to the book root."""
-    def walk(node):
-        if isinstance(node, dict):
-            yield from ([node["file"]] if "file" in node else [])
-            for key in ("parts", "chapters", "sections"):
-                for child in node.get(key, []):
-                    yield from walk(child)
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    return [toc["root"], *walk(toc)]
+    return chapter_runs.book_pages()
 
 
 @dataclass(frozen=True)
@@ -104,13 +96,20 @@ class Build:
 
 
 @pytest.fixture(scope="session")
-def book(request) -> Build:
+def book_worker(request) -> subprocess.Popen:
+    """The background worker that runs the chapters, builds the book and then opens its pages in a browser."""
+    if request.config.stash.get(RUNNER, None) is None:
+        request.config.stash[RUNNER] = start_runner(chapter_runs.all_chapters(), book=True)
+    return request.config.stash[RUNNER]
+
+
+@pytest.fixture(scope="session")
+def book(book_worker) -> Build:
     """The finished build: its HTML folder and its log without colour codes."""
-    runner = request.config.stash.get(RUNNER, None) or start_runner(chapter_runs.all_chapters(), book=True)
-    returncode = runner.wait()
+    status = chapter_runs.wait_for_build(book_worker)
     assert chapter_runs.BUILD_LOG.exists(), f"the chapters' worker ended early:\n{chapter_runs.RUNNER_LOG.read_text()}"
     log = re.sub(r"\x1b\[[0-9;]*m", "", chapter_runs.BUILD_LOG.read_text())
-    assert returncode == 0, f"the book build failed (log: {chapter_runs.BUILD_LOG}):\n{log[-8000:]}"
+    assert status == 0, f"the book build failed (log: {chapter_runs.BUILD_LOG}):\n{log[-8000:]}"
     return Build(BUILD / "html", log)
 
 

@@ -1,0 +1,194 @@
+"""Every page of the built book opened once in a real headless Chromium at 1400 px, as a reader would, served the way
+GitHub Pages publishes it (``tools/site_server.py``); ``tests/test_browser.py`` checks what was found.
+
+A page load costs seconds on two cores, so the chapters' background worker (``tests/chapter_runs.py``) runs this as
+soon as the book is built, while the test session runs the tests that read the build:
+``python tests/site_visits.py HTML_FOLDER RESULT.json``. The result holds, per page, what went wrong while it loaded
+and was read and, for a chapter, the files it offers, downloaded; or why no browser could open the pages.
+"""
+import json
+import re
+import shutil
+import sys
+import threading
+import traceback
+import urllib.parse
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(1, str(ROOT))  # tools/, when run as a script
+
+from chapter_runs import book_pages  # noqa: E402
+from tools.site_server import make_server, site_prefix  # noqa: E402
+
+CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]
+VIEWPORT = {"width": 1400, "height": 900}
+# Every image of the article, loaded (lazy ones too): the sources of those that did not load.
+BROKEN_IMAGES = """async () => {
+    const images = [...document.querySelectorAll("article img")];
+    images.forEach(image => { image.loading = "eager"; });
+    await Promise.all(images.map(image => image.decode().catch(() => null)));
+    return images.filter(image => image.naturalWidth === 0).map(image => image.getAttribute("src"));
+}"""
+# Whatever scrolls sideways in the article (or the article or the page itself), code blocks aside.
+SIDEWAYS = """() => {
+    const wide = element => element.scrollWidth > element.clientWidth + 1;
+    const scrolls = element => ["auto", "scroll"].includes(getComputedStyle(element).overflowX);
+    const article = document.querySelector("article");
+    const found = [...article.querySelectorAll("*")]
+        .filter(element => scrolls(element) && wide(element) && !element.closest("pre, div.highlight"))
+        .map(element => `${element.tagName.toLowerCase()}.${[...element.classList].join(".")} `
+                        + `(${element.scrollWidth} > ${element.clientWidth} px)`);
+    if (wide(article)) found.push(`the article (${article.scrollWidth} > ${article.clientWidth} px)`);
+    if (document.documentElement.scrollWidth > window.innerWidth) found.push("the page");
+    return found;
+}"""
+# Every link of the article and the navigation that stays on this site, resolved by the browser.
+LINKS = """() => [...document.querySelectorAll("a[href]")].map(a => a.href)"""
+
+
+@dataclass
+class Visit:
+    """One page of the book as a reader's browser showed it: what went wrong while it loaded and was read and, for a
+    chapter, the files it offers, downloaded (``None`` for a page that is not a chapter)."""
+
+    problems: list[str]
+    downloads: list[str] | None = None
+
+
+def origin(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}/"
+
+
+def open_page(browser, site: str, path: str):
+    """Load ``path`` (relative to ``site``) at 1400 px, refusing every request that is not for this server; return
+    the page and what went wrong while it loaded (a request outside the sub-path gets a 404, and is reported)."""
+    context = browser.new_context(viewport=VIEWPORT, accept_downloads=True)
+    context.route("**/*", lambda route: route.continue_() if route.request.url.startswith(origin(site))
+                  else route.abort())
+    page = context.new_page()
+    problems = []
+    page.on("console", lambda message: problems.append(f"console {message.type}: {message.text} "
+                                                       f"({message.location.get('url')})")
+            if message.type == "error" else None)
+    page.on("pageerror", lambda error: problems.append(f"uncaught: {error}"))
+    page.on("requestfailed", lambda request: problems.append(f"request failed: {request.url}"))
+    page.on("response", lambda response: problems.append(f"HTTP {response.status}: {response.url}")
+            if response.status >= 400 and not response.request.is_navigation_request() else None)
+    page.goto(f"{site}{path}", wait_until="load")
+    return page, problems
+
+
+class Targets:
+    """The pages and files of the site that links point to, each fetched once: whether it exists, and its ids."""
+
+    def __init__(self, request) -> None:
+        self.request, self.found = request, {}
+
+    def problem(self, url: str) -> str:
+        address, _, fragment = url.partition("#")
+        if address not in self.found:
+            response = self.request.get(address)
+            ids = set(re.findall(r'\sid="([^"]+)"', response.text())) if address.endswith(".html") else set()
+            self.found[address] = (response.status, ids)
+        status, ids = self.found[address]
+        if status != 200:
+            return f"link to a missing page or file (HTTP {status}): {url}"
+        if fragment and address.endswith(".html") and urllib.parse.unquote(fragment) not in ids:
+            return f"link to a missing anchor: {url}"
+        return ""
+
+
+def download_links(page) -> list[dict]:
+    return page.locator("div.optlab-downloads a[download]").evaluate_all(
+        "links => links.map(a => ({href: a.href, name: a.textContent}))")
+
+
+def download_offered(page, folder: Path) -> tuple[list[Path], list[str]]:
+    """The files a chapter page offers, saved in ``folder``: the first by a click, as a reader would, the others
+    fetched; and what went wrong."""
+    saved, problems = [], []
+    for number, link in enumerate(download_links(page)):
+        path = folder / link["name"].strip()
+        if number == 0:
+            with page.expect_download() as started:
+                page.locator("div.optlab-downloads a[download]").first.click()
+            started.value.save_as(path)
+        else:
+            response = page.context.request.get(link["href"])
+            if response.status != 200:
+                problems.append(f"HTTP {response.status} for {link['href']}")
+                continue
+            path.write_bytes(response.body())
+        saved.append(path)
+    return saved, problems
+
+
+def visit_pages(browser, site: str, pages: list[str], shots: Path, downloads: Path) -> dict[str, Visit]:
+    """Every page of ``pages`` opened once at 1400 px: its load problems, images that did not load, what scrolls
+    sideways, links to missing pages or anchors, a screenshot in ``shots``, and a chapter's downloads."""
+    for folder in (shots, downloads):
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+    targets, visited = None, {}
+    for name in pages:
+        page, found = open_page(browser, site, f"{name}.html")
+        targets = targets or Targets(browser.new_context().request)
+        found += [f"image did not load: {src}" for src in page.evaluate(BROKEN_IMAGES)]
+        found += [f"scrolls sideways: {what}" for what in page.evaluate(SIDEWAYS)]
+        page.wait_for_load_state("networkidle")
+        links = {link for link in page.evaluate(LINKS) if link.startswith(site)}
+        found += [problem for link in sorted(links) if (problem := targets.problem(link))]
+        page.screenshot(path=str(shots / f"{name.replace('/', '_')}.jpg"), full_page=True, type="jpeg", quality=85)
+        offered = None
+        if name.startswith("notebooks/"):
+            folder = downloads / name.replace("/", "_")
+            folder.mkdir()
+            saved, failed = download_offered(page, folder)
+            offered, found = [str(path) for path in saved], found + failed
+        page.context.close()
+        visited[name] = Visit(found, offered)
+    return visited
+
+
+def serve(html: Path) -> str:
+    """``html`` over HTTP on a free local port, under the site's sub-path, for as long as this process lives."""
+    server = make_server(html)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}{site_prefix()}"
+
+
+def visit_book(html: Path) -> dict:
+    """What a visit of every page of the book built in ``html`` found, or why no browser could open them."""
+    if CHROMIUM is None:
+        return {"missing": "no Chromium found (apt-get install -y chromium); .ci/run installs it"}
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        return {"missing": "playwright is not installed (it is in requirements.txt)"}
+    site = serve(html)
+    with sync_playwright() as driver:
+        browser = driver.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        visited = visit_pages(browser, site, book_pages(), html.parent / "screenshots", html.parent / "downloads")
+        browser.close()
+    return {"pages": {name: asdict(visit) for name, visit in visited.items()}}
+
+
+def main(html: Path, result: Path) -> int:
+    """Write what the visit found to ``result`` (whole or absent); a visit that fails says how, in the result."""
+    try:
+        found = visit_book(html)
+    except Exception:  # the test reports it with the traceback
+        found = {"error": traceback.format_exc()}
+    written = result.with_suffix(".tmp")
+    written.write_text(json.dumps(found))
+    written.replace(result)
+    return 1 if "error" in found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1]).resolve(), Path(sys.argv[2])))
