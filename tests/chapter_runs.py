@@ -110,7 +110,7 @@ def read_run(path: Path) -> ChapterRun:
 
 
 def finished_runs() -> list[ChapterRun]:
-    return [read_run(path) for path in sorted(RUNS.glob("*.json"))]
+    return [read_run(result_path(stem)) for stem in all_chapters() if result_path(stem).exists()]
 
 
 def wait_for(stem: str) -> ChapterRun:

@@ -3,8 +3,9 @@ GitHub Pages publishes it (``tools/site_server.py``); ``tests/test_browser.py`` 
 
 A page load costs seconds on two cores, so the chapters' background worker (``tests/chapter_runs.py``) runs this as
 soon as the book is built, while the test session runs the tests that read the build:
-``python tests/site_visits.py HTML_FOLDER RESULT.json``. The result holds, per page, what went wrong while it loaded
-and was read and, for a chapter, the files it offers, downloaded; or why no browser could open the pages.
+``python tests/site_visits.py HTML_FOLDER RESULT.json``. Two browsers share the pages, so the second core works
+whenever the session waits. The result holds, per page, what went wrong while it loaded and was read and, for a
+chapter, the files it offers, downloaded; or why no browser could open the pages.
 """
 import json
 import re
@@ -13,6 +14,7 @@ import sys
 import threading
 import traceback
 import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -23,8 +25,10 @@ from chapter_runs import book_pages  # noqa: E402
 from tools.site_server import make_server, site_prefix  # noqa: E402
 
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
+# No host but this machine resolves: a request for any other fails, and is reported as a failed request.
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync"]
+        "--disable-component-update", "--disable-sync", "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"]
+BROWSERS = 2  # the pages are shared between two browsers, one per core
 VIEWPORT = {"width": 1400, "height": 900}
 # Every image of the article, loaded (lazy ones too): the sources of those that did not load.
 BROKEN_IMAGES = """async () => {
@@ -59,17 +63,11 @@ class Visit:
     downloads: list[str] | None = None
 
 
-def origin(url: str) -> str:
-    parts = urllib.parse.urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}/"
-
-
 def open_page(browser, site: str, path: str):
-    """Load ``path`` (relative to ``site``) at 1400 px, refusing every request that is not for this server; return
-    the page and what went wrong while it loaded (a request outside the sub-path gets a 404, and is reported)."""
+    """Load ``path`` (relative to ``site``) at 1400 px in a browser launched with ``ARGS``, where a request for any
+    other host fails; return the page and what went wrong while it loaded (a request outside the sub-path gets a 404,
+    and is reported)."""
     context = browser.new_context(viewport=VIEWPORT, accept_downloads=True)
-    context.route("**/*", lambda route: route.continue_() if route.request.url.startswith(origin(site))
-                  else route.abort())
     page = context.new_page()
     problems = []
     page.on("console", lambda message: problems.append(f"console {message.type}: {message.text} "
@@ -131,9 +129,6 @@ def download_offered(page, folder: Path) -> tuple[list[Path], list[str]]:
 def visit_pages(browser, site: str, pages: list[str], shots: Path, downloads: Path) -> dict[str, Visit]:
     """Every page of ``pages`` opened once at 1400 px: its load problems, images that did not load, what scrolls
     sideways, links to missing pages or anchors, a screenshot in ``shots``, and a chapter's downloads."""
-    for folder in (shots, downloads):
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
     targets, visited = None, {}
     for name in pages:
         page, found = open_page(browser, site, f"{name}.html")
@@ -170,12 +165,24 @@ def visit_book(html: Path) -> dict:
         from playwright.sync_api import sync_playwright
     except ImportError:
         return {"missing": "playwright is not installed (it is in requirements.txt)"}
-    site = serve(html)
-    with sync_playwright() as driver:
-        browser = driver.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
-        visited = visit_pages(browser, site, book_pages(), html.parent / "screenshots", html.parent / "downloads")
-        browser.close()
-    return {"pages": {name: asdict(visit) for name, visit in visited.items()}}
+    site, pages = serve(html), book_pages()
+    shots, downloads = html.parent / "screenshots", html.parent / "downloads"
+    for folder in (shots, downloads):
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+
+    def visit_share(share: list[str]) -> dict[str, Visit]:
+        with sync_playwright() as driver:  # one driver per thread: playwright's sync API is not thread-safe
+            browser = driver.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+            try:
+                return visit_pages(browser, site, share, shots, downloads)
+            finally:
+                browser.close()
+
+    with ThreadPoolExecutor(BROWSERS) as pool:
+        shares = pool.map(visit_share, [pages[first::BROWSERS] for first in range(BROWSERS)])
+        visited = {name: visit for share in shares for name, visit in share.items()}
+    return {"pages": {name: asdict(visited[name]) for name in pages}}
 
 
 def main(html: Path, result: Path) -> int:
