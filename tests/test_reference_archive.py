@@ -181,8 +181,8 @@ def test_a_full_disk_stops_the_run_at_once_with_one_line_and_keeps_what_was_writ
     monkeypatch.setattr(reference, "run_experiment", lambda name, **options: ran.append(name) or real(name, **options))
     _disk_fills_after(monkeypatch, 2)  # the first record and its row in reference-parts.csv
     packed = tmp_path.parent / f"{tmp_path.name}-elsewhere" / "run.tar.gz"  # another disk, which has room
-    assert main(["reference", "--profile", "smoke", "--device", "cpu", "--quiet", "--repeats", "2", "--out",
-                 str(tmp_path), "--archive", str(packed)]) == 2
+    assert main(["reference", "--profile", "smoke", "--device", "cpu", "--quiet", "--repeats", "2", "--max-repeats",
+                 "2", "--out", str(tmp_path), "--archive", str(packed)]) == 2
     log = _members(packed)[f"{tmp_path.name}/reference.log"].decode()  # the folder could not take the log
     assert "stopped: OptlabError: cannot write results to" in log and not (tmp_path / "reference.log").exists()
     err = capsys.readouterr().err

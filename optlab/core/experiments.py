@@ -7,7 +7,8 @@ rewritten after each model, so a run killed midway keeps every model it finished
 models that a record under ``out`` from the same machine, torch version, commit and profile does not have yet.
 
 An experiment with ``isolate_variants`` runs each variant in a fresh process of its own (on every device: one code
-path, which the CPU tests cover as the GPU runs it); the variants still take turns, repeat after repeat.
+path, which the CPU tests cover as the GPU runs it); the variants still take turns, repeat after repeat. Where only one
+variant is timed (the others have no effect on the device), it runs in this process: there is no other to keep apart.
 """
 from __future__ import annotations
 
@@ -376,11 +377,13 @@ def _run_model(experiment: Experiment, model_name: str, configs: dict, prof: Pro
                                   for label, status in untimed.items() for phase in experiment.phases]
     variants: dict[str, LocalVariant | IsolatedVariant] = {}
     epoch_images = {"train": len(datasets[0]), "test": len(datasets[1])}
+    # A fresh process keeps one variant's per-process state from the others': with one variant timed there are none
+    isolate = experiment.isolate_variants and len(configs) - len(untimed) > 1
     for label, (config, _) in configs.items():
         if label in untimed:
             continue
         try:
-            variants[label] = (IsolatedVariant(config, info, source, download, seed) if experiment.isolate_variants
+            variants[label] = (IsolatedVariant(config, info, source, download, seed) if isolate
                                else LocalVariant(config, info, datasets, seed))
         except Exception as error:  # noqa: BLE001  (recorded, and the other variants go on)
             rows += [failed_row(experiment.name, model_name, label, 0, phase, config, failure_status(error))
@@ -397,7 +400,7 @@ def _run_model(experiment: Experiment, model_name: str, configs: dict, prof: Pro
         variant.close()
     del variants
     gc.collect()
-    if any(config.compile_mode != "none" for config, _ in configs.values()) and not experiment.isolate_variants:
+    if any(config.compile_mode != "none" for config, _ in configs.values()) and not isolate:
         torch._dynamo.reset()  # drop this model's compiled code: each model gets Dynamo's whole recompile limit
     if info.is_cuda:
         torch.cuda.empty_cache()
