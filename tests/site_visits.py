@@ -25,9 +25,8 @@ from chapter_runs import book_pages  # noqa: E402
 from tools.site_server import make_server, site_prefix  # noqa: E402
 
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
-# No host but this machine resolves: a request for any other fails, and is reported as a failed request.
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"]
+        "--disable-component-update", "--disable-sync"]
 BROWSERS = 2  # the pages are shared between two browsers, one per core
 VIEWPORT = {"width": 1400, "height": 900}
 # Every image of the article, loaded (lazy ones too): the sources of those that did not load.
@@ -63,11 +62,17 @@ class Visit:
     downloads: list[str] | None = None
 
 
+def origin(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}/"
+
+
 def open_page(browser, site: str, path: str):
-    """Load ``path`` (relative to ``site``) at 1400 px in a browser launched with ``ARGS``, where a request for any
-    other host fails; return the page and what went wrong while it loaded (a request outside the sub-path gets a 404,
-    and is reported)."""
+    """Load ``path`` (relative to ``site``) at 1400 px, refusing every request that is not for this server; return
+    the page and what went wrong while it loaded (a request outside the sub-path gets a 404, and is reported)."""
     context = browser.new_context(viewport=VIEWPORT, accept_downloads=True)
+    context.route("**/*", lambda route: route.continue_() if route.request.url.startswith(origin(site))
+                  else route.abort())
     page = context.new_page()
     problems = []
     page.on("console", lambda message: problems.append(f"console {message.type}: {message.text} "
