@@ -162,14 +162,23 @@ def serve(html: Path) -> str:
     return f"http://127.0.0.1:{server.server_address[1]}{site_prefix()}"
 
 
+def why_no_browser() -> str | None:
+    """Why no browser can open the book's pages on this machine, or ``None`` when one can."""
+    if CHROMIUM is None:
+        return "no Chromium found (apt-get install -y chromium); .ci/run installs it"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "playwright is not installed (it is in requirements.txt)"
+    return None
+
+
 def visit_book(html: Path) -> dict:
     """What a visit of every page of the book built in ``html`` found, or why no browser could open them."""
-    if CHROMIUM is None:
-        return {"missing": "no Chromium found (apt-get install -y chromium); .ci/run installs it"}
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        return {"missing": "playwright is not installed (it is in requirements.txt)"}
+    if reason := why_no_browser():
+        return {"missing": reason}
+    from playwright.sync_api import sync_playwright
+
     site, pages = serve(html), book_pages()
     shots, downloads = html.parent / "screenshots", html.parent / "downloads"
     for folder in (shots, downloads):

@@ -25,7 +25,7 @@ import pytest
 
 import chapter_runs
 import optlab
-from site_visits import ARGS, CHROMIUM, Visit, download_links, open_page
+from site_visits import ARGS, CHROMIUM, Visit, download_links, open_page, why_no_browser
 from tools.site_server import make_server, site_prefix
 
 
@@ -37,12 +37,10 @@ def missing(message: str):
 
 @pytest.fixture(scope="session")  # session, like the book: a missing browser fails before the build is awaited
 def browser():
-    if CHROMIUM is None:
-        missing("no Chromium found (apt-get install -y chromium); .ci/run installs it")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        missing("playwright is not installed (it is in requirements.txt)")
+    if reason := why_no_browser():
+        missing(reason)
+    from playwright.sync_api import sync_playwright
+
     with sync_playwright() as driver:
         launched = driver.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
         yield launched
