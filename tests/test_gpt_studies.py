@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from optlab.core import loops
 from optlab.core.errors import OptlabError
 from optlab.core.fp8 import scaled_mm_runs
 from optlab.studies import compile_block, compile_cost, fp8_training, optimizer_memory
@@ -34,11 +35,24 @@ def test_fp8_steps_are_bounded(steps):
 
 def test_adamw_state_is_twice_the_parameters_plus_a_counter_per_tensor_and_every_implementation_agrees():
     table = optimizer_memory.optimizer_memory("gpt_tiny", steps=2, profile="smoke", device="cpu")
-    assert set(table["impl"]) == {"for_loop", "foreach", "fused"}
+    assert set(table["impl"]) == {"for_loop", "foreach", "fused"} and (table["ran"] == table["impl"]).all(), table
     assert (table["state_bytes"] == 2 * table["param_bytes"] + 4 * table["param_tensors"]).all(), table
     assert (table["state_per_param_byte"] == 2).all(), table
     assert (table["max_rel_diff"] <= table["tolerance"]).all(), table
     assert (table["max_update"] > 100 * table["max_abs_diff"]).all(), table
+
+
+def test_an_implementation_asked_for_but_not_run_shows_in_the_table(monkeypatch):
+    monkeypatch.setitem(loops._IMPLEMENTATIONS, "fused", {"foreach": False})  # "fused" quietly runs the for-loop
+    table = optimizer_memory.optimizer_memory("gpt_tiny", steps=1, profile="smoke", device="cpu").set_index("impl")
+    assert table.loc["fused", "ran"] == "for_loop", table
+
+
+@pytest.mark.parametrize("flags, ran", [({}, "default"), ({"foreach": False}, "for_loop"),
+                                        ({"foreach": True}, "foreach"), ({"fused": True}, "fused")])
+def test_the_implementation_is_read_from_the_optimizer_flags(flags, ran):
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], **flags)
+    assert optimizer_memory.implementation_ran(optimizer) == ran
 
 
 def test_a_storage_shared_by_views_counts_once():

@@ -44,6 +44,17 @@ def state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
     return {"state_bytes": storage_bytes(tensors["all"]), "step_bytes": storage_bytes(tensors["step"])}
 
 
+def implementation_ran(optimizer: torch.optim.Optimizer) -> str:
+    """The implementation ``optimizer`` runs, read from its own flags: "fused", "foreach", "for_loop", or "default"
+    where it leaves the choice to PyTorch (foreach on CUDA, the for-loop elsewhere)."""
+    fused, foreach = optimizer.defaults.get("fused"), optimizer.defaults.get("foreach")
+    if fused:
+        return "fused"
+    if foreach is None and fused is None:
+        return "default"
+    return "foreach" if foreach else "for_loop"
+
+
 def low_bit_support() -> str | None:
     """None when torchao's low-bit optimizers (8-bit and 4-bit AdamW state) can be imported, else one line why not."""
     if importlib.util.find_spec("torchao") is None:
@@ -57,7 +68,8 @@ def low_bit_support() -> str | None:
 def optimizer_memory(model: str = "gpt_tiny", steps: int = 3, profile: "str | Profile | None" = None,
                      device: str = "auto", seed: int = 0) -> pd.DataFrame:
     """Per AdamW implementation of the ``gpt_optimizers`` experiment: ``steps`` training steps from the same weights
-    on the same batches, then the parameters' bytes, the state's bytes (all, and its step counters), the state per
+    on the same batches, then the implementation asked for (``impl``) and the one the optimizer ran (``ran``, from its
+    flags), the parameters' bytes, the state's bytes (all, and its step counters), the state per
     parameter byte without the counters, and the largest weight difference from the for-loop implementation
     (absolute, and relative to the largest weight), beside how far the steps moved the weights (``max_update``)."""
     steps = check_count("steps", steps, 1, MAX_STEPS, "an agreement check needs a few steps")
@@ -80,7 +92,8 @@ def optimizer_memory(model: str = "gpt_tiny", steps: int = 3, profile: "str | Pr
         weights[label] = [p.detach().float().clone() for p in params]
         memory = state_bytes(state.optimizer)
         param_bytes = storage_bytes(params)
-        rows.append({"variant": label, "impl": config.optimizer_impl, "param_tensors": len(params),
+        rows.append({"variant": label, "impl": config.optimizer_impl, "ran": implementation_ran(state.optimizer),
+                     "param_tensors": len(params),
                      "param_bytes": param_bytes, **memory,
                      "state_per_param_byte": (memory["state_bytes"] - memory["step_bytes"]) / param_bytes})
     reference = next(weights[row["variant"]] for row in rows if row["impl"] == "for_loop")
