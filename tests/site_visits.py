@@ -7,6 +7,7 @@ soon as the book is built, while the test session runs the tests that read the b
 whenever the session waits. The result holds, per page, what went wrong while it loaded and was read and, for a
 chapter, the files it offers, downloaded; or why no browser could open the pages.
 """
+import contextlib
 import json
 import re
 import shutil
@@ -16,7 +17,9 @@ import traceback
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
+from typing import Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(1, str(ROOT))  # tools/, when run as a script
@@ -155,11 +158,16 @@ def visit_pages(browser, site: str, pages: list[str], shots: Path, downloads: Pa
     return visited
 
 
-def serve(html: Path) -> str:
-    """``html`` over HTTP on a free local port, under the site's sub-path, for as long as this process lives."""
+@contextlib.contextmanager
+def serving(html: Path) -> Iterator[str]:
+    """``html`` over HTTP on a free local port while the block runs: the site's address, under its sub-path
+    (``http://127.0.0.1:PORT/optlab/``)."""
     server = make_server(html)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    return f"http://127.0.0.1:{server.server_address[1]}{site_prefix()}"
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}{site_prefix()}"
+    finally:
+        server.shutdown()
 
 
 def why_no_browser() -> str | None:
@@ -179,13 +187,13 @@ def visit_book(html: Path) -> dict:
         return {"missing": reason}
     from playwright.sync_api import sync_playwright
 
-    site, pages = serve(html), book_pages()
+    pages = book_pages()
     shots, downloads = html.parent / "screenshots", html.parent / "downloads"
     for folder in (shots, downloads):
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
 
-    def visit_share(share: list[str]) -> dict[str, Visit]:
+    def visit_share(site: str, share: list[str]) -> dict[str, Visit]:
         with sync_playwright() as driver:  # one driver per thread: playwright's sync API is not thread-safe
             browser = driver.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
             try:
@@ -193,8 +201,8 @@ def visit_book(html: Path) -> dict:
             finally:
                 browser.close()
 
-    with ThreadPoolExecutor(BROWSERS) as pool:
-        shares = pool.map(visit_share, [pages[first::BROWSERS] for first in range(BROWSERS)])
+    with serving(html) as site, ThreadPoolExecutor(BROWSERS) as pool:
+        shares = pool.map(partial(visit_share, site), [pages[first::BROWSERS] for first in range(BROWSERS)])
         visited = {name: visit for share in shares for name, visit in share.items()}
     return {"pages": {name: asdict(visited[name]) for name in pages}}
 

@@ -16,7 +16,6 @@ import io
 import json
 import os
 import re
-import threading
 import zipfile
 from pathlib import Path
 
@@ -25,8 +24,7 @@ import pytest
 
 import chapter_runs
 import optlab
-from site_visits import ARGS, CHROMIUM, Visit, download_links, open_page, why_no_browser
-from tools.site_server import make_server, site_prefix
+from site_visits import ARGS, CHROMIUM, Visit, download_links, open_page, serving, why_no_browser
 
 
 def missing(message: str):
@@ -50,10 +48,8 @@ def browser():
 @pytest.fixture(scope="module")
 def site(book):
     """The built book over HTTP on a free local port, under the site's sub-path: ``http://127.0.0.1:PORT/optlab/``."""
-    server = make_server(book.html)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}{site_prefix()}"
-    server.shutdown()
+    with serving(book.html) as url:
+        yield url
 
 
 def test_index_leads_to_the_navigation(browser, site, toc_pages):
