@@ -21,7 +21,7 @@ A_A_DRAWS = 20_000
 # What a rate of at most 0.5 % can show in 20,000 runs: 0.5 % plus two standard errors (0.6 %). A rule at exactly the
 # stated rate (one look at 99.5 %) passes; one at 1 % (about 200 false verdicts where 0.5 % gives 100) fails.
 A_A_ALLOWED = timing.ERROR_RATE + 2 * np.sqrt(timing.ERROR_RATE * (1 - timing.ERROR_RATE) / A_A_DRAWS)
-BUDGETS = [4, 6, 12, 24, None]  # rounds the budget allows (None: up to the hard cap)
+BUDGETS = [4, 6, 12, 24, 48, None]  # rounds the budget allows (None: up to the smoke profile's cap of 96)
 
 
 def rule_for(budget: "int | None", cls=StoppingRule, **options) -> StoppingRule:
@@ -105,7 +105,7 @@ def test_no_effect_at_one_percent_noise_is_called_the_same_within_twelve_rounds(
 def test_the_rounds_a_budget_allows_answer_at_the_cpu_s_noise():
     """At 8 % noise (the CPU book's median) a true 5 % gain is rarely told in 12 rounds; in the 48 a cheap comparison's
     budget allows it mostly is, and never called slower."""
-    short, long = outcomes(1.05, 0.08, 12), outcomes(1.05, 0.08, None)
+    short, long = outcomes(1.05, 0.08, 12), outcomes(1.05, 0.08, 48)
     short_rate, long_rate = (np.mean(o["verdict"] == timing.FASTER) for o in (short, long))
     print(f"5 % gain at 8 % noise: faster in {short_rate:.3f} (12 rounds), {long_rate:.3f} (48)")
     assert long_rate >= 0.6 and long_rate > short_rate + 0.3 and not (long["verdict"] == timing.SLOWER).any()
@@ -126,7 +126,7 @@ def test_an_early_stop_leans_toward_its_answer_by_what_the_docs_say():
         faster = found["verdict"][:, 0] == timing.FASTER
         return (np.exp(np.log(found["ratio"][faster, 0] / 1.05).mean()) - 1,
                 np.exp(np.log(found["ratio"][:, 0] / 1.05).mean()) - 1)
-    (at_5, all_5), (at_8, _), (long_8, _) = bias(0.05, 12), bias(0.08, 12), bias(0.08, None)
+    (at_5, all_5), (at_8, _), (long_8, _) = bias(0.05, 12), bias(0.08, 12), bias(0.08, 48)
     print(f"bias among 'faster': {at_5:+.4f} (5 %, 12 rounds), {at_8:+.4f} (8 %, 12), {long_8:+.4f} (8 %, 48)")
     assert 0.01 <= at_5 <= at_8 <= 0.04 and 0 < long_8 < 0.01 and abs(all_5) < 0.003
 
@@ -148,7 +148,7 @@ def test_the_shares_of_the_looks_add_up_to_the_error_rate(budget):
     assert looks[-1].final and looks[-1].fraction == 1.0
     assert sum(shares) == pytest.approx(timing.ERROR_RATE, rel=1e-9) and all(share > 0 for share in shares)
     if budget is None:
-        assert not looks[0].reads  # 4 rounds of 48
+        assert not looks[0].reads  # 4 rounds of 96
 
 
 def test_the_rule_waits_for_unclear_claims_and_stops_at_the_cap_or_the_budget():
@@ -250,7 +250,7 @@ def test_the_trim_finds_a_real_gain_through_rounds_hit_by_other_work(monkeypatch
     """A true 5 % gain under such rounds: the trimmed mean calls it faster in most runs of a cheap comparison's 48
     rounds, the plain mean in few (each hit round widens its interval), and neither ever calls it slower."""
     def faster_share() -> tuple[float, bool]:
-        found = sequential_outcomes(np.random.default_rng(1), {"A": 1.0, "B": 1.05}, rule_for(None), Noise(0.04, **HIT),
+        found = sequential_outcomes(np.random.default_rng(1), {"A": 1.0, "B": 1.05}, rule_for(48), Noise(0.04, **HIT),
                                     4000)
         return float(np.mean(found["verdict"] == timing.FASTER)), bool((found["verdict"] == timing.SLOWER).any())
 

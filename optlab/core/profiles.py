@@ -80,8 +80,10 @@ class Profile:
 ALL_MODELS = ("resnet18", "resnet50", "resnet101", "mobilenet_v2")
 PROFILES = {
     # At least 4 repeats, then pairs of rounds while an answer is unclear, until the time budget (a model's share of a
-    # CI notebook's time in smoke, of a reference part's in quick) or the hard cap of 48: the budget, not the cap,
-    # ends a cheap comparison (tests/test_sequential.py checks the error rates for any budget). Smoke times 1 step a
+    # CI notebook's time in smoke, of a reference part's in quick) or the hard cap (96 in smoke, 48 in quick): the
+    # budget, not the cap, ends a cheap comparison (tests/test_sequential.py checks the error rates for any budget).
+    # On a fast 2-core machine a round of the bench's live power check (ResNet18 training, two variants) takes about
+    # 0.2 s, and a cap of 48 ended it after about 8 s of its 12. Smoke times 1 step a
     # round after 1 warm-up step: on a quiet 2-core machine (benchmarks/noise.py --shapes, 10 runs of 16 rounds) an
     # A/A ResNet18 round's training noise was 3.4 % with 1 warm-up + 1 timed step, 3.8 % with 1 + 2 and 3.3 % with
     # 0 + 2 (whose first timed step leaves its batch's loading out), and a round took 0.46, 0.64 and 0.45 s: the
@@ -92,7 +94,7 @@ PROFILES = {
     # of the rounds of the training claims that share them, and three quarters of the book's claims are training's.
     # smoke: two models at 1/8 width on few steps, data loaded in the main process (2-core CI machines)
     "smoke": Profile("smoke", ("resnet18", "mobilenet_v2"), batch_size=16, width=0.125, warmup_steps=1, steps=1,
-                     test_steps=1, repeats=4, max_repeats=48, time_budget_s=12.0, num_workers=0),
+                     test_steps=1, repeats=4, max_repeats=96, time_budget_s=12.0, num_workers=0),
     "quick": Profile("quick", ALL_MODELS, batch_size=128, width=1.0, warmup_steps=3, steps=10, test_steps=6, repeats=4,
                      max_repeats=48, time_budget_s=150.0),
     "full": Profile("full", ALL_MODELS, batch_size=128, width=1.0, warmup_steps=0, steps=None, test_steps=None,
