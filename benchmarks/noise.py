@@ -14,7 +14,7 @@ run's first round (what a discarded warm-up round would remove). Run it on a qui
 ``PYTHONPATH=. python benchmarks/noise.py --runs 12 --rounds 12`` (``--settings`` picks some of them).
 
 ``--shapes`` times other round shapes, written ``W+S``: W untimed warm-up steps and S timed steps per variant and
-round (the smoke profile's is 1+1). Each line then also gives the seconds a round took and what the rule gets per
+round (the smoke profile's is 1+3: its in-process copies run in lockstep). Each line then also gives the seconds a round took and what the rule gets per
 second, rounds / noise^2 / seconds (the interval's half-width falls as noise / sqrt(rounds)): the shape with the most
 tells the most in a fixed time budget.
 """
@@ -61,23 +61,26 @@ def every_core() -> Iterator[None]:
 
 @contextlib.contextmanager
 def collector_paused() -> Iterator[None]:
-    """The timed loop with garbage collected before each pass and the collector off during it (a candidate that
-    did not lower the noise when measured, so optlab's loop does not do it)."""
-    timed = loops.run_timed
+    """The timed loop with garbage collected before each pass and the collector off while any pass runs (lockstep
+    passes overlap), a candidate that did not lower the noise when measured, so optlab's loop does not do it."""
+    timed, running = loops.timed_pass, [0]
 
     def paused(*args, **kwargs):
         gc.collect()
         gc.disable()
+        running[0] += 1
         try:
-            return timed(*args, **kwargs)
+            return (yield from timed(*args, **kwargs))
         finally:
-            gc.enable()
+            running[0] -= 1
+            if not running[0]:
+                gc.enable()
 
-    loops.run_timed = paused
+    loops.timed_pass = paused
     try:
         yield
     finally:
-        loops.run_timed = timed
+        loops.timed_pass = timed
 
 
 SETTINGS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
@@ -121,7 +124,7 @@ def measure(runs: int, rounds: int, settings: "list[str] | None" = None, seed: i
     settings = settings or list(SETTINGS)
     smoke = get_profile("smoke")
     experiment, model = a_a_experiment(workload)
-    shapes = shapes or [(smoke.warmup_steps, smoke.steps)]
+    shapes = shapes or [(smoke.warmup_steps, smoke.lockstep_steps or smoke.steps)]
     rows = []
     for run in range(runs):
         for warmup, steps in shapes:

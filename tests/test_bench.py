@@ -42,5 +42,5 @@ def test_the_noise_benchmark_times_two_copies_of_either_workload(workload, model
     experiment, chosen = noise.a_a_experiment(workload)
     assert (experiment.workload, chosen) == (workload, model)
     rows = noise.measure(runs=1, rounds=3, settings=["as set"], workload=workload)
-    assert set(rows["phase"]) == {"train", "test"} and set(rows["shape"]) == {"1+1"}
+    assert set(rows["phase"]) == {"train", "test"} and set(rows["shape"]) == {"1+3"}  # the smoke profile's lockstep round
     assert (rows["noise"] >= 0).all() and (rows["round s"] > 0).all()

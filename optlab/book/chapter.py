@@ -19,7 +19,7 @@ from . import report
 from .downloads import Downloads, downloads
 
 CODE_FUNCTIONS = (loops.make_optimizer, loops.backend_flags, loops.to_device, loops.train_step, loops.eval_step, loops.prepare_model, loops.make_scaler,
-                  loops.train_phase, loops.eval_phase, data.make_loader, variants.build_state,
+                  loops.train_pass, loops.eval_pass, data.make_loader, variants.build_state,
                   RunConfig.samples_per_step.fget)
 SUMMARY_PAGE = "../book/summary.html"  # from a chapter's page (notebooks/NN.html)
 LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")  # [text](url)

@@ -21,7 +21,7 @@ import sys
 import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -36,7 +36,7 @@ from .environment import capture
 from .errors import OptlabError
 from .flops import forward_flops_of
 from .limits import check_overrides, check_phase_sizes
-from .loops import PhaseResult, eval_phase, train_phase
+from .loops import Pass, PhaseResult, backend_flags, drive, eval_pass, train_pass
 from .memory import memory_kind
 from .no_effect import no_effect_variants
 from .profiles import Profile, get_profile
@@ -68,16 +68,19 @@ def cached_datasets(workload: Workload, source: DataSource, download: bool = Fal
     return workload.datasets(source, download)
 
 
-def run_phase(state: VariantState, phase: str, profile: Profile, info: DeviceInfo) -> PhaseResult:
-    """One timed pass of ``phase`` with the variant's own loader and the profile's step counts."""
+def phase_pass(state: VariantState, phase: str, profile: Profile, info: DeviceInfo) -> Pass[PhaseResult]:
+    """One timed pass of ``phase`` with the variant's own loader and the profile's step counts (``lockstep_steps``
+    timed steps where its rounds run in lockstep); it yields after each step."""
     known = state.step_increase_mb.get(phase)  # the CPU memory figure: profiled on the variant's first pass only
     loss_fn = get_workload(state.config.workload).loss
     if phase == "train":
-        result = train_phase(state.model, state.loaders["train"], state.optimizer, state.scaler, state.config,
-                             info.device, profile.steps, profile.warmup_steps, loss_fn=loss_fn, step_increase_mb=known)
+        result = yield from train_pass(state.model, state.loaders["train"], state.optimizer, state.scaler,
+                                       state.config, info.device, profile.steps, profile.warmup_steps,
+                                       loss_fn=loss_fn, step_increase_mb=known)
     else:
-        result = eval_phase(state.model, state.loaders["test"], state.config, info.device, profile.test_steps,
-                            profile.warmup_steps, step_increase_mb=known, loss_fn=loss_fn)
+        result = yield from eval_pass(state.model, state.loaders["test"], state.config, info.device,
+                                      profile.test_steps, profile.warmup_steps, step_increase_mb=known,
+                                      loss_fn=loss_fn)
     state.step_increase_mb[phase] = result.step_increase_mb
     return result
 
@@ -194,12 +197,16 @@ def run_experiment(
 
 def run_variant_phase(state: VariantState, phase: str, profile: Profile, info: DeviceInfo,
                       phase_seed: int) -> PhaseResult:
-    """One phase of one variant, seeded with ``phase_seed`` (the same augmentation and dropout for every variant);
-    afterwards the gradients are dropped, so that the next variant's phase does not run beside them (the next
-    training phase's warm-up creates them again)."""
+    """One phase of one variant, seeded with ``phase_seed`` (the same augmentation and dropout for every variant)."""
     torch.manual_seed(phase_seed)
+    return drive(variant_pass(state, phase, profile, info))
+
+
+def variant_pass(state: VariantState, phase: str, profile: Profile, info: DeviceInfo) -> Pass[PhaseResult]:
+    """:func:`phase_pass`; afterwards the gradients are dropped, so that the next variant's phase does not run beside
+    them (the next training phase's warm-up creates them again)."""
     try:
-        return run_phase(state, phase, profile, info)
+        return (yield from phase_pass(state, phase, profile, info))
     finally:
         state.optimizer.zero_grad(set_to_none=True)
 
@@ -212,6 +219,10 @@ class LocalVariant:
 
     def run(self, phase: str, profile: Profile, phase_seed: int) -> PhaseResult:
         return run_variant_phase(self.state, phase, profile, self.info, phase_seed)
+
+    def start(self, phase: str, profile: Profile) -> Pass[PhaseResult]:
+        """The phase's pass, to be advanced a step at a time (a lockstep round; seeded by the caller)."""
+        return variant_pass(self.state, phase, profile, self.info)
 
     def close(self) -> None:
         self.state = None
@@ -258,6 +269,7 @@ class IsolatedVariant:
 
 
 PhaseRunner = Callable[[str, Profile, int], PhaseResult]  # (phase, profile, phase seed) -> the phase's samples
+PassStarter = Callable[[str, Profile], Pass[PhaseResult]]  # (phase, profile) -> the phase's pass, a step at a time
 
 
 @dataclass
@@ -269,12 +281,13 @@ class Rounds:
     repeats: int
     stopped: str  # "every answer clear", "at the cap of N repeats", "at the time budget", "fixed number of repeats"
     looks: dict[str, Any] = field(default_factory=dict)
+    lockstep_steps: int | None = None  # timed steps per variant of a lockstep round; None: a pass per variant
 
     def record(self) -> dict[str, Any]:
         """What the record keeps of a model's rounds: how many, why they stopped, the looks, the interval's name
         and what early stopping does to the estimate."""
         return {"repeats": self.repeats, "stopped": self.stopped, **self.looks, "interval": INTERVAL,
-                "early_stopping": EARLY_STOP_BIAS}
+                "early_stopping": EARLY_STOP_BIAS, "lockstep_steps": self.lockstep_steps}
 
 
 def stopping_rule(prof: Profile, comparisons: dict[str, str], phases: Iterable[str],
@@ -293,47 +306,121 @@ def bad_time(row: dict[str, Any]) -> str | None:
     return None
 
 
+def lockstep_ready(variants: dict[str, Any], configs: dict[str, RunConfig], prof: Profile, info: DeviceInfo) -> bool:
+    """Whether a model's rounds can run in lockstep (:func:`lockstep_round`): the profile asks for it, on a CPU, with
+    two or more variants in this process, none of which loads data in worker processes (they would go on loading
+    while the other variants' steps run) or compiles, and all with the same backend flags."""
+    timed = [configs[label] for label in variants]
+    flags = {(c.cudnn_benchmark, c.cudnn_tf32, c.matmul_tf32) for c in timed}
+    return (prof.lockstep_steps is not None and not info.is_cuda and len(timed) > 1 and len(flags) == 1
+            and all(isinstance(variant, LocalVariant) for variant in variants.values())
+            and all(c.num_workers == 0 and c.compile_mode == "none" for c in timed))
+
+
+def lockstep_profile(prof: Profile) -> Profile:
+    """The profile a lockstep round runs: ``lockstep_steps`` timed steps in both phases."""
+    return replace(prof, steps=prof.lockstep_steps, test_steps=prof.lockstep_steps)
+
+
+def lockstep_round(passes: dict[str, PassStarter], order: list[str], phase: str, prof: Profile,
+                   flags: RunConfig, phase_seed: int) -> dict[str, "PhaseResult | Exception"]:
+    """Every variant's pass of ``phase`` a step at a time: a step of each in ``order``, then in the reverse order, and
+    so on (A B, B A, A B, ...), so that the machine's drift reaches every variant alike. Each pass keeps its own
+    random stream, seeded with ``phase_seed`` (the same augmentation and dropout as a pass on its own), and the time
+    between its steps is not counted (:meth:`timing.StepTimer.pause`). ``flags``: the backend flags every variant
+    shares. Each variant's result, or the error its pass raised."""
+    running, streams, outcomes = {}, {}, {}
+    outer = torch.get_rng_state()
+    for label in order:
+        torch.manual_seed(phase_seed)
+        streams[label] = torch.get_rng_state()
+        try:
+            running[label] = passes[label](phase, prof)
+        except Exception as error:  # noqa: BLE001  (recorded by the caller, and the other variants go on)
+            outcomes[label] = error
+    torch.set_rng_state(outer)
+    turn = 0
+    with backend_flags(flags):  # one setting for the whole round: the passes' own switches nest out of order
+        while running:
+            for label in list(running) if turn % 2 == 0 else list(reversed(running)):
+                outer = torch.get_rng_state()
+                torch.set_rng_state(streams[label])
+                try:
+                    next(running[label])
+                except StopIteration as done:
+                    outcomes[label] = done.value
+                    del running[label]
+                except Exception as error:  # noqa: BLE001  (recorded by the caller, and the other variants go on)
+                    outcomes[label] = error
+                    del running[label]
+                finally:
+                    streams[label] = torch.get_rng_state()
+                    torch.set_rng_state(outer)
+            turn += 1
+    return outcomes
+
+
 def interleave(runners: dict[str, PhaseRunner], configs: dict[str, RunConfig], phases: Iterable[str],
                prof: Profile, info: DeviceInfo, technique: str, model: str, epoch_images: dict[str, int], seed: int,
                bar: tqdm, rule: StoppingRule, flops: int | None = None,
-               on_result: Callable[[str, int, PhaseResult], None] | None = None) -> Rounds:
+               on_result: Callable[[str, int, PhaseResult], None] | None = None,
+               passes: dict[str, PassStarter] | None = None) -> Rounds:
     """Rounds of every variant and phase, each round in :func:`sequential.visit_order` of the variants still
     running, until ``rule`` stops them: the tidy rows, each with its slot among the variants still running and the
     level its model's answers are read at. A variant that raises is recorded with :func:`failure_status`, and one
     whose time is not a positive number with :data:`timing.BAD_TIME`; either leaves the later rounds and the rule at
-    once. ``on_result(label, repeat, result)`` sees every finished phase, warm-up repeats included."""
+    once. ``on_result(label, repeat, result)`` sees every finished phase, warm-up repeats included. With ``passes``
+    (each variant's :meth:`LocalVariant.start`, where :func:`lockstep_ready` allows) the variants of a round run
+    each phase in lockstep (:func:`lockstep_round`) with the profile's ``lockstep_steps``."""
     rows: list[dict[str, Any]] = []
     failed: dict[str, str] = {}
     phases = tuple(phases)
+    stepped = lockstep_profile(prof) if passes else prof
     rule.start()
     round_index, kept = 0, 0
+
+    def record(label: str, slot: int, phase: str, outcome: "PhaseResult | Exception") -> None:
+        if isinstance(outcome, Exception):
+            failed[label] = failure_status(outcome)
+            rows.append(failed_row(technique, model, label, max(kept, 0), phase, configs[label], failed[label])
+                        | {"slot": slot})
+            if info.is_cuda:
+                torch.cuda.empty_cache()
+            return
+        if on_result is not None:
+            on_result(label, round_index, outcome)
+        if kept >= 0:
+            row = sample_row(technique, model, label, kept, phase, configs[label], outcome, epoch_images[phase],
+                             flops) | {"slot": slot}
+            if (why := bad_time(row)) is not None:
+                failed[label] = why
+                row = failed_row(technique, model, label, kept, phase, configs[label], why) | {"slot": slot}
+            rows.append(row)
+
     while True:
         kept = round_index - prof.warmup_repeats
         started = time.perf_counter()
-        running = [label for label in runners if label not in failed]
-        for slot, label in enumerate(visit_order(running, max(kept, 0))):
+        order = visit_order([label for label in runners if label not in failed], max(kept, 0))
+        if passes:
             for phase in phases:
-                bar.update()
-                if label in failed:
+                left = [label for label in order if label not in failed]
+                bar.update(len(order))
+                if not left:
                     continue
-                try:
-                    result = runners[label](phase, prof, seed + 1 + round_index)  # the same augmentation for all
-                except Exception as error:  # noqa: BLE001  (recorded, and the other variants go on)
-                    failed[label] = failure_status(error)
-                    rows.append(failed_row(technique, model, label, max(kept, 0), phase, configs[label], failed[label])
-                                | {"slot": slot})
-                    if info.is_cuda:
-                        torch.cuda.empty_cache()
-                    continue
-                if on_result is not None:
-                    on_result(label, round_index, result)
-                if kept >= 0:
-                    row = sample_row(technique, model, label, kept, phase, configs[label], result,
-                                     epoch_images[phase], flops) | {"slot": slot}
-                    if (why := bad_time(row)) is not None:
-                        failed[label] = why
-                        row = failed_row(technique, model, label, kept, phase, configs[label], why) | {"slot": slot}
-                    rows.append(row)
+                outcomes = lockstep_round(passes, left, phase, stepped, configs[left[0]], seed + 1 + round_index)
+                for label in left:
+                    record(label, order.index(label), phase, outcomes[label])
+        else:
+            for slot, label in enumerate(order):
+                for phase in phases:
+                    bar.update()
+                    if label in failed:
+                        continue
+                    try:
+                        outcome = runners[label](phase, prof, seed + 1 + round_index)  # the same augmentation for all
+                    except Exception as error:  # noqa: BLE001  (recorded, and the other variants go on)
+                        outcome = error
+                    record(label, slot, phase, outcome)
         round_index += 1
         if kept < 0:
             continue
@@ -345,7 +432,8 @@ def interleave(runners: dict[str, PhaseRunner], configs: dict[str, RunConfig], p
     repeats = kept + 1
     for row in rows:
         row[LOOK_CONFIDENCE] = rule.confidence
-    return Rounds(rows, repeats, stop_reason(rule, repeats, rows), rule.record())
+    return Rounds(rows, repeats, stop_reason(rule, repeats, rows), rule.record(),
+                  stepped.lockstep_steps if passes else None)
 
 
 def stop_reason(rule: StoppingRule, repeats: int, rows: list[dict[str, Any]]) -> str:
@@ -391,11 +479,13 @@ def _run_model(experiment: Experiment, model_name: str, configs: dict, prof: Pro
     for label in variants:  # counted before the rounds: a model's first count takes seconds the budget would pay
         forward_flops_of(configs[label][0])
     runners = {label: variant.run for label, variant in variants.items()}
+    timed_configs = {label: config for label, (config, _) in configs.items()}
+    passes = ({label: variant.start for label, variant in variants.items()}
+              if lockstep_ready(variants, timed_configs, prof, info) else None)
     comparisons = {label: ref for label, ref in experiment.comparisons.items()
                    if label in configs and ref in configs and label not in untimed}
-    ran = interleave(runners, {label: config for label, (config, _) in configs.items()}, experiment.phases, prof,
-                     info, experiment.name, model_name, epoch_images, seed, bar,
-                     stopping_rule(prof, comparisons, experiment.phases, deadline))
+    ran = interleave(runners, timed_configs, experiment.phases, prof, info, experiment.name, model_name, epoch_images,
+                     seed, bar, stopping_rule(prof, comparisons, experiment.phases, deadline), passes=passes)
     for variant in variants.values():
         variant.close()
     del variants
@@ -404,4 +494,4 @@ def _run_model(experiment: Experiment, model_name: str, configs: dict, prof: Pro
         torch._dynamo.reset()  # drop this model's compiled code: each model gets Dynamo's whole recompile limit
     if info.is_cuda:
         torch.cuda.empty_cache()
-    return Rounds(rows + ran.rows, ran.repeats, ran.stopped, ran.looks)
+    return Rounds(rows + ran.rows, ran.repeats, ran.stopped, ran.looks, ran.lockstep_steps)

@@ -7,7 +7,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Union
+from typing import Callable, Generator, Iterable, Iterator, TypeVar, Union
 
 import torch
 import torch.nn.functional as F
@@ -212,10 +212,31 @@ def _timed_batches(loader: DataLoader, steps: int | None, warmup: int) -> tuple[
     return startup, stream
 
 
+T = TypeVar("T")
+Pass = Generator[None, None, T]  # a pass that yields after each step, so that a lockstep round can run others between
+
+
+def drive(steps: Pass[T]) -> T:
+    """Run a pass to its end, no other work between its steps; its result."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
 def run_timed(step, loader, device, steps, warmup, resident: Iterable[object] = (),
               prefetch: RunConfig | None = None,
               step_increase_mb: float | None = None) -> tuple[PhaseResult, list[torch.Tensor]]:
-    """Every step is timed; the first ``warmup`` (compilation, autotuning, cold caches) are kept apart.
+    """:func:`timed_pass` run to its end."""
+    return drive(timed_pass(step, loader, device, steps, warmup, resident, prefetch, step_increase_mb))
+
+
+def timed_pass(step, loader, device, steps, warmup, resident: Iterable[object] = (),
+               prefetch: RunConfig | None = None,
+               step_increase_mb: float | None = None) -> Pass[tuple[PhaseResult, list[torch.Tensor]]]:
+    """Every step is timed; the first ``warmup`` (compilation, autotuning, cold caches) are kept apart. The pass
+    yields after each step; on a CPU the time until it is resumed is not counted (:meth:`StepTimer.pause`).
 
     On the CPU the last batch then runs once more, untimed, under the profiler's memory records
     (:func:`memory.cpu_step_increase_mb`): the phase's peak memory without the profiler's cost on a timed step.
@@ -239,6 +260,9 @@ def run_timed(step, loader, device, steps, warmup, resident: Iterable[object] = 
         timer.mark()
         if index >= warmup:
             outputs.append(out)
+        timer.pause()
+        yield
+        timer.resume()
     intervals, wall = timer.finish()
     if len(intervals) <= warmup:
         raise RuntimeError(f"the loader ran out before {warmup} warm-up steps and one timed step")
@@ -272,6 +296,14 @@ StepContext = Callable[[int], contextlib.AbstractContextManager]
 def train_phase(model, loader, optimizer, scaler, config: RunConfig, device: torch.device,
                 steps: int | None, warmup: int, step_context: StepContext | None = None,
                 loss_fn: LossFn = F.cross_entropy, step_increase_mb: float | None = None) -> PhaseResult:
+    """:func:`train_pass` run to its end."""
+    return drive(train_pass(model, loader, optimizer, scaler, config, device, steps, warmup, step_context, loss_fn,
+                            step_increase_mb))
+
+
+def train_pass(model, loader, optimizer, scaler, config: RunConfig, device: torch.device,
+               steps: int | None, warmup: int, step_context: StepContext | None = None,
+               loss_fn: LossFn = F.cross_entropy, step_increase_mb: float | None = None) -> Pass[PhaseResult]:
     """Time ``steps`` training micro-steps after ``warmup`` untimed ones (``steps=None``: the whole epoch).
 
     With gradient accumulation both counts are rounded up to whole optimizer steps (:meth:`RunConfig.train_window`).
@@ -293,8 +325,8 @@ def train_phase(model, loader, optimizer, scaler, config: RunConfig, device: tor
 
     prefetch = config if config.prefetch_to_device else None
     with backend_flags(config):
-        result, losses = run_timed(step, loader, device, steps, warmup, (model, optimizer, loader), prefetch,
-                                   step_increase_mb)
+        result, losses = yield from timed_pass(step, loader, device, steps, warmup, (model, optimizer, loader),
+                                               prefetch, step_increase_mb)
     count_graph_pool(result, config, device)
     result.losses = torch.stack(losses).float().cpu().tolist()
     result.warmup_losses = torch.stack(warmup_losses).float().cpu().tolist() if warmup_losses else []
@@ -304,6 +336,12 @@ def train_phase(model, loader, optimizer, scaler, config: RunConfig, device: tor
 
 def eval_phase(model, loader, config: RunConfig, device: torch.device, steps: int | None, warmup: int,
                step_increase_mb: float | None = None, loss_fn: LossFn = F.cross_entropy) -> PhaseResult:
+    """:func:`eval_pass` run to its end."""
+    return drive(eval_pass(model, loader, config, device, steps, warmup, step_increase_mb, loss_fn))
+
+
+def eval_pass(model, loader, config: RunConfig, device: torch.device, steps: int | None, warmup: int,
+              step_increase_mb: float | None = None, loss_fn: LossFn = F.cross_entropy) -> Pass[PhaseResult]:
     """Time ``steps`` evaluation steps after ``warmup`` untimed ones (the memory counts the model and its data, not
     the optimizer that inference does not use); the warm-up steps' ``loss_fn`` is kept, as in training."""
     model.eval()
@@ -316,7 +354,8 @@ def eval_phase(model, loader, config: RunConfig, device: torch.device, steps: in
         return eval_step(model, batch, config, device, warmup_losses if index < warmup else None, loss_fn)
 
     with backend_flags(config):
-        result, correct = run_timed(step, loader, device, steps, warmup, (model, loader), prefetch, step_increase_mb)
+        result, correct = yield from timed_pass(step, loader, device, steps, warmup, (model, loader), prefetch,
+                                                step_increase_mb)
     count_graph_pool(result, config, device)
     result.correct = int(torch.stack(correct).sum())
     result.warmup_losses = torch.stack(warmup_losses).float().cpu().tolist() if warmup_losses else []

@@ -12,7 +12,7 @@ step under the profiler and takes the running sum's maximum. The loops profile o
 timed ones (:func:`loops.run_timed`): the profiler's overhead stays off every timed step, and by then the step has
 settled (gradients and optimizer state exist, as in the timed steps), which a warm-up step has not. A variant's
 steps have the same shapes every repeat, so each variant profiles one step per phase, on its first pass
-(``experiments.run_phase`` keeps the figure). The same
+(``experiments.phase_pass`` keeps the figure). The same
 resident tensors are added, so a CPU figure means what a CUDA one does. Where no step could be profiled (no batch
 left after the timed ones), there is no number (NaN) rather than the process's lifetime peak.
 """

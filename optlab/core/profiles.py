@@ -27,12 +27,15 @@ class Profile:
     time_budget_s: float = math.inf  # no new pair of rounds once one model's comparison would pass this many seconds
     warmup_repeats: int = 0  # whole repeats run first and discarded (the seed's excluded first epoch)
     num_workers: int = 4  # the seed's base DataLoader workers; techniques that study workers set their own
+    lockstep_steps: int | None = None  # CPU: timed steps per variant where a round's variants alternate step by step
 
     def __post_init__(self) -> None:
         check_count("warm-up steps", self.warmup_steps, 0, MAX_STEPS, "steps per repeat")
         for name, steps in (("steps", self.steps), ("test steps", self.test_steps)):
             if steps is not None:
                 check_count(name, steps, 1, MAX_STEPS, "timed steps per repeat")
+        if self.lockstep_steps is not None:
+            check_count("lockstep steps", self.lockstep_steps, 1, MAX_STEPS, "timed steps per variant in a round")
         check_count("repeats", self.repeats, 2, MAX_REPEATS, "a paired interval needs two and hardly narrows past that")
         if self.max_repeats is None:
             object.__setattr__(self, "max_repeats", self.repeats)
@@ -46,10 +49,12 @@ class Profile:
 
     def with_sizes(self, steps: int | None = None, repeats: int | None = None, max_repeats: int | None = None,
                    time_budget_s: float | None = None) -> "Profile":
-        """A copy with other timed steps (train and test), minimum or maximum repeats or time budget, as a user typed
-        them; checked like any profile. A minimum above the profile's cap raises the cap with it."""
-        changes = {"steps": steps, "test_steps": steps, "repeats": repeats, "max_repeats": max_repeats,
-                   "time_budget_s": time_budget_s}
+        """A copy with other timed steps (train and test, and a lockstep round's), minimum or maximum repeats or time
+        budget, as a user typed them; checked like any profile. A minimum above the profile's cap raises the cap with
+        it."""
+        lockstep = steps if self.lockstep_steps is not None else None
+        changes = {"steps": steps, "test_steps": steps, "lockstep_steps": lockstep, "repeats": repeats,
+                   "max_repeats": max_repeats, "time_budget_s": time_budget_s}
         changes = {k: v for k, v in changes.items() if v is not None}
         if repeats is not None and max_repeats is None:
             changes["max_repeats"] = max(repeats, self.max_repeats or repeats)
@@ -67,6 +72,9 @@ class Profile:
         size, width, workers) its workload sets for this profile or the user typed."""
         steps = ("whole epochs" if self.steps is None
                  else f"{self.warmup_steps} warm-up + {self.steps} timed step{'s' if self.steps != 1 else ''}")
+        if self.lockstep_steps is not None:
+            steps = (f"{self.warmup_steps} warm-up + {self.lockstep_steps} timed steps a variant in lockstep rounds "
+                     f"({steps} where a variant needs a pass of its own)")
         sizes = sizes or {}
         return (
             f"profile {self.name}: models {', '.join(models or self.models)}; batch {sizes.get('batch_size', self.batch_size)}; "
@@ -83,18 +91,19 @@ PROFILES = {
     # CI notebook's time in smoke, of a reference part's in quick) or the hard cap (96 in smoke, 48 in quick): the
     # budget, not the cap, ends a cheap comparison (tests/test_sequential.py checks the error rates for any budget).
     # On a fast 2-core machine a round of the bench's live power check (ResNet18 training, two variants) takes about
-    # 0.2 s, and a cap of 48 ended it after about 8 s of its 12. Smoke times 1 step a
-    # round after 1 warm-up step: on a quiet 2-core machine (benchmarks/noise.py --shapes, 10 runs of 16 rounds) an
-    # A/A ResNet18 round's training noise was 3.4 % with 1 warm-up + 1 timed step, 3.8 % with 1 + 2 and 3.3 % with
-    # 0 + 2 (whose first timed step leaves its batch's loading out), and a round took 0.46, 0.64 and 0.45 s: the
-    # noise is the pass's, not the step's, so the shortest honest round tells the most per second (rounds / noise^2).
-    # The test phase's step (a forward only) is short enough for its own jitter to show: an A/A round's test noise
-    # was 5.5 % with 1 timed step, 3.9 % with 2 and 3.1 % with 4, at 0.52, 0.57 and 0.67 s a round (both phases; 6
-    # runs of 12 rounds; the tiny GPT: 5.1, 4.6 and 3.7 %). Smoke keeps 1: the extra steps would cost about a fifth
-    # of the rounds of the training claims that share them, and three quarters of the book's claims are training's.
+    # 0.2 s, and a cap of 48 ended it after about 8 s of its 12.
+    # Smoke times 1 step a round after 1 warm-up step where each variant runs a pass of its own (loader workers,
+    # compiled code, separate processes). Elsewhere on a CPU its rounds run in lockstep (experiments.lockstep_round):
+    # after one warm-up step each, the variants take turns step by step, 3 timed steps each. The machine's speed
+    # drifts within a second, and the steps of one pass share that drift, so a pass's second and third steps hardly
+    # lower its noise; alternating steps spreads the drift over every variant alike. On a 2-core machine whose A/A
+    # ResNet18 round noise was 10 % (training) and 14 % (test) with a pass of 1 + 1 steps (0.25 s a round), lockstep
+    # rounds of 1 + 3 had 5.2 % and 6.4 % (0.41 s a round): two to three times as much told per second
+    # (rounds / noise^2; benchmarks/noise.py, 5 runs of 16 rounds each).
     # smoke: two models at 1/8 width on few steps, data loaded in the main process (2-core CI machines)
     "smoke": Profile("smoke", ("resnet18", "mobilenet_v2"), batch_size=16, width=0.125, warmup_steps=1, steps=1,
-                     test_steps=1, repeats=4, max_repeats=96, time_budget_s=12.0, num_workers=0),
+                     test_steps=1, repeats=4, max_repeats=96, time_budget_s=12.0, num_workers=0,
+                     lockstep_steps=3),
     "quick": Profile("quick", ALL_MODELS, batch_size=128, width=1.0, warmup_steps=3, steps=10, test_steps=6, repeats=4,
                      max_repeats=48, time_budget_s=150.0),
     "full": Profile("full", ALL_MODELS, batch_size=128, width=1.0, warmup_steps=0, steps=None, test_steps=None,

@@ -82,13 +82,25 @@ def page_bound(comparisons: int) -> float:
 
 
 class StepTimer:
-    """Marks step boundaries; ``finish`` returns the per-step seconds and the wall time of the timed span."""
+    """Marks step boundaries; ``finish`` returns the per-step seconds and the wall time of the timed span. On a CPU,
+    the time between ``pause`` and ``resume`` (another variant's step, in a lockstep round) counts in neither."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self._events: list = []
         self._marks: list[float] = []
         self._wall_start = 0.0
+        self._paused_at: float | None = None
+        self._paused_s = 0.0  # CPU: time spent paused so far, left out of every mark and of the wall time
+
+    def pause(self) -> None:
+        if not self.cuda:
+            self._paused_at = time.perf_counter()
+
+    def resume(self) -> None:
+        if self._paused_at is not None:
+            self._paused_s += time.perf_counter() - self._paused_at
+            self._paused_at = None
 
     def start(self) -> None:
         if self.cuda:
@@ -102,7 +114,7 @@ class StepTimer:
             event.record()
             self._events.append(event)
         else:
-            self._marks.append(time.perf_counter())
+            self._marks.append(time.perf_counter() - self._paused_s)
 
     def finish(self) -> tuple[list[float], float]:
         if self.cuda:
@@ -110,7 +122,7 @@ class StepTimer:
             wall = time.perf_counter() - self._wall_start
             steps = [a.elapsed_time(b) / 1e3 for a, b in zip(self._events, self._events[1:])]
         else:
-            wall = time.perf_counter() - self._wall_start
+            wall = time.perf_counter() - self._wall_start - self._paused_s
             steps = list(np.diff(self._marks))
         return [float(s) for s in steps], wall
 
