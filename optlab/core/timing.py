@@ -276,10 +276,12 @@ def log_ratio_fit(log_ratios: np.ndarray, slot_shifts: "np.ndarray | list | None
 def intervals(log_ratios: np.ndarray, slot_shifts: "np.ndarray | list | None" = None,
               confidence: float = CONFIDENCE) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The speed-up, the low and high ends of its ``confidence`` interval and the round-level noise, along the last
-    axis of ``log_ratios`` (at least two pairs). A zero-width interval (no spread at all) has NaN ends."""
+    axis of ``log_ratios`` (at least two pairs). A zero-width interval (no spread at all) has NaN ends; one too wide
+    for a float (a look at a few rounds, read at a level near 1) ends at 0 and infinity."""
     centre, standard_error, noise, df = log_ratio_fit(log_ratios, slot_shifts)
     half_width = t_quantile((1 + confidence) / 2, df) * np.where(standard_error > 0, standard_error, np.nan)
-    return np.exp(centre), np.exp(centre - half_width), np.exp(centre + half_width), noise
+    with np.errstate(over="ignore"):
+        return np.exp(centre), np.exp(centre - half_width), np.exp(centre + half_width), noise
 
 
 def speed_up(
