@@ -324,8 +324,9 @@ def lockstep_profile(prof: Profile) -> Profile:
 
 def lockstep_round(passes: dict[str, PassStarter], order: list[str], phase: str, prof: Profile,
                    flags: RunConfig, phase_seed: int) -> dict[str, "PhaseResult | Exception"]:
-    """Every variant's pass of ``phase`` a step at a time: a step of each in ``order``, then in the reverse order, and
-    so on (A B, B A, A B, ...), so that the machine's drift reaches every variant alike. Each pass keeps its own
+    """Every variant's pass of ``phase`` a step at a time: a step of each in ``order``, turn after turn (A B, A B,
+    ...), so that the machine's drift reaches every variant alike and every step follows another variant's (the
+    rounds' orders are mirrored, :func:`sequential.visit_order`, for the drift within a turn). Each pass keeps its own
     random stream, seeded with ``phase_seed`` (the same augmentation and dropout as a pass on its own), and the time
     between its steps is not counted (:meth:`timing.StepTimer.pause`). ``flags``: the backend flags every variant
     shares. Each variant's result, or the error its pass raised."""
@@ -339,10 +340,9 @@ def lockstep_round(passes: dict[str, PassStarter], order: list[str], phase: str,
         except Exception as error:  # noqa: BLE001  (recorded by the caller, and the other variants go on)
             outcomes[label] = error
     torch.set_rng_state(outer)
-    turn = 0
     with backend_flags(flags):  # one setting for the whole round: the passes' own switches nest out of order
         while running:
-            for label in list(running) if turn % 2 == 0 else list(reversed(running)):
+            for label in list(running):
                 outer = torch.get_rng_state()
                 torch.set_rng_state(streams[label])
                 try:
@@ -356,7 +356,6 @@ def lockstep_round(passes: dict[str, PassStarter], order: list[str], phase: str,
                 finally:
                     streams[label] = torch.get_rng_state()
                     torch.set_rng_state(outer)
-            turn += 1
     return outcomes
 
 
