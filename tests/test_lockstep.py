@@ -53,13 +53,26 @@ def test_a_cpu_run_of_in_process_variants_runs_in_lockstep_with_the_profile_s_st
 
 def test_every_variant_of_a_lockstep_round_sees_the_batches_and_dropout_of_a_pass_of_its_own():
     result = run(TWO_COPIES)
-    losses = result.samples.set_index(["repeat", "phase", "variant"])["warmup_losses"]
+    every = result.samples.assign(all_losses=result.samples["warmup_losses"] + result.samples["losses"])
+    losses = every.set_index(["repeat", "phase", "variant"])["all_losses"]
+    accuracy = every.set_index(["repeat", "phase", "variant"])["accuracy"]
+    assert (losses.xs("train", level="phase").map(len) > 0).all()  # a test pass keeps its warm-up loss only
     for repeat, phase in {(r, p) for r, p, _ in losses.index}:
         assert losses[repeat, phase, "A"] == losses[repeat, phase, "A again"], (repeat, phase)
+        if phase == "test":
+            assert accuracy[repeat, phase, "A"] == accuracy[repeat, phase, "A again"], repeat
     passes = run(TWO_COPIES, lockstep=False)
     assert passes.record["rounds"]["resnet18"]["lockstep_steps"] is None
     alone = passes.samples.set_index(["repeat", "phase", "variant"])["warmup_losses"]
-    assert alone[0, "train", "A"] == losses[0, "train", "A"]  # (the test phase follows more training steps here)
+    assert alone[0, "train", "A"] == losses[0, "train", "A"][:1]  # (the test phase follows more training steps here)
+
+
+def test_only_a_model_s_first_lockstep_round_takes_warm_up_steps():
+    result = run(TWO_COPIES, repeats=3)
+    warmups = result.samples.groupby("repeat")["warmup_times_s"].apply(lambda runs: {len(run) for run in runs})
+    assert warmups[0] == {get_profile("smoke").warmup_steps} and warmups[0] != {0}
+    assert all(warmups[repeat] == {0} for repeat in (1, 2)), warmups
+    assert (result.samples["step_times_s"].map(len) == get_profile("smoke").lockstep_steps).all()
 
 
 def test_a_variant_that_loads_with_workers_keeps_a_pass_of_its_own():

@@ -1,5 +1,6 @@
 import copy
 import math
+import time
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from optlab.core import memory
 from optlab.core.config import RunConfig
-from optlab.core.loops import eval_phase, grad_mode, make_optimizer, make_scaler, train_phase, train_step
+from optlab.core.loops import eval_phase, grad_mode, make_optimizer, make_scaler, run_timed, train_phase, train_step
 
 CPU = torch.device("cpu")
 
@@ -167,3 +168,26 @@ def test_a_known_cpu_figure_spares_the_profiled_step(monkeypatch):
     config = _config(batch_size=8)
     result = eval_phase(model, _loader(), config, CPU, steps=2, warmup=1, step_increase_mb=1.5)
     assert result.peak_mem_mb == pytest.approx(result.resident_mem_mb + 1.5)
+
+
+class _SlowItems(torch.utils.data.Dataset):
+    """Items that take ``seconds`` each to load."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        time.sleep(self.seconds)
+        return torch.zeros(1)
+
+
+@pytest.mark.parametrize("warmup", [0, 1])
+def test_every_timed_step_pays_for_loading_its_batch_and_the_start_up_holds_the_first_only_before_a_warm_up(warmup):
+    load_s = 0.1  # far above the start-up of a loader without workers
+    result, _ = run_timed(lambda batch, index: batch, DataLoader(_SlowItems(load_s), batch_size=1), CPU,
+                          steps=2, warmup=warmup)
+    assert len(result.step_times_s) == 2 and min(result.step_times_s) >= load_s, result.step_times_s
+    assert (result.startup_s >= load_s) == (warmup == 1), result.startup_s

@@ -317,9 +317,15 @@ def lockstep_ready(variants: dict[str, Any], configs: dict[str, RunConfig], prof
             and all(c.num_workers == 0 and c.compile_mode == "none" for c in timed))
 
 
-def lockstep_profile(prof: Profile) -> Profile:
-    """The profile a lockstep round runs: ``lockstep_steps`` timed steps in both phases."""
-    return replace(prof, steps=prof.lockstep_steps, test_steps=prof.lockstep_steps)
+def lockstep_profile(prof: Profile, first_round: bool = True) -> Profile:
+    """The profile a lockstep round runs: ``lockstep_steps`` timed steps in both phases, after the profile's warm-up
+    steps in a model's first round only. The variants live on between rounds, so their one-off costs (the first
+    step's allocations and kernel choices) are paid once, and a later pass's first batch is fetched with its
+    loader's start-up, which is timed apart; only the gradients, dropped after every pass, come back in its first
+    step. A warm-up step in every round cost a quarter of a ResNet18 round and did not lower the noise
+    (``benchmarks/noise.py --shapes 1+3 0+3``)."""
+    warmup = prof.warmup_steps if first_round else 0
+    return replace(prof, steps=prof.lockstep_steps, test_steps=prof.lockstep_steps, warmup_steps=warmup)
 
 
 def lockstep_round(passes: dict[str, PassStarter], order: list[str], phase: str, prof: Profile,
@@ -406,7 +412,8 @@ def interleave(runners: dict[str, PhaseRunner], configs: dict[str, RunConfig], p
                 bar.update(len(order))
                 if not left:
                     continue
-                outcomes = lockstep_round(passes, left, phase, stepped, configs[left[0]], seed + 1 + round_index)
+                outcomes = lockstep_round(passes, left, phase, lockstep_profile(prof, round_index == 0),
+                                          configs[left[0]], seed + 1 + round_index)
                 for label in left:
                     record(label, order.index(label), phase, outcomes[label])
         else:

@@ -201,12 +201,14 @@ def backend_flags(config: RunConfig) -> Iterator[None]:
 
 
 def _timed_batches(loader: DataLoader, steps: int | None, warmup: int) -> tuple[float, Iterator]:
-    """Start the loader (its workers' start-up is timed) and return the batches of one repeat."""
+    """Start the loader (its workers' start-up is timed) and return the batches of one repeat. The start-up holds
+    the first batch, which waits for the workers; without workers and without a warm-up step the first batch is
+    loaded in the first timed step instead, as every later batch is in its step."""
     start = time.perf_counter()
     batches = iter(loader)
-    first = next(batches)
+    first = [] if warmup == 0 and getattr(loader, "num_workers", 0) == 0 else [next(batches)]
     startup = time.perf_counter() - start
-    stream = itertools.chain([first], batches)
+    stream = itertools.chain(first, batches)
     if steps is not None:
         stream = itertools.islice(stream, warmup + steps)
     return startup, stream
