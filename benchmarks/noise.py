@@ -14,7 +14,7 @@ run's first round (what a discarded warm-up round would remove). Run it on a qui
 ``PYTHONPATH=. python benchmarks/noise.py --runs 12 --rounds 12`` (``--settings`` picks some of them).
 
 ``--shapes`` times other round shapes, written ``W+S``: W untimed warm-up steps and S timed steps per variant and
-round (the smoke profile's is 1+3: its in-process copies run in lockstep). Each line then also gives the seconds a round took and what the rule gets per
+round (lockstep rounds take their warm-up steps in a model's first round only) (the smoke profile's is 1+3: its in-process copies run in lockstep). Each line then also gives the seconds a round took and what the rule gets per
 second, rounds / noise^2 / seconds (the interval's half-width falls as noise / sqrt(rounds)): the shape with the most
 tells the most in a fixed time budget.
 """

@@ -73,8 +73,8 @@ class Profile:
         steps = ("whole epochs" if self.steps is None
                  else f"{self.warmup_steps} warm-up + {self.steps} timed step{'s' if self.steps != 1 else ''}")
         if self.lockstep_steps is not None:
-            steps = (f"{self.warmup_steps} warm-up + {self.lockstep_steps} timed steps a variant in lockstep rounds "
-                     f"({steps} where a variant needs a pass of its own)")
+            steps = (f"{self.lockstep_steps} timed steps a variant in lockstep rounds, after {self.warmup_steps} "
+                     f"warm-up in the first ({steps} where a variant needs a pass of its own)")
         sizes = sizes or {}
         return (
             f"profile {self.name}: models {', '.join(models or self.models)}; batch {sizes.get('batch_size', self.batch_size)}; "
