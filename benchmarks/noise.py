@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     model = a_a_experiment(args.workload)[1]
     print(f"A/A round-level noise: {args.runs} runs of {args.rounds} rounds per setting, smoke profile, {model}, "
           f"{cpu_cores()} cores")
-    with pd.option_context("display.width", 120):
+    with pd.option_context("display.width", 160, "display.max_columns", 20):
         print(report(measure(args.runs, args.rounds, args.settings, shapes=args.shapes, workload=args.workload)))
 
 

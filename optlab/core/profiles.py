@@ -94,7 +94,8 @@ PROFILES = {
     # 0.2 s, and a cap of 48 ended it after about 8 s of its 12.
     # Smoke times 1 step a round after 1 warm-up step where each variant runs a pass of its own (loader workers,
     # compiled code, separate processes). Elsewhere on a CPU its rounds run in lockstep (experiments.lockstep_round):
-    # after one warm-up step each, the variants take turns step by step, 3 timed steps each. The machine's speed
+    # the variants take turns step by step, 3 timed steps each (one warm-up step each in a model's first round only:
+    # one in every round cost a quarter of the round and did not lower the noise). The machine's speed
     # drifts within a second, and the steps of one pass share that drift, so a pass's second and third steps hardly
     # lower its noise; alternating steps spreads the drift over every variant alike. On a 2-core machine whose A/A
     # ResNet18 round noise was 10 % (training) and 14 % (test) with a pass of 1 + 1 steps (0.25 s a round), lockstep
