@@ -9,6 +9,7 @@ from optlab.studies import peaks
 from optlab.core.config import RunConfig
 from optlab.core.device import resolve_device
 from optlab.core.errors import OptlabError
+from optlab.core.profiles import get_profile
 from optlab.core.registry import get_experiment
 from optlab.studies.learning import learning_curves
 from optlab.book.report import plot_waterfall
@@ -118,3 +119,16 @@ def test_a_skipped_stack_step_is_left_out_of_every_later_variant():
     assert all(config.amp_dtype == "none" for config in stack.configs("resnet18", TINY).values())
     with pytest.raises(OptlabError, match="unknown stack step '\\+ fp8'"):
         all_together(skip=("+ fp8",))
+
+
+def test_without_its_workers_step_the_cpu_stack_runs_in_lockstep_rounds():
+    from optlab.core import experiments
+    from optlab.core.techniques import COMPILE_STEP, WORKERS_STEP, all_together
+
+    stack = all_together(skip=(WORKERS_STEP, COMPILE_STEP))
+    configs = stack.configs("resnet18", TINY)
+    assert WORKERS_STEP not in stack.labels and all(config.num_workers == 0 for config in configs.values())
+    with_workers = all_together(skip=(COMPILE_STEP,)).configs("resnet18", TINY)
+    for stacked, lockstep in ((configs, True), (with_workers, False)):
+        variants = {label: object.__new__(experiments.LocalVariant) for label in stacked}
+        assert experiments.lockstep_ready(variants, stacked, get_profile("smoke"), resolve_device("cpu")) == lockstep

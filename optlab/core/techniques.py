@@ -186,6 +186,8 @@ _STACK = [
     ("+ torch.compile", {"compile_mode": "default"}),
 ]
 COMPILE_STEP = _STACK[-1][0]
+WORKERS_STEP = _STACK[1][0]
+STACK_WORKERS = _STACK[1][1]["num_workers"]
 
 
 def all_together(skip: tuple[str, ...] = ()) -> Experiment:
