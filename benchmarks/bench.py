@@ -145,6 +145,31 @@ def upper_bound(false: int, total: int, confidence: float = 0.95) -> float:
     return high
 
 
+def lower_bound(false: int, total: int, confidence: float = 0.95) -> float:
+    """The one-sided Clopper-Pearson lower bound of a rate seen ``false`` times in ``total``: the rate at which
+    seeing at least ``false`` has probability 1 - ``confidence`` (0 when ``false`` is 0)."""
+    if false == 0:
+        return 0.0
+    def at_least(p: float) -> float:
+        return sum(math.comb(total, k) * p ** k * (1 - p) ** (total - k) for k in range(false, total + 1))
+    low, high = 0.0, false / total
+    for _ in range(60):  # bisection: at_least rises with p
+        middle = (low + high) / 2
+        low, high = (middle, high) if at_least(middle) < 1 - confidence else (low, middle)
+    return low
+
+
+def rate_status(false: int, total: int, target: float) -> str:
+    """"within target" when the rate seen is at most ``target``; "OVER TARGET" when even its one-sided 95 % lower
+    bound is above it; otherwise the seen rate is above the target by an amount these runs cannot tell from chance."""
+    if false <= target * total:
+        return "within target"
+    bound = lower_bound(false, total)
+    if bound > target:
+        return "OVER TARGET"
+    return f"above target by no more than chance explains (one-sided 95 % lower bound {100 * bound:.1f} %)"
+
+
 def quiet_run(experiment: Experiment, seed: int, profile="smoke", models=None):
     with contextlib.redirect_stdout(io.StringIO()):
         return run_experiment(experiment, profile=profile, models=models, device="cpu", seed=seed, progress=False)
@@ -242,7 +267,7 @@ def a_a_lines(runs: int, copies: int = A_A_COPIES) -> None:
     bound = upper_bound(found["false_runs"], runs)
     print(f"A/A runs with a false verdict: {found['false_runs']}/{runs} runs ({found['per_run']} comparisons "
           f"each; one-sided 95 % upper bound {100 * bound:.1f} %; target at most {percent(target)}, the page bound)  "
-          f"{'within target' if found['false_runs'] <= target * runs else 'OVER TARGET'}")
+          f"{rate_status(found['false_runs'], runs, target)}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """`make bench`'s options: the A/A part runs any number of copies of one configuration a page can hold."""
 import argparse
+import math
 import re
 
 import pytest
@@ -44,3 +45,20 @@ def test_the_noise_benchmark_times_two_copies_of_either_workload(workload, model
     rows = noise.measure(runs=1, rounds=3, settings=["as set"], workload=workload)
     assert set(rows["phase"]) == {"train", "test"} and set(rows["shape"]) == {"1+3"}  # the smoke profile's lockstep round
     assert (rows["noise"] >= 0).all() and (rows["round s"] > 0).all()
+
+
+@pytest.mark.parametrize("false, total", [(0, 12), (2, 12), (3, 36), (12, 12), (5, 200)])
+def test_the_rate_bounds_hold_the_rate_seen_and_are_exact_binomial_tails(false, total):
+    low, high = bench.lower_bound(false, total), bench.upper_bound(false, total)
+    assert 0.0 <= low <= false / total <= high <= 1.0
+    tail = lambda p, ks: sum(math.comb(total, k) * p ** k * (1 - p) ** (total - k) for k in ks)
+    if false:
+        assert tail(low, range(false, total + 1)) == pytest.approx(0.05, abs=1e-6)
+    if false < total:
+        assert tail(high, range(false + 1)) == pytest.approx(0.05, abs=1e-6)
+
+
+def test_a_rate_over_its_target_is_called_over_only_where_chance_cannot_explain_it():
+    assert bench.rate_status(1, 12, 0.12) == "within target"
+    assert bench.rate_status(2, 12, 0.12).startswith("above target by no more than chance")
+    assert bench.rate_status(8, 12, 0.12) == "OVER TARGET"
