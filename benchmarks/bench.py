@@ -9,7 +9,8 @@
    and its sequential rule (smoke profile, ResNet18 and MobileNetV2, train and test). The unit is a *run*: its
    comparisons share one baseline and one stopping decision, so they are not independent; the line counts the runs
    with any "faster" or "slower" (target: at most the page bound of a run's comparisons, ``timing.page_bound``),
-   with the one-sided 95 % upper bound of that rate, whether the variant in the second slot of a round tends to be
+   with the one-sided 95 % upper bound of that rate (a rate above the target is called over it only where its
+   one-sided 95 % lower bound is above it too), whether the variant in the second slot of a round tends to be
    faster, and the median round-level noise of this reference workload (what the rule has to tell 2 % through).
 4. Live power: a small real difference (a batch of 16 + 3 images against 16, per image, ResNet18 training), its
    long-run effect from many repeats, and how often the profile's own sequential run calls it "faster".
