@@ -134,11 +134,16 @@ def standin_cost(count: int = 1000) -> None:
     report_ratio(a, b, shifts, 0.8, 1.25)
 
 
+def binomial_mass(total: int, p: float, counts: range) -> float:
+    """The probability that ``total`` draws at rate ``p`` give a count in ``counts``."""
+    return sum(math.comb(total, k) * p ** k * (1 - p) ** (total - k) for k in counts)
+
+
 def upper_bound(false: int, total: int, confidence: float = 0.95) -> float:
     """The one-sided Clopper-Pearson upper bound of a rate seen ``false`` times in ``total``: the rate at which
     seeing at most ``false`` has probability 1 - ``confidence``."""
     def at_most(p: float) -> float:
-        return sum(math.comb(total, k) * p ** k * (1 - p) ** (total - k) for k in range(false + 1))
+        return binomial_mass(total, p, range(false + 1))
     low, high = false / total, 1.0
     for _ in range(60):  # bisection: at_most falls as p rises
         middle = (low + high) / 2
@@ -152,7 +157,7 @@ def lower_bound(false: int, total: int, confidence: float = 0.95) -> float:
     if false == 0:
         return 0.0
     def at_least(p: float) -> float:
-        return sum(math.comb(total, k) * p ** k * (1 - p) ** (total - k) for k in range(false, total + 1))
+        return binomial_mass(total, p, range(false, total + 1))
     low, high = 0.0, false / total
     for _ in range(60):  # bisection: at_least rises with p
         middle = (low + high) / 2

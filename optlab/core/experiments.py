@@ -380,7 +380,6 @@ def interleave(runners: dict[str, PhaseRunner], configs: dict[str, RunConfig], p
     rows: list[dict[str, Any]] = []
     failed: dict[str, str] = {}
     phases = tuple(phases)
-    stepped = lockstep_profile(prof) if passes else prof
     rule.start()
     round_index, kept = 0, 0
 
@@ -439,7 +438,7 @@ def interleave(runners: dict[str, PhaseRunner], configs: dict[str, RunConfig], p
     for row in rows:
         row[LOOK_CONFIDENCE] = rule.confidence
     return Rounds(rows, repeats, stop_reason(rule, repeats, rows), rule.record(),
-                  stepped.lockstep_steps if passes else None)
+                  prof.lockstep_steps if passes else None)
 
 
 def stop_reason(rule: StoppingRule, repeats: int, rows: list[dict[str, Any]]) -> str:
