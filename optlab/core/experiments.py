@@ -321,7 +321,7 @@ def lockstep_profile(prof: Profile, first_round: bool = True) -> Profile:
     """The profile a lockstep round runs: ``lockstep_steps`` timed steps in both phases, after the profile's warm-up
     steps in a model's first round only. The variants live on between rounds, so their one-off costs (the first
     step's allocations and kernel choices) are paid once, and a later pass loads its first batch in its first timed
-    step, as every batch after it (:func:`loops._timed_batches`); only the gradients, dropped after every pass, come
+    step, as every batch after it (:func:`loops.timed_pass`); only the gradients, dropped after every pass, come
     back in that step. A warm-up step in every round cost a quarter of a ResNet18 round and did not lower the noise
     (``benchmarks/noise.py --shapes 1+3 0+3``)."""
     warmup = prof.warmup_steps if first_round else 0
