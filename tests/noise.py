@@ -91,8 +91,9 @@ def look_plan(rule, round_s: float = 1.0) -> list:
 def sequential_outcomes(rng: np.random.Generator, speed_ups: dict[str, float], rule, noise: Noise, draws: int,
                         round_s: float = 1.0) -> dict[str, np.ndarray]:
     """``draws`` simulated runs of every variant against the first (the baseline) under ``rule``, vectorised: each
-    run stops at the first look where every comparison is clear, or at the last look. Returns the ``verdict``,
-    ``ratio``, ``low`` and ``high`` read there (draws x comparisons) and the ``repeats`` each run took (draws)."""
+    comparison is answered at the first look where its verdict is clear (the last look answers the rest), and a run
+    stops once every comparison is answered. Returns the ``verdict``, ``ratio``, ``low`` and ``high`` each comparison
+    was answered with (draws x comparisons) and the ``repeats`` each run took (draws)."""
     labels = list(speed_ups)
     looks = look_plan(rule, round_s)
     times, slots = simulated_round_times(rng, speed_ups, looks[-1].repeats, noise, draws)
@@ -100,7 +101,7 @@ def sequential_outcomes(rng: np.random.Generator, speed_ups: dict[str, float], r
     shape = (draws, len(others))
     out = {"verdict": np.full(shape, timing.UNCLEAR, dtype=object), "ratio": np.full(shape, np.nan),
            "low": np.full(shape, np.nan), "high": np.full(shape, np.nan), "repeats": np.zeros(draws, dtype=int)}
-    running = np.ones(draws, dtype=bool)
+    running, open_ = np.ones(draws, dtype=bool), np.ones(shape, dtype=bool)
     for look in looks:
         if not look.reads:
             continue
@@ -112,9 +113,11 @@ def sequential_outcomes(rng: np.random.Generator, speed_ups: dict[str, float], r
             ratio, low, high, _ = timing.intervals(log_ratios, slots[label][:n] - slots[base][:n], look.confidence)
             now["ratio"][:, column], now["low"][:, column], now["high"][:, column] = ratio, low, high
             now["verdict"][:, column] = timing.verdicts(ratio, low, high)
-        stop = running & (np.isin(now["verdict"], timing.CLEAR).all(axis=1) | look.final)
+        answering = open_ & (np.isin(now["verdict"], timing.CLEAR) | look.final)
         for key, values in now.items():
-            out[key][stop] = values[stop]
+            out[key][answering] = values[answering]
+        open_ &= ~answering
+        stop = running & ~open_.any(axis=1)
         out["repeats"][stop] = n
         running &= ~stop
     return out

@@ -85,6 +85,17 @@ def test_a_page_of_seven_a_a_variants_stays_within_the_page_bound(budget):
     assert page <= timing.page_bound(7)
 
 
+@pytest.mark.parametrize("budget", [12, None], ids=["12 rounds", "cap"])
+def test_an_a_a_comparison_beside_one_answered_early_keeps_the_stated_rate(budget):
+    """Comparisons are answered one by one: a clear 1.3 is answered at an early look while an A/A copy of the
+    baseline goes on to the later looks, where it is still called faster or slower in at most 0.5 % of runs."""
+    outcome = sequential_outcomes(np.random.default_rng(11), {"A": 1.0, "clear": 1.3, "A again": 1.0},
+                                  rule_for(budget), Noise(0.05, **HEAVY), A_A_DRAWS)
+    copy = np.isin(outcome["verdict"][:, 1], [timing.FASTER, timing.SLOWER]).mean()
+    print(f"A/A copy beside an early answer, {budget or 'cap'} rounds: false verdicts {copy:.4f}")
+    assert np.mean(outcome["verdict"][:, 0] == timing.FASTER) > 0.99 and copy <= A_A_ALLOWED
+
+
 def outcomes(speed_up: float, sd: float, budget: "int | None", draws: int = 2000, seed: int = 5) -> dict:
     return sequential_outcomes(np.random.default_rng(seed), {"A": 1.0, "B": speed_up}, rule_for(budget),
                                Noise(sd, **POWER), draws)

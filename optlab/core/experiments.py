@@ -43,7 +43,7 @@ from .profiles import Profile, get_profile
 from .registry import Experiment, get_experiment
 from .samples import failed_row, sample_row
 from .sequential import StoppingRule, visit_order
-from .summary import LOOK_CONFIDENCE, summarize_runs
+from .summary import LOOK_CONFIDENCE, LOOK_ROUNDS, summarize_runs
 from .timing import BAD_TIME, EARLY_STOP_BIAS, INTERVAL
 from .variants import VariantState, build_state
 from .workload import DataSource, Workload, get_workload
@@ -180,7 +180,7 @@ def run_experiment(
         load = machine_load.between(before, machine_load.snapshot())
         rows += ran.rows
         rounds[model_name] = ran.record() | {"machine_load": load}
-        print(f"{model_name}: {ran.repeats} repeats, stopped {ran.stopped}")
+        print(f"{model_name}: {ran.describe()}")
         if (busy := machine_load.warning(load)) is not None:
             print(f"{model_name}: {busy}")
         if out_dir is not None:  # after every model: a run killed later keeps what it finished
@@ -282,12 +282,21 @@ class Rounds:
     stopped: str  # "every answer clear", "at the cap of N repeats", "at the time budget", "fixed number of repeats"
     looks: dict[str, Any] = field(default_factory=dict)
     lockstep_steps: int | None = None  # timed steps per variant of a lockstep round; None: a pass per variant
+    left: dict[str, int] = field(default_factory=dict)  # variant -> rounds it ran before no comparison needed it
 
     def record(self) -> dict[str, Any]:
-        """What the record keeps of a model's rounds: how many, why they stopped, the looks, the interval's name
-        and what early stopping does to the estimate."""
-        return {"repeats": self.repeats, "stopped": self.stopped, **self.looks, "interval": INTERVAL,
-                "early_stopping": EARLY_STOP_BIAS, "lockstep_steps": self.lockstep_steps}
+        """What the record keeps of a model's rounds: how many, why they stopped, the looks, where comparisons were
+        answered and variants left, the interval's name and what early stopping does to the estimate."""
+        return {"repeats": self.repeats, "stopped": self.stopped, **self.looks, "left_after": self.left,
+                "interval": INTERVAL, "early_stopping": EARLY_STOP_BIAS, "lockstep_steps": self.lockstep_steps}
+
+    def describe(self) -> str:
+        """One line: how many rounds, why they stopped, and which variants left early, answered."""
+        line = f"{self.repeats} repeats, stopped {self.stopped}"
+        if self.left:
+            line += "; answered and left early: " + ", ".join(f"{label} after {rounds}"
+                                                               for label, rounds in self.left.items())
+        return line
 
 
 def stopping_rule(prof: Profile, comparisons: dict[str, str], phases: Iterable[str],
@@ -371,14 +380,17 @@ def interleave(runners: dict[str, PhaseRunner], configs: dict[str, RunConfig], p
                on_result: Callable[[str, int, PhaseResult], None] | None = None,
                passes: dict[str, PassStarter] | None = None) -> Rounds:
     """Rounds of every variant and phase, each round in :func:`sequential.visit_order` of the variants still
-    running, until ``rule`` stops them: the tidy rows, each with its slot among the variants still running and the
-    level its model's answers are read at. A variant that raises is recorded with :func:`failure_status`, and one
-    whose time is not a positive number with :data:`timing.BAD_TIME`; either leaves the later rounds and the rule at
-    once. ``on_result(label, repeat, result)`` sees every finished phase, warm-up repeats included. With ``passes``
-    (each variant's :meth:`LocalVariant.start`, where :func:`lockstep_ready` allows) the variants of a round run
-    each phase in lockstep (:func:`lockstep_round`) with the profile's ``lockstep_steps``."""
+    running, until ``rule`` stops them: the tidy rows, each with its slot among the variants still running and the look
+    its comparison is read at (its level, and the rounds it was answered on: :func:`answer_columns`). A variant that no
+    open comparison waits for any more (:meth:`StoppingRule.needed`) leaves the later rounds. A variant that raises is
+    recorded with :func:`failure_status`, and one whose time is not a positive number with :data:`timing.BAD_TIME`;
+    either leaves the later rounds and the rule at once. ``on_result(label, repeat, result)`` sees every finished phase,
+    warm-up repeats included. With ``passes`` (each variant's :meth:`LocalVariant.start`, where :func:`lockstep_ready`
+    allows) the variants of a round run each phase in lockstep (:func:`lockstep_round`) with the profile's
+    ``lockstep_steps``."""
     rows: list[dict[str, Any]] = []
     failed: dict[str, str] = {}
+    answered: dict[str, int] = {}  # variant -> the rounds it had when no open comparison needed it any more
     phases = tuple(phases)
     rule.start()
     round_index, kept = 0, 0
@@ -404,7 +416,8 @@ def interleave(runners: dict[str, PhaseRunner], configs: dict[str, RunConfig], p
     while True:
         kept = round_index - prof.warmup_repeats
         started = time.perf_counter()
-        order = visit_order([label for label in runners if label not in failed], max(kept, 0))
+        order = visit_order([label for label in runners if label not in failed and label not in answered],
+                            max(kept, 0))
         if passes:
             for phase in phases:
                 left = [label for label in order if label not in failed]
@@ -430,15 +443,31 @@ def interleave(runners: dict[str, PhaseRunner], configs: dict[str, RunConfig], p
         if kept < 0:
             continue
         rule.round_done(time.perf_counter() - started)
+        looks = len(rule.looks)
         if rule.stop_after(kept + 1, rows) or len(failed) == len(runners):
             break
+        if len(rule.looks) > looks:  # a look: comparisons it answered may leave variants no one waits for
+            needed = rule.needed(rows)
+            leaving = [label for label in order if label not in failed and label not in needed]
+            answered.update(dict.fromkeys(leaving, kept + 1))
+            if leaving:
+                rule.variants_left()
         if bar.total is not None:
-            bar.total += len(runners) * len(phases)
+            bar.total += (len(runners) - len(answered)) * len(phases)
     repeats = kept + 1
     for row in rows:
-        row[LOOK_CONFIDENCE] = rule.confidence
+        row.update(answer_columns(rule, model, row))
     return Rounds(rows, repeats, stop_reason(rule, repeats, rows), rule.record(),
-                  prof.lockstep_steps if passes else None)
+                  prof.lockstep_steps if passes else None, answered)
+
+
+def answer_columns(rule: StoppingRule, model: str, row: dict[str, Any]) -> dict[str, Any]:
+    """The look a sample's comparison (its variant against its reference, in its phase) is read at: the level and
+    rounds of the look that answered it, else the last look's level over every round (rounds None)."""
+    answer = rule.answered.get((model, row["phase"], row["variant"]))
+    if answer is None:
+        return {LOOK_CONFIDENCE: rule.confidence, LOOK_ROUNDS: None}
+    return {LOOK_CONFIDENCE: answer.confidence, LOOK_ROUNDS: answer.repeats}
 
 
 def stop_reason(rule: StoppingRule, repeats: int, rows: list[dict[str, Any]]) -> str:
@@ -452,7 +481,7 @@ def stop_reason(rule: StoppingRule, repeats: int, rows: list[dict[str, Any]]) ->
         return f"fixed at {repeats} repeats{also}"
     if not rule.waits_for(rows):
         return f"no comparison to wait for{also}"
-    if rule.settled(rows):
+    if not rule.open_comparisons(rows):
         return f"every answer clear{also}"
     if repeats >= rule.max_repeats:
         return f"at the cap of {rule.max_repeats} repeats{also}"
@@ -499,4 +528,4 @@ def _run_model(experiment: Experiment, model_name: str, configs: dict, prof: Pro
         torch._dynamo.reset()  # drop this model's compiled code: each model gets Dynamo's whole recompile limit
     if info.is_cuda:
         torch.cuda.empty_cache()
-    return Rounds(rows + ran.rows, ran.repeats, ran.stopped, ran.looks, ran.lockstep_steps)
+    return Rounds(rows + ran.rows, ran.repeats, ran.stopped, ran.looks, ran.lockstep_steps, ran.left)

@@ -6,15 +6,19 @@ order reversed (A B C, C B A; B C A, A C B; ...), so that after every pair each 
 middle slot (a slot effect that grows or shrinks along the round cancels in every pair), and after ``2 k`` rounds
 each of ``k`` variants has sat in every slot equally often.
 
-After the minimum number of rounds, and then after every pair, the run *looks*: it computes every comparison's
-interval and verdict (:func:`optlab.core.timing.speed_up`). It stops when every comparison still running has a clear
-answer (faster, slower, same within 2 %), at the hard cap on rounds, or at the last look that fits the time budget:
-for cheap comparisons the budget, not the cap, ends the run. How many looks a run takes is not known in advance, so
-the error rate is *spent* (:func:`optlab.core.timing.error_spent`): a look's share is the error spent by then, less
-the error spent at the looks before, where "by then" is the share of the run done (rounds over the cap or seconds
-over the budget, whichever is further along, and all of it at the last look). Each look reads its intervals at
-``1 - share``; the shares add up to at most ``ERROR_RATE``, so the chance that any look of an A/A comparison says
-"faster" or "slower" is at most ``ERROR_RATE``, however many looks the budget allows. A look whose share is below
+After the minimum number of rounds, and then after every pair, the run *looks*: it computes the interval and verdict
+(:func:`optlab.core.timing.speed_up`) of every comparison not yet answered. A comparison whose answer is clear (faster,
+slower, same within 2 %) is *answered* there: it keeps that look's verdict, interval and rounds, and a variant that no
+comparison still waits for (as the variant or as its reference) leaves the later rounds (:meth:`StoppingRule.needed`),
+so that the rounds left are cheaper and the budget goes where an answer is still missing. The run stops when every
+comparison is answered, at the hard cap on rounds, or at the last look that fits the time budget: for cheap comparisons
+the budget, not the cap, ends the run. How many looks a run takes is not known in advance, so the error rate is *spent*
+(:func:`optlab.core.timing.error_spent`): a look's share is the error spent by then, less the error spent at the looks
+before, where "by then" is the share of the run done (rounds over the cap or seconds over the budget, whichever is
+further along, and all of it at the last look). Each look reads its intervals at ``1 - share``; the shares add up to at
+most ``ERROR_RATE``, so the chance that any look of an A/A comparison says "faster" or "slower" is at most
+``ERROR_RATE``, however many looks the budget allows; a comparison answered at its first clear look is one of those
+looks, so answering each comparison where it clears keeps that bound. A look whose share is below
 ``SMALLEST_LOOK_ERROR`` reads nothing and keeps its share for the looks after it.
 
 A variant that fails leaves the rule at once: its comparisons (and those against it) are no longer waited for, and
@@ -25,7 +29,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import pandas as pd
 
@@ -52,6 +56,15 @@ def look_points(min_repeats: int, max_repeats: int) -> list[int]:
         raise ValueError(f"the cap on repeats ({max_repeats}) is below the minimum ({min_repeats})")
     points = list(range(min_repeats, max_repeats + 1, LOOK_EVERY))
     return points if points[-1] == max_repeats else points + [max_repeats]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """Where a comparison was answered: after how many rounds, at what level, and its verdict there."""
+
+    repeats: int
+    confidence: float
+    verdict: str
 
 
 @dataclass(frozen=True)
@@ -90,14 +103,9 @@ def pair_verdicts(samples: pd.DataFrame, comparisons: dict[str, str], phases: "t
     return verdicts
 
 
-def all_clear(verdicts: Iterable[str]) -> bool:
-    """Whether every verdict is one of the answers that end a run: faster, slower, same within 2 %."""
-    return all(verdict in CLEAR for verdict in verdicts)
-
-
 @dataclass
 class StoppingRule:
-    """When a run of rounds stops: ``min_repeats`` always, more in pairs while an answer is unclear, at most
+    """When a run of rounds stops: ``min_repeats`` always, more in pairs while a comparison is unanswered, at most
     ``max_repeats`` (a hard cap), and no new pair once ``time_budget_s`` would be passed; every look at its own
     share of the error rate. ``comparisons`` maps each variant to its reference, waited for in ``phases``.
     ``clock`` is where the seconds come from (a simulation passes its own); ``look_every``: rounds between looks.
@@ -119,22 +127,37 @@ class StoppingRule:
     _started: float = field(init=False, default=0.0)
     _round_s: list[float] = field(init=False, default_factory=list)
     _spent: float = field(init=False, default=0.0)
+    _since: int = field(init=False, default=0)  # the budget's forecast reads the rounds from this one on
+    answered: dict[tuple, Answer] = field(init=False, default_factory=dict)  # (model, phase, variant) -> its answer
 
     def __post_init__(self) -> None:
         look_points(self.min_repeats, self.max_repeats)  # raises on a cap below the minimum
 
     def start(self) -> None:
         self._started, self._round_s, self.looks, self._spent = self.clock(), [], [], 0.0
-        self._mark, self._longest = shutdown.now(), 0.0
+        self._mark, self._longest, self._since, self.answered = shutdown.now(), 0.0, 0, {}
 
     def round_done(self, seconds: float) -> None:
         """Record how long a timed round took. The budget's forecast of the next rounds is the longest one after the
-        first, whose one-off costs (the CPU's profiled memory step, a first compile) the later rounds do not pay."""
+        first, whose one-off costs (the CPU's profiled memory step, a first compile) the later rounds do not pay, and
+        after the last change of the variants that run (:meth:`variants_left`)."""
         self._round_s.append(seconds)
+
+    def variants_left(self) -> None:
+        """Some variants left the rounds: the rounds after this one are cheaper, so the budget's forecast reads those
+        only."""
+        self._since = len(self._round_s)
+
+    def _forecast_round_s(self) -> float:
+        """The seconds of the next round: the longest since the variants last changed, else the longest after the
+        first (:meth:`round_done`)."""
+        recent = self._round_s[self._since:] if self._since else self._round_s[1:] or self._round_s
+        return max(recent or self._round_s, default=0.0)
 
     @property
     def confidence(self) -> float:
-        """The level of the last look that read its intervals: the level the run's answers are read at."""
+        """The level of the last look that read its intervals: the level the comparisons still open at the end are
+        read at."""
         read = [look.confidence for look in self.looks if look.reads]
         return read[-1] if read else CONFIDENCE
 
@@ -146,7 +169,7 @@ class StoppingRule:
             return None
         elapsed = self.clock() - self._started
         next_look = min(repeats + self.look_every, self.max_repeats)
-        forecast = (next_look - repeats) * max(self._round_s[1:] or self._round_s, default=0.0)
+        forecast = (next_look - repeats) * self._forecast_round_s()
         final = repeats >= self.max_repeats or elapsed + forecast > self.time_budget_s
         fraction = 1.0 if final else min(1.0, max(repeats / self.max_repeats, elapsed / self.time_budget_s))
         share = error_spent(fraction) - self._spent
@@ -158,14 +181,24 @@ class StoppingRule:
         return self.looks[-1]
 
     def stop_after(self, repeats: int, rows: list[dict[str, Any]]) -> bool:
-        """Whether the run stops after ``repeats`` timed rounds with these sample ``rows``."""
-        return self.stop_on(repeats, lambda confidence: self.settled(rows, confidence), lambda: self.waits_for(rows))
+        """Whether the run stops after ``repeats`` timed rounds with these sample ``rows``; a look that reads answers
+        every comparison whose verdict is clear there (:attr:`answered`)."""
+        frame = pd.DataFrame(rows)
+
+        def settled(confidence: float) -> bool:
+            verdicts = pair_verdicts(frame, self.comparisons, self.phases, confidence)
+            for key, verdict in verdicts.items():
+                if key not in self.answered and verdict in CLEAR:
+                    self.answered[key] = Answer(repeats, confidence, verdict)
+            return all(key in self.answered for key in verdicts)
+
+        return self.stop_on(repeats, settled, lambda: self.waits_for(rows))
 
     def stop_on(self, repeats: int, settled: Callable[[float], bool],
                 waiting: Callable[[], bool] = lambda: True) -> bool:
         """The rule itself: never before the minimum, always at the last look (the cap, or the last that fits the
-        budget), and at every look in between that reads when ``settled(confidence)`` (every comparison still
-        running has a clear answer at that look's level); and after any round once the next would end past the
+        budget), and at every look in between that reads when ``settled(confidence)`` (every comparison is answered,
+        asked at every look that reads, the last one too); and after any round once the next would end past the
         deadline. A run with no comparison left to wait for (``waiting()`` false, asked at looks only: none timed on
         this device, or every one left the rule) stops at its first look."""
         now = shutdown.now()
@@ -176,19 +209,29 @@ class StoppingRule:
         look = self.look(repeats)
         if look is None:
             return False
-        return look.final or not waiting() or (look.reads and settled(look.confidence))
+        waits = waiting()
+        clear = look.reads and waits and settled(look.confidence)
+        return look.final or not waits or clear
 
     def waits_for(self, rows: list[dict[str, Any]]) -> bool:
         """Whether any comparison is still in the rule: both sides timed in these ``rows`` and neither failed."""
         return bool(pair_verdicts(pd.DataFrame(rows), self.comparisons, self.phases))
 
-    def settled(self, rows: list[dict[str, Any]], confidence: float | None = None) -> bool:
-        """Every comparison still running has a clear answer at ``confidence`` (default: the last look's)."""
-        level = self.confidence if confidence is None else confidence
-        return all_clear(pair_verdicts(pd.DataFrame(rows), self.comparisons, self.phases, level).values())
+    def open_comparisons(self, rows: list[dict[str, Any]]) -> list[tuple]:
+        """The comparisons still in the rule and not yet answered: ``(model, phase, variant)`` each."""
+        return [key for key in pair_verdicts(pd.DataFrame(rows), self.comparisons, self.phases)
+                if key not in self.answered]
+
+    def needed(self, rows: list[dict[str, Any]]) -> set[str]:
+        """The variants an open comparison still waits for: its variant and its reference."""
+        return {label for _, _, variant in self.open_comparisons(rows)
+                for label in (variant, self.comparisons[variant])}
 
     def record(self) -> dict[str, Any]:
-        """What the record keeps of the looks: each look's rounds and level, and the level the answers were read at."""
+        """What the record keeps of the looks: each look's rounds and level, the level the comparisons still open at
+        the end were read at, and where each other comparison was answered (phase, variant, rounds, level, verdict)."""
         return {"looks": [[look.repeats, None if not look.reads else round(look.confidence, 10)]
                           for look in self.looks],
-                "read_at": self.confidence}
+                "read_at": self.confidence,
+                "answered": [[phase, variant, answer.repeats, round(answer.confidence, 10), answer.verdict]
+                             for (_, phase, variant), answer in self.answered.items()]}

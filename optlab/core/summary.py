@@ -12,7 +12,8 @@ SUMMARY_COLUMNS = [
     "ci_low", "ci_high", "verdict", "noise", "role",
 ]
 CLAIM, CONTROL = "claim", "A/A control"
-LOOK_CONFIDENCE = "look_confidence"  # samples' column: the level of the look a model's answers were read at
+LOOK_CONFIDENCE = "look_confidence"  # samples' column: the level of the look their comparison is read at
+LOOK_ROUNDS = "look_rounds"  # samples' column: the rounds of the look that answered their comparison (None: all)
 EARLIER_RULE_CONFIDENCE = 0.999  # samples without it came from the earlier rule: 5 looks at most, each at 99.9 %
 
 
@@ -24,18 +25,26 @@ def failed_variants(samples: pd.DataFrame) -> dict[tuple[str, str], str]:
     return {(row.model, row.variant): row.status for row in failed.itertuples()}
 
 
-def read_level(samples: pd.DataFrame) -> float:
-    """The level a model's samples are read at: their look's, else the earlier rule's per-look level."""
+def read_at(samples: pd.DataFrame) -> tuple[float, int | None]:
+    """The look a variant's samples (one model and phase) are read at: its level (else the earlier rule's per-look
+    level) and the rounds that look had (None: every round, as in records from before comparisons were answered
+    one by one)."""
+    level = EARLIER_RULE_CONFIDENCE
     if LOOK_CONFIDENCE in samples and samples[LOOK_CONFIDENCE].notna().any():
-        return float(samples[LOOK_CONFIDENCE].dropna().iloc[-1])
-    return EARLIER_RULE_CONFIDENCE
+        level = float(samples[LOOK_CONFIDENCE].dropna().iloc[-1])
+    rounds = None
+    if LOOK_ROUNDS in samples and samples[LOOK_ROUNDS].notna().any():
+        rounds = int(samples[LOOK_ROUNDS].dropna().iloc[-1])
+    return level, rounds
 
 
-def paired_epoch_times(reference: pd.DataFrame, variant: pd.DataFrame) -> tuple[list[float], list[float], list | None]:
-    """The two variants' epoch-equivalent times on the repeats both finished, in repeat order, and how many slots
-    later the variant ran than its reference in each (None for samples that do not record their slot)."""
+def paired_epoch_times(reference: pd.DataFrame, variant: pd.DataFrame, rounds: int | None = None
+                       ) -> tuple[list[float], list[float], list | None]:
+    """The two variants' epoch-equivalent times on the repeats both finished (the first ``rounds`` of them, where
+    given), in repeat order, and how many slots later the variant ran than its reference in each (None for samples
+    that do not record their slot)."""
     base, other = reference.set_index("repeat"), variant.set_index("repeat")
-    repeats = sorted(set(base.index) & set(other.index))
+    repeats = sorted(set(base.index) & set(other.index))[:rounds]
     shifts = None
     if "slot" in base and "slot" in other and not (base["slot"].isna().any() or other["slot"].isna().any()):
         shifts = (other.loc[repeats, "slot"] - base.loc[repeats, "slot"]).tolist()
@@ -49,11 +58,12 @@ def summarize_runs(samples: pd.DataFrame, baseline: str, controls: "tuple[str, .
     Phases in ``controls`` are ones the technique cannot change: their rows say so in ``role`` ("A/A control"), and
     their verdicts measure the noise, not the technique.
 
-    Each interval is read at the level of the look where its model's run stopped (the samples' ``look_confidence``),
-    and ``noise`` is the standard deviation of one round's log ratio. A variant that failed in any phase is shown
-    once per phase, with the rounds it finished there (``n``) and its status as the verdict, and no speed-up: its
-    comparison left the rule when it failed, so it was never read at a look. A comparison against a failed
-    reference says so."""
+    Each interval is read at the look that answered its comparison, on the rounds that look had, else at the level of
+    the look where its model's run stopped, on every round (the variant's samples' ``look_confidence`` and
+    ``look_rounds``); ``noise`` is the standard deviation of one round's log ratio. A variant that failed in any phase
+    is shown once per phase, with the rounds it finished there (``n``) and its status as the verdict, and no speed-up:
+    its comparison left the rule when it failed, so it was never read at a look. A comparison against a failed reference
+    says so."""
     references = references or {}
     if samples.empty or "epoch_equiv_s" not in samples:
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
@@ -63,7 +73,6 @@ def summarize_runs(samples: pd.DataFrame, baseline: str, controls: "tuple[str, .
     for (model, phase), group in ok.groupby(["model", "phase"], sort=False):
         by_variant = dict(tuple(group.groupby("variant", sort=False)))
         role = CONTROL if phase in controls else CLAIM
-        level = read_level(samples[samples["model"] == model])
         for variant, runs in by_variant.items():
             epoch = summarize(runs["epoch_equiv_s"])
             first = runs["repeat"] == runs["repeat"].min()  # one-off costs: cuDNN's trials, a first workspace
@@ -87,7 +96,8 @@ def summarize_runs(samples: pd.DataFrame, baseline: str, controls: "tuple[str, .
             elif (model, reference) in failed:
                 row.update(reference=reference, verdict=f"not compared: {reference} {failed[(model, reference)]}")
             elif reference in by_variant:
-                base, other, shifts = paired_epoch_times(by_variant[reference], runs)
+                level, rounds = read_at(runs)
+                base, other, shifts = paired_epoch_times(by_variant[reference], runs, rounds)
                 result = speed_up(base, other, shifts, confidence=level)
                 row.update(reference=reference, n=len(base), speedup=result.ratio, ci_low=result.low,
                            ci_high=result.high, verdict=result.verdict, noise=result.noise)
