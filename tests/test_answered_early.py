@@ -1,6 +1,6 @@
-"""Comparisons answered one by one: a comparison keeps the answer of the first look where it is clear, and a variant
-that no open comparison waits for leaves the later rounds, so the budget goes to the answers still missing (the real
-``interleave``, rule and summary, with fake runners)."""
+"""Comparisons closed one by one: a comparison keeps the answer of the first look where it is clear, one that the
+budget's rounds could not answer gives them up to one that they could, and a variant that no open comparison waits
+for leaves the later rounds (the real ``interleave``, rule and summary, with fake runners)."""
 import numpy as np
 import pandas as pd
 from tqdm import tqdm
@@ -9,9 +9,9 @@ from optlab.core import timing
 from optlab.core.config import RunConfig
 from optlab.core.device import resolve_device
 from optlab.core.experiments import interleave, stopping_rule
-from optlab.core.sequential import StoppingRule
+from optlab.core.sequential import ANSWERED, FUTILE_AFTER, OUT_OF_REACH, StoppingRule
 from optlab.core.summary import summarize_runs
-from optlab.core.timing import speed_up
+from optlab.core.timing import out_of_reach, speed_up
 from tests.test_stopping_failures import PHASES, PROFILE, runner
 
 
@@ -29,25 +29,27 @@ def test_a_variant_answered_at_the_first_look_leaves_and_keeps_that_look_s_answe
     comparisons = {"twice as slow": "A", "A again": "A"}
     rounds, summary, rule = run({"A": {}, "twice as slow": {"time_s": 0.02}, "A again": {"noise": 0.03}},
                                 comparisons)
-    answer = rule.answered[("m", "train", "twice as slow")]
+    answer = rule.closed[("m", "train", "twice as slow")]
     first = answer.repeats  # the first look that reads and finds it clear
     assert first < PROFILE.max_repeats and answer.verdict == timing.SLOWER
     assert rounds.left == {"twice as slow": first} and rounds.repeats == PROFILE.max_repeats
-    assert f"twice as slow after {first}" in rounds.describe()
+    assert f"twice as slow after {first}" in rounds.describe() and answer.why == ANSWERED
     rows = pd.DataFrame(rounds.rows)
     assert set(rows.loc[rows["variant"] == "twice as slow", "repeat"]) == set(range(first))
     assert set(rows.loc[rows["repeat"] >= first, "slot"]) == {0, 1}  # slots count the variants still running
     slow = summary[summary["variant"] == "twice as slow"].set_index("phase")
     kept = summary[summary["variant"] == "A again"].set_index("phase")
     assert set(slow["verdict"]) == {timing.SLOWER} and set(slow["n"]) == {first}
-    assert set(kept["n"]) == {rounds.repeats}  # the open comparison used every round
+    for phase, n in kept["n"].items():  # an open comparison used every round; a closed one, those of its look
+        closed = rule.closed.get(("m", phase, "A again"))
+        assert n == (rounds.repeats if closed is None else closed.repeats)
     base = rows[(rows["variant"] == "A") & (rows["phase"] == "train")].sort_values("repeat")
     other = rows[(rows["variant"] == "twice as slow") & (rows["phase"] == "train")].sort_values("repeat")
     base = base.head(first)  # the rounds of the look that answered it
     again = speed_up(base["epoch_equiv_s"], other["epoch_equiv_s"], other["slot"].to_numpy() - base["slot"].to_numpy(),
                      confidence=answer.confidence)
     assert slow.loc["train", "ci_low"] == again.low and slow.loc["train", "ci_high"] == again.high
-    assert ["train", "twice as slow", first] == rounds.looks["answered"][0][:3]
+    assert ["train", "twice as slow", first] == rounds.looks["closed"][0][:3]
 
 
 def test_a_variant_stays_while_an_open_comparison_uses_it_as_its_reference():
@@ -55,7 +57,7 @@ def test_a_variant_stays_while_an_open_comparison_uses_it_as_its_reference():
     rounds, summary, rule = run({"A": {}, "B": {"time_s": 0.005}, "C": {"time_s": 0.005, "noise": 0.03}},
                                 comparisons)
     by_variant = summary.set_index(["variant", "phase"])
-    first = rule.answered[("m", "train", "B")].repeats
+    first = rule.closed[("m", "train", "B")].repeats
     assert by_variant.loc[("B", "train"), "verdict"] == timing.FASTER and first < rounds.repeats
     assert by_variant.loc[("B", "train"), "n"] == first
     assert "B" not in rounds.left and rounds.left.get("A") == first  # no open comparison needs A any more
@@ -69,7 +71,7 @@ def test_the_needed_variants_are_those_of_open_comparisons():
     rule.start()
     assert rule.needed(rows) == {"A", "B", "C"}
     rule.stop_after(4, rows)  # B is twice as slow in every round: answered; C drifts: open
-    assert set(rule.answered) == {("m", "train", "B")} and rule.needed(rows) == {"A", "C"}
+    assert set(rule.closed) == {("m", "train", "B")} and rule.needed(rows) == {"A", "C"}
 
 
 def test_the_budget_forecasts_the_rounds_after_variants_left_from_those_rounds():
@@ -85,3 +87,51 @@ def test_the_budget_forecasts_the_rounds_after_variants_left_from_those_rounds()
         now[0] += seconds
         rule.round_done(seconds)
     assert not rule.look(6).final  # 13 s spent: two rounds of 0.5 s fit, two of 3 s would not
+
+
+def test_out_of_reach_needs_both_a_difference_and_a_match_beyond_the_rounds_possible():
+    assert out_of_reach(1.005, 0.08, 12, 30)  # 0.5 % at 8 % noise: 30 rounds tell neither
+    assert not out_of_reach(1.005, 0.08, 12, 5000)  # enough rounds would tell it is the same
+    assert not out_of_reach(1.06, 0.08, 12, 30)  # 6 % could be told faster in 30
+    assert not out_of_reach(1.03, 0.08, 8, 24)  # one standard error more (2.8 %) could still reach faster
+    assert not out_of_reach(1.0, float("nan"), 12, 30)  # no noise known: nothing to judge
+
+
+def test_a_comparison_out_of_reach_leaves_the_rounds_to_one_within_reach():
+    comparisons = {"near": "A", "three percent": "A"}
+    labels = {"A": {"noise": 0.03}, "near": {"time_s": 0.01 / 1.003, "noise": 0.03},
+              "three percent": {"time_s": 0.01 / 1.03, "noise": 0.03}}
+    rounds, summary, rule = run(labels, comparisons, seed=4)  # a seed where both phases of "near" are given up
+    near = {phase: closed for (_, phase, variant), closed in rule.closed.items() if variant == "near"}
+    assert near and all(c.why == OUT_OF_REACH and c.verdict == timing.UNCLEAR and c.repeats >= FUTILE_AFTER
+                        for c in near.values())
+    assert rounds.left["near"] == max(c.repeats for c in near.values()) < rounds.repeats
+    shown = summary[summary["variant"] == "near"].set_index("phase")["n"]
+    assert all(shown[phase] == closed.repeats for phase, closed in near.items())
+
+
+def rule_at(repeats: int) -> StoppingRule:
+    """A rule whose budget allows 2 more rounds of 1 s after ``repeats`` rounds (up to 6 more rounds possible)."""
+    now = [0.0]
+    rule = StoppingRule(4, 96, time_budget_s=repeats + 2.0, clock=lambda: now[0])
+    rule.start()
+    for _ in range(repeats):
+        now[0] += 1.0
+        rule.round_done(1.0)
+    return rule
+
+
+def unclear(ratio: float, noise: float = 0.08) -> timing.SpeedUp:
+    return timing.SpeedUp(ratio, ratio * 0.9, ratio * 1.1, timing.UNCLEAR, noise)
+
+
+def test_the_rule_closes_out_of_reach_comparisons_only_while_another_is_within_reach():
+    rule = rule_at(12)
+    assert rule.rounds_possible(12) == 16  # 12 done, twice the 2 left
+    rule.close({"a": unclear(1.004), "b": unclear(0.997)}, 12, 0.999)
+    assert not rule.closed  # nothing within reach: both go on to the end
+    rule.close({"a": unclear(1.004), "b": unclear(0.997), "c": unclear(1.15)}, 12, 0.999)
+    assert {key: closed.why for key, closed in rule.closed.items()} == {"a": OUT_OF_REACH, "b": OUT_OF_REACH}
+    early = rule_at(FUTILE_AFTER - 2)
+    early.close({"a": unclear(1.004), "c": unclear(1.15)}, FUTILE_AFTER - 2, 0.999)
+    assert not early.closed  # too few rounds to judge

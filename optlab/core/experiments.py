@@ -42,7 +42,7 @@ from .no_effect import no_effect_variants
 from .profiles import Profile, get_profile
 from .registry import Experiment, get_experiment
 from .samples import failed_row, sample_row
-from .sequential import StoppingRule, visit_order
+from .sequential import OUT_OF_REACH, StoppingRule, visit_order
 from .summary import LOOK_CONFIDENCE, LOOK_ROUNDS, summarize_runs
 from .timing import BAD_TIME, EARLY_STOP_BIAS, INTERVAL
 from .variants import VariantState, build_state
@@ -282,20 +282,20 @@ class Rounds:
     stopped: str  # "every answer clear", "at the cap of N repeats", "at the time budget", "fixed number of repeats"
     looks: dict[str, Any] = field(default_factory=dict)
     lockstep_steps: int | None = None  # timed steps per variant of a lockstep round; None: a pass per variant
-    left: dict[str, int] = field(default_factory=dict)  # variant -> rounds it ran before no comparison needed it
+    left: dict[str, int] = field(default_factory=dict)  # variant -> rounds it ran before no open comparison needed it
 
     def record(self) -> dict[str, Any]:
         """What the record keeps of a model's rounds: how many, why they stopped, the looks, where comparisons were
-        answered and variants left, the interval's name and what early stopping does to the estimate."""
+        closed and variants left, the interval's name and what early stopping does to the estimate."""
         return {"repeats": self.repeats, "stopped": self.stopped, **self.looks, "left_after": self.left,
                 "interval": INTERVAL, "early_stopping": EARLY_STOP_BIAS, "lockstep_steps": self.lockstep_steps}
 
     def describe(self) -> str:
-        """One line: how many rounds, why they stopped, and which variants left early, answered."""
+        """One line: how many rounds, why they stopped, and which variants left early (their comparisons closed)."""
         line = f"{self.repeats} repeats, stopped {self.stopped}"
         if self.left:
-            line += "; answered and left early: " + ", ".join(f"{label} after {rounds}"
-                                                               for label, rounds in self.left.items())
+            line += "; closed and left early: " + ", ".join(f"{label} after {rounds}"
+                                                            for label, rounds in self.left.items())
         return line
 
 
@@ -381,7 +381,7 @@ def interleave(runners: dict[str, PhaseRunner], configs: dict[str, RunConfig], p
                passes: dict[str, PassStarter] | None = None) -> Rounds:
     """Rounds of every variant and phase, each round in :func:`sequential.visit_order` of the variants still
     running, until ``rule`` stops them: the tidy rows, each with its slot among the variants still running and the look
-    its comparison is read at (its level, and the rounds it was answered on: :func:`answer_columns`). A variant that no
+    its comparison is read at (its level, and the rounds it was closed at: :func:`answer_columns`). A variant that no
     open comparison waits for any more (:meth:`StoppingRule.needed`) leaves the later rounds. A variant that raises is
     recorded with :func:`failure_status`, and one whose time is not a positive number with :data:`timing.BAD_TIME`;
     either leaves the later rounds and the rule at once. ``on_result(label, repeat, result)`` sees every finished phase,
@@ -390,7 +390,7 @@ def interleave(runners: dict[str, PhaseRunner], configs: dict[str, RunConfig], p
     ``lockstep_steps``."""
     rows: list[dict[str, Any]] = []
     failed: dict[str, str] = {}
-    answered: dict[str, int] = {}  # variant -> the rounds it had when no open comparison needed it any more
+    gone: dict[str, int] = {}  # variant -> the rounds it had when no open comparison needed it any more
     phases = tuple(phases)
     rule.start()
     round_index, kept = 0, 0
@@ -416,7 +416,7 @@ def interleave(runners: dict[str, PhaseRunner], configs: dict[str, RunConfig], p
     while True:
         kept = round_index - prof.warmup_repeats
         started = time.perf_counter()
-        order = visit_order([label for label in runners if label not in failed and label not in answered],
+        order = visit_order([label for label in runners if label not in failed and label not in gone],
                             max(kept, 0))
         if passes:
             for phase in phases:
@@ -446,28 +446,28 @@ def interleave(runners: dict[str, PhaseRunner], configs: dict[str, RunConfig], p
         looks = len(rule.looks)
         if rule.stop_after(kept + 1, rows) or len(failed) == len(runners):
             break
-        if len(rule.looks) > looks:  # a look: comparisons it answered may leave variants no one waits for
+        if len(rule.looks) > looks:  # a look: the comparisons it closed may leave variants no one waits for
             needed = rule.needed(rows)
             leaving = [label for label in order if label not in failed and label not in needed]
-            answered.update(dict.fromkeys(leaving, kept + 1))
+            gone.update(dict.fromkeys(leaving, kept + 1))
             if leaving:
                 rule.variants_left()
         if bar.total is not None:
-            bar.total += (len(runners) - len(answered)) * len(phases)
+            bar.total += (len(runners) - len(gone)) * len(phases)
     repeats = kept + 1
     for row in rows:
         row.update(answer_columns(rule, model, row))
     return Rounds(rows, repeats, stop_reason(rule, repeats, rows), rule.record(),
-                  prof.lockstep_steps if passes else None, answered)
+                  prof.lockstep_steps if passes else None, gone)
 
 
 def answer_columns(rule: StoppingRule, model: str, row: dict[str, Any]) -> dict[str, Any]:
     """The look a sample's comparison (its variant against its reference, in its phase) is read at: the level and
-    rounds of the look that answered it, else the last look's level over every round (rounds None)."""
-    answer = rule.answered.get((model, row["phase"], row["variant"]))
-    if answer is None:
+    rounds of the look that closed it, else the last look's level over every round (rounds None)."""
+    closed = rule.closed.get((model, row["phase"], row["variant"]))
+    if closed is None:
         return {LOOK_CONFIDENCE: rule.confidence, LOOK_ROUNDS: None}
-    return {LOOK_CONFIDENCE: answer.confidence, LOOK_ROUNDS: answer.repeats}
+    return {LOOK_CONFIDENCE: closed.confidence, LOOK_ROUNDS: closed.repeats}
 
 
 def stop_reason(rule: StoppingRule, repeats: int, rows: list[dict[str, Any]]) -> str:
@@ -482,7 +482,8 @@ def stop_reason(rule: StoppingRule, repeats: int, rows: list[dict[str, Any]]) ->
     if not rule.waits_for(rows):
         return f"no comparison to wait for{also}"
     if not rule.open_comparisons(rows):
-        return f"every answer clear{also}"
+        beyond = sum(closed.why == OUT_OF_REACH for closed in rule.closed.values())
+        return f"every answer clear{also}" if not beyond else f"every comparison answered or out of reach{also}"
     if repeats >= rule.max_repeats:
         return f"at the cap of {rule.max_repeats} repeats{also}"
     return f"at the time budget of {rule.time_budget_s:g} s{also}"

@@ -7,19 +7,22 @@ middle slot (a slot effect that grows or shrinks along the round cancels in ever
 each of ``k`` variants has sat in every slot equally often.
 
 After the minimum number of rounds, and then after every pair, the run *looks*: it computes the interval and verdict
-(:func:`optlab.core.timing.speed_up`) of every comparison not yet answered. A comparison whose answer is clear (faster,
-slower, same within 2 %) is *answered* there: it keeps that look's verdict, interval and rounds, and a variant that no
-comparison still waits for (as the variant or as its reference) leaves the later rounds (:meth:`StoppingRule.needed`),
-so that the rounds left are cheaper and the budget goes where an answer is still missing. The run stops when every
-comparison is answered, at the hard cap on rounds, or at the last look that fits the time budget: for cheap comparisons
-the budget, not the cap, ends the run. How many looks a run takes is not known in advance, so the error rate is *spent*
-(:func:`optlab.core.timing.error_spent`): a look's share is the error spent by then, less the error spent at the looks
-before, where "by then" is the share of the run done (rounds over the cap or seconds over the budget, whichever is
-further along, and all of it at the last look). Each look reads its intervals at ``1 - share``; the shares add up to at
-most ``ERROR_RATE``, so the chance that any look of an A/A comparison says "faster" or "slower" is at most
-``ERROR_RATE``, however many looks the budget allows; a comparison answered at its first clear look is one of those
-looks, so answering each comparison where it clears keeps that bound. A look whose share is below
-``SMALLEST_LOOK_ERROR`` reads nothing and keeps its share for the looks after it.
+(:func:`optlab.core.timing.speed_up`) of every comparison still open. A comparison whose answer is clear (faster,
+slower, same within 2 %) is *answered* and closed there: it keeps that look's verdict, interval and rounds. From
+``FUTILE_AFTER`` rounds on, a comparison that even twice the rounds the budget has left could not answer
+(:func:`optlab.core.timing.out_of_reach`) is closed too, as *can't tell yet* at that look, while another open comparison
+could still be answered; where none could, all go on to the end. A variant that no open comparison waits for (as the
+variant or as its reference) leaves the later rounds (:meth:`StoppingRule.needed`), so that the rounds left are cheaper
+and the budget goes where an answer is still possible. The run stops when every comparison is closed, at the hard cap on
+rounds, or at the last look that fits the time budget: for cheap comparisons the budget, not the cap, ends the run. How
+many looks a run takes is not known in advance, so the error rate is *spent* (:func:`optlab.core.timing.error_spent`): a
+look's share is the error spent by then, less the error spent at the looks before, where "by then" is the share of the
+run done (rounds over the cap or seconds over the budget, whichever is further along, and all of it at the last look).
+Each look reads its intervals at ``1 - share``; the shares add up to at most ``ERROR_RATE``, so the chance that any look
+of an A/A comparison says "faster" or "slower" is at most ``ERROR_RATE``, however many looks the budget allows; a
+comparison answered at its first clear look is one of those looks, so answering each comparison where it clears keeps
+that bound. A look whose share is below ``SMALLEST_LOOK_ERROR`` reads nothing and keeps its share for the looks after
+it.
 
 A variant that fails leaves the rule at once: its comparisons (and those against it) are no longer waited for, and
 the others settle as if it had never run.
@@ -35,7 +38,7 @@ import pandas as pd
 
 from . import shutdown
 from .summary import failed_variants, paired_epoch_times
-from .timing import CLEAR, CONFIDENCE, SMALLEST_LOOK_ERROR, error_spent, speed_up
+from .timing import CLEAR, CONFIDENCE, SMALLEST_LOOK_ERROR, SpeedUp, error_spent, out_of_reach, speed_up
 
 LOOK_EVERY = 2  # rounds between looks: one mirrored pair
 
@@ -58,13 +61,20 @@ def look_points(min_repeats: int, max_repeats: int) -> list[int]:
     return points if points[-1] == max_repeats else points + [max_repeats]
 
 
+ANSWERED = "answered"  # a comparison closed at a look where its verdict was clear
+OUT_OF_REACH = "out of the budget's reach"  # closed where the rounds left could not answer it and others' could
+FUTILE_AFTER = 8  # rounds before a comparison may be found out of reach: its noise means something by then
+
+
 @dataclass(frozen=True)
-class Answer:
-    """Where a comparison was answered: after how many rounds, at what level, and its verdict there."""
+class Closed:
+    """Where a comparison was closed: after how many rounds, at what level, its verdict there, and why
+    (:data:`ANSWERED` or :data:`OUT_OF_REACH`)."""
 
     repeats: int
     confidence: float
     verdict: str
+    why: str = ANSWERED
 
 
 @dataclass(frozen=True)
@@ -82,14 +92,14 @@ class Look:
         return not math.isnan(self.confidence)
 
 
-def pair_verdicts(samples: pd.DataFrame, comparisons: dict[str, str], phases: "tuple[str, ...] | list[str]",
-                  confidence: float = CONFIDENCE) -> dict:
-    """The verdict of every ``variant -> reference`` comparison in ``phases`` (per model), read at ``confidence``
-    from tidy samples so far: ``{(model, phase, variant): verdict}``. A comparison with a side that failed in any
-    phase has left the rule and is left out."""
-    verdicts: dict = {}
+def pair_results(samples: pd.DataFrame, comparisons: dict[str, str], phases: "tuple[str, ...] | list[str]",
+                 confidence: float = CONFIDENCE) -> dict:
+    """The speed-up, interval, verdict and noise of every ``variant -> reference`` comparison in ``phases`` (per
+    model), read at ``confidence`` from tidy samples so far: ``{(model, phase, variant): SpeedUp}``. A comparison with
+    a side that failed in any phase has left the rule and is left out."""
+    results: dict = {}
     if samples.empty:
-        return verdicts
+        return results
     failed = failed_variants(samples)
     ok = samples[(samples["status"] == "ok") & samples["phase"].isin(phases)]
     for (model, phase), group in ok.groupby(["model", "phase"], sort=False):
@@ -98,14 +108,14 @@ def pair_verdicts(samples: pd.DataFrame, comparisons: dict[str, str], phases: "t
             if (model, variant) in failed or (model, reference) in failed:
                 continue
             if variant in runs and reference in runs:
-                result = speed_up(*paired_epoch_times(runs[reference], runs[variant]), confidence=confidence)
-                verdicts[(model, phase, variant)] = result.verdict
-    return verdicts
+                results[(model, phase, variant)] = speed_up(*paired_epoch_times(runs[reference], runs[variant]),
+                                                            confidence=confidence)
+    return results
 
 
 @dataclass
 class StoppingRule:
-    """When a run of rounds stops: ``min_repeats`` always, more in pairs while a comparison is unanswered, at most
+    """When a run of rounds stops: ``min_repeats`` always, more in pairs while a comparison is open, at most
     ``max_repeats`` (a hard cap), and no new pair once ``time_budget_s`` would be passed; every look at its own
     share of the error rate. ``comparisons`` maps each variant to its reference, waited for in ``phases``.
     ``clock`` is where the seconds come from (a simulation passes its own); ``look_every``: rounds between looks.
@@ -128,14 +138,14 @@ class StoppingRule:
     _round_s: list[float] = field(init=False, default_factory=list)
     _spent: float = field(init=False, default=0.0)
     _since: int = field(init=False, default=0)  # the budget's forecast reads the rounds from this one on
-    answered: dict[tuple, Answer] = field(init=False, default_factory=dict)  # (model, phase, variant) -> its answer
+    closed: dict[tuple, Closed] = field(init=False, default_factory=dict)  # (model, phase, variant) -> where
 
     def __post_init__(self) -> None:
         look_points(self.min_repeats, self.max_repeats)  # raises on a cap below the minimum
 
     def start(self) -> None:
         self._started, self._round_s, self.looks, self._spent = self.clock(), [], [], 0.0
-        self._mark, self._longest, self._since, self.answered = shutdown.now(), 0.0, 0, {}
+        self._mark, self._longest, self._since, self.closed = shutdown.now(), 0.0, 0, {}
 
     def round_done(self, seconds: float) -> None:
         """Record how long a timed round took. The budget's forecast of the next rounds is the longest one after the
@@ -181,23 +191,50 @@ class StoppingRule:
         return self.looks[-1]
 
     def stop_after(self, repeats: int, rows: list[dict[str, Any]]) -> bool:
-        """Whether the run stops after ``repeats`` timed rounds with these sample ``rows``; a look that reads answers
-        every comparison whose verdict is clear there (:attr:`answered`)."""
+        """Whether the run stops after ``repeats`` timed rounds with these sample ``rows``; a look that reads closes
+        the comparisons it answers and, before the last look, those out of reach while others are not
+        (:meth:`close`)."""
         frame = pd.DataFrame(rows)
 
         def settled(confidence: float) -> bool:
-            verdicts = pair_verdicts(frame, self.comparisons, self.phases, confidence)
-            for key, verdict in verdicts.items():
-                if key not in self.answered and verdict in CLEAR:
-                    self.answered[key] = Answer(repeats, confidence, verdict)
-            return all(key in self.answered for key in verdicts)
+            results = pair_results(frame, self.comparisons, self.phases, confidence)
+            self.close({key: result for key, result in results.items() if key not in self.closed}, repeats,
+                       confidence)
+            return all(key in self.closed for key in results)
 
         return self.stop_on(repeats, settled, lambda: self.waits_for(rows))
+
+    def close(self, open_results: dict[tuple, SpeedUp], repeats: int, confidence: float) -> None:
+        """Close the open comparisons whose verdict is clear at this look (answered), and, before the last look and
+        after :data:`FUTILE_AFTER` rounds, those that even the rounds left could not answer
+        (:func:`optlab.core.timing.out_of_reach` at :meth:`rounds_possible`), as long as another open comparison
+        could still be answered: those leave the rounds to it. Where none could, all stay to the end, and their
+        intervals narrow with every round."""
+        for key, result in open_results.items():
+            if result.verdict in CLEAR:
+                self.closed[key] = Closed(repeats, confidence, result.verdict)
+        still = {key: result for key, result in open_results.items() if key not in self.closed}
+        if repeats < FUTILE_AFTER or (self.looks and self.looks[-1].final):
+            return
+        possible = self.rounds_possible(repeats)
+        beyond = {key for key, result in still.items() if out_of_reach(result.ratio, result.noise, repeats, possible)}
+        if beyond and len(beyond) < len(still):
+            for key in beyond:
+                self.closed[key] = Closed(repeats, confidence, still[key].verdict, OUT_OF_REACH)
+
+    def rounds_possible(self, repeats: int) -> float:
+        """The most rounds an open comparison could still reach: those done and twice the rounds the budget has left
+        at the forecast round (rounds grow cheaper as variants leave), at most the cap."""
+        left = float(self.max_repeats - repeats)
+        forecast = self._forecast_round_s()
+        if math.isfinite(self.time_budget_s) and forecast > 0:
+            left = min(left, max(0.0, self.time_budget_s - (self.clock() - self._started)) / forecast)
+        return min(float(self.max_repeats), repeats + 2 * left)
 
     def stop_on(self, repeats: int, settled: Callable[[float], bool],
                 waiting: Callable[[], bool] = lambda: True) -> bool:
         """The rule itself: never before the minimum, always at the last look (the cap, or the last that fits the
-        budget), and at every look in between that reads when ``settled(confidence)`` (every comparison is answered,
+        budget), and at every look in between that reads when ``settled(confidence)`` (every comparison is closed,
         asked at every look that reads, the last one too); and after any round once the next would end past the
         deadline. A run with no comparison left to wait for (``waiting()`` false, asked at looks only: none timed on
         this device, or every one left the rule) stops at its first look."""
@@ -215,12 +252,12 @@ class StoppingRule:
 
     def waits_for(self, rows: list[dict[str, Any]]) -> bool:
         """Whether any comparison is still in the rule: both sides timed in these ``rows`` and neither failed."""
-        return bool(pair_verdicts(pd.DataFrame(rows), self.comparisons, self.phases))
+        return bool(pair_results(pd.DataFrame(rows), self.comparisons, self.phases))
 
     def open_comparisons(self, rows: list[dict[str, Any]]) -> list[tuple]:
-        """The comparisons still in the rule and not yet answered: ``(model, phase, variant)`` each."""
-        return [key for key in pair_verdicts(pd.DataFrame(rows), self.comparisons, self.phases)
-                if key not in self.answered]
+        """The comparisons still in the rule and not yet closed: ``(model, phase, variant)`` each."""
+        return [key for key in pair_results(pd.DataFrame(rows), self.comparisons, self.phases)
+                if key not in self.closed]
 
     def needed(self, rows: list[dict[str, Any]]) -> set[str]:
         """The variants an open comparison still waits for: its variant and its reference."""
@@ -229,9 +266,10 @@ class StoppingRule:
 
     def record(self) -> dict[str, Any]:
         """What the record keeps of the looks: each look's rounds and level, the level the comparisons still open at
-        the end were read at, and where each other comparison was answered (phase, variant, rounds, level, verdict)."""
+        the end were read at, and where each other comparison was closed (phase, variant, rounds, level, verdict,
+        why)."""
         return {"looks": [[look.repeats, None if not look.reads else round(look.confidence, 10)]
                           for look in self.looks],
                 "read_at": self.confidence,
-                "answered": [[phase, variant, answer.repeats, round(answer.confidence, 10), answer.verdict]
-                             for (_, phase, variant), answer in self.answered.items()]}
+                "closed": [[phase, variant, closed.repeats, round(closed.confidence, 10), closed.verdict, closed.why]
+                           for (_, phase, variant), closed in self.closed.items()]}

@@ -328,6 +328,22 @@ def speed_up(
     return SpeedUp(ratio, low, high, verdict(ratio, low, high, min_effect), noise)
 
 
+def out_of_reach(ratio: float, noise: float, rounds: int, possible_rounds: float, error_rate: float = ERROR_RATE,
+                 min_effect: float = MIN_EFFECT) -> bool:
+    """Whether a comparison read at ``ratio`` with round noise ``noise`` after ``rounds`` could not be answered in
+    ``possible_rounds``, even with its estimate one standard error further its way: the interval it would have there
+    (normal, at the whole ``error_rate``: narrower than any look's) would neither clear 1 and the band of no practical
+    difference nor fit inside that band. False where the noise is unknown."""
+    if not (math.isfinite(noise) and noise > 0 and ratio > 0 and rounds > 0 and possible_rounds > 0):
+        return False
+    band = math.log1p(min_effect)
+    centre, error = abs(math.log(ratio)), noise / math.sqrt(rounds)
+    half = normal_quantile(1 - error_rate / 2) * noise / math.sqrt(possible_rounds)
+    could_differ = centre + error > max(half, band)
+    could_match = max(centre - error, 0.0) + half < band
+    return not (could_differ or could_match)
+
+
 def verdicts(ratio: "np.ndarray | float", low: "np.ndarray | float", high: "np.ndarray | float",
              min_effect: float = MIN_EFFECT) -> np.ndarray:
     """:func:`verdict` for arrays of speed-ups and interval ends (NaN ends: "can't tell yet")."""
