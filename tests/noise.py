@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from optlab.core import timing
-from optlab.core.sequential import visit_order
+from optlab.core.sequential import FUTILE_AFTER, visit_order
 
 
 def simulated_samples(rng: np.random.Generator, speed_ups: dict[str, float], repeats: int = 5, steps: int = 2,
@@ -70,9 +70,10 @@ def simulated_round_times(rng: np.random.Generator, speed_ups: dict[str, float],
     return times, slots
 
 
-def look_plan(rule, round_s: float = 1.0) -> list:
+def look_plan(rule, round_s: float = 1.0, possible: "list | None" = None) -> list:
     """The looks ``rule`` takes in a run whose rounds take ``round_s`` each on a simulated clock (a budget of B
-    seconds then allows about B / ``round_s`` rounds); the looks and their levels do not depend on the data."""
+    seconds then allows about B / ``round_s`` rounds); the looks and their levels do not depend on the data. With
+    ``possible``, each look's :meth:`StoppingRule.rounds_possible` is appended to it."""
     now = [0.0]
     rule.clock = lambda: now[0]
     rule.start()
@@ -83,6 +84,8 @@ def look_plan(rule, round_s: float = 1.0) -> list:
         look = rule.look(repeats)
         if look is not None:
             looks.append(look)
+            if possible is not None:
+                possible.append(rule.rounds_possible(repeats))
             if look.final:
                 break
     return looks
@@ -91,31 +94,44 @@ def look_plan(rule, round_s: float = 1.0) -> list:
 def sequential_outcomes(rng: np.random.Generator, speed_ups: dict[str, float], rule, noise: Noise, draws: int,
                         round_s: float = 1.0) -> dict[str, np.ndarray]:
     """``draws`` simulated runs of every variant against the first (the baseline) under ``rule``, vectorised: each
-    comparison is answered at the first look where its verdict is clear (the last look answers the rest), and a run
-    stops once every comparison is answered. Returns the ``verdict``, ``ratio``, ``low`` and ``high`` each comparison
-    was answered with (draws x comparisons) and the ``repeats`` each run took (draws)."""
+    comparison is closed at the first look where its verdict is clear, or, before the last look and from
+    ``FUTILE_AFTER`` rounds on, where it is out of reach of the rounds possible while another open one is not (as the
+    rule does; variants leaving, which makes the real rounds cheaper, is not simulated); the last look closes the
+    rest, and a run stops once every comparison is closed. Returns the ``verdict``, ``ratio``, ``low`` and ``high``
+    each comparison was closed with (draws x comparisons), whether it was closed out of reach (``given_up``) and the
+    ``repeats`` each run took (draws)."""
     labels = list(speed_ups)
-    looks = look_plan(rule, round_s)
+    possible: list = []
+    looks = look_plan(rule, round_s, possible)
     times, slots = simulated_round_times(rng, speed_ups, looks[-1].repeats, noise, draws)
     base, others = labels[0], labels[1:]
     shape = (draws, len(others))
     out = {"verdict": np.full(shape, timing.UNCLEAR, dtype=object), "ratio": np.full(shape, np.nan),
            "low": np.full(shape, np.nan), "high": np.full(shape, np.nan), "repeats": np.zeros(draws, dtype=int)}
+    out["given_up"] = np.zeros(shape, dtype=bool)
     running, open_ = np.ones(draws, dtype=bool), np.ones(shape, dtype=bool)
-    for look in looks:
+    beyond_reach = np.vectorize(timing.out_of_reach)
+    for look, rounds_possible in zip(looks, possible):
         if not look.reads:
             continue
         n = look.repeats
         now = {"verdict": np.empty(shape, dtype=object), "ratio": np.empty(shape), "low": np.empty(shape),
-               "high": np.empty(shape)}
+               "high": np.empty(shape), "noise": np.empty(shape)}
         for column, label in enumerate(others):
             log_ratios = np.log(times[base][:, :n]) - np.log(times[label][:, :n])
-            ratio, low, high, _ = timing.intervals(log_ratios, slots[label][:n] - slots[base][:n], look.confidence)
+            ratio, low, high, noise = timing.intervals(log_ratios, slots[label][:n] - slots[base][:n], look.confidence)
             now["ratio"][:, column], now["low"][:, column], now["high"][:, column] = ratio, low, high
-            now["verdict"][:, column] = timing.verdicts(ratio, low, high)
+            now["noise"][:, column], now["verdict"][:, column] = noise, timing.verdicts(ratio, low, high)
         answering = open_ & (np.isin(now["verdict"], timing.CLEAR) | look.final)
-        for key, values in now.items():
-            out[key][answering] = values[answering]
+        still = open_ & ~answering
+        given_up = np.zeros(shape, dtype=bool)
+        if n >= FUTILE_AFTER and not look.final:
+            beyond = still & beyond_reach(now["ratio"], now["noise"], n, rounds_possible)
+            given_up = beyond & (still & ~beyond).any(axis=1, keepdims=True)  # only while another is within reach
+        answering |= given_up
+        out["given_up"] |= given_up
+        for key in ("verdict", "ratio", "low", "high"):
+            out[key][answering] = now[key][answering]
         open_ &= ~answering
         stop = running & ~open_.any(axis=1)
         out["repeats"][stop] = n

@@ -96,6 +96,23 @@ def test_an_a_a_comparison_beside_one_answered_early_keeps_the_stated_rate(budge
     assert np.mean(outcome["verdict"][:, 0] == timing.FASTER) > 0.99 and copy <= A_A_ALLOWED
 
 
+@pytest.mark.parametrize("sd,budget", [(0.05, 24), (0.08, 24), (0.08, 48)])
+def test_giving_up_what_is_out_of_reach_costs_a_real_gain_beside_it_almost_nothing(sd, budget):
+    """A comparison out of reach of the rounds left is closed as can't tell yet while another could still answer: a
+    true 5 % gain beside a true 1.003 is called faster about as often as alone (within 3 points of 4,000 runs), and the
+    1.003 is given up in most runs. (The rounds growing cheaper once a variant leaves is not simulated: that gain is
+    measured live.)"""
+    noise = Noise(sd, **POWER)
+    both = sequential_outcomes(np.random.default_rng(5), {"A": 1.0, "gain": 1.05, "near": 1.003}, rule_for(budget),
+                               noise, 4000)
+    alone = sequential_outcomes(np.random.default_rng(5), {"A": 1.0, "gain": 1.05}, rule_for(budget), noise, 4000)
+    beside, by_itself = (np.mean(o["verdict"][:, 0] == timing.FASTER) for o in (both, alone))
+    print(f"1.05 at {sd:.0%} noise, {budget} rounds: faster {beside:.3f} beside a 1.003 given up in "
+          f"{both['given_up'][:, 1].mean():.3f} of runs, {by_itself:.3f} alone")
+    assert beside >= by_itself - 0.03 and both["given_up"][:, 1].mean() > 0.2
+    assert not (both["verdict"][:, 0] == timing.SLOWER).any()
+
+
 def outcomes(speed_up: float, sd: float, budget: "int | None", draws: int = 2000, seed: int = 5) -> dict:
     return sequential_outcomes(np.random.default_rng(seed), {"A": 1.0, "B": speed_up}, rule_for(budget),
                                Noise(sd, **POWER), draws)

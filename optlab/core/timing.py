@@ -167,6 +167,7 @@ class SpeedUp:
     reason: str = ""
 
 
+@functools.lru_cache(maxsize=None)
 def normal_quantile(probability: float) -> float:
     """The ``probability`` quantile of the standard normal (``probability`` above 0.5), by bisection on ``erfc``."""
     if not 0.5 < probability < 1:
