@@ -5,8 +5,8 @@
 2. Stand-in data cost: the stand-in's per-image loading against torchvision's own CIFAR10 ``__getitem__`` over
    identical arrays, in mirrored rounds (target: between 0.8 and 1.25).
 3. A/A false verdicts: the same configuration timed against itself (five copies, or ``--copies N``), through the
-   registry's API
-   and its sequential rule (smoke profile, ResNet18 and MobileNetV2, train and test). The unit is a *run*: its
+   registry's API and its sequential rule (smoke profile; ResNet18 and MobileNetV2, train and test, or with
+   ``--workload gpt`` the tiny GPT, train and test). The unit is a *run*: its
    comparisons share one baseline and one stopping decision, so they are not independent; the line counts the runs
    with any "faster" or "slower" (target: at most the page bound of a run's comparisons, ``timing.page_bound``),
    with the one-sided 95 % upper bound of that rate (a rate above the target is called over it only where its
@@ -41,6 +41,7 @@ from optlab.core.loops import make_optimizer, make_scaler, prepare_model, train_
 from optlab.core.models import build_model
 from optlab.core.profiles import get_profile
 from optlab.core.timing import FASTER, INTERVAL, SLOWER, VERDICTS, page_bound, percent, speed_up
+from optlab.core.workload import WORKLOADS
 
 ROUNDS = 20  # mirrored rounds for the two ratios
 A_A_RUNS = 27  # runs of 2 models x 2 phases x 4 comparisons (16 a run, read together): the unit is the run
@@ -181,19 +182,19 @@ def quiet_run(experiment: Experiment, seed: int, profile="smoke", models=None):
         return run_experiment(experiment, profile=profile, models=models, device="cpu", seed=seed, progress=False)
 
 
-def a_a_experiment(copies: int) -> Experiment:
-    """``copies`` copies of one configuration: every variant the baseline again."""
-    return Experiment("a_a", f"the same configuration {copies} times", "",
+def a_a_experiment(copies: int, workload: str = "cifar") -> Experiment:
+    """``copies`` copies of one configuration of ``workload``: every variant the baseline again."""
+    return Experiment("a_a", f"the same configuration {copies} times", "", workload=workload,
                       variants=tuple((f"A, copy {i}", {}) for i in range(1, copies + 1)))
 
 
-def a_a_false_verdicts(runs: int = A_A_RUNS, copies: int = A_A_COPIES) -> dict:
+def a_a_false_verdicts(runs: int = A_A_RUNS, copies: int = A_A_COPIES, workload: str = "cifar") -> dict:
     """Of ``runs`` experiments with ``copies`` copies of one configuration: how many runs had any false verdict, how many
     comparisons a run holds, the share of rounds whose second slot was faster than the first, the mean repeats a
     model took and the median round-level noise of the comparisons."""
     false_runs, per_run, second_faster, pairs, repeats, noise = 0, 0, 0, 0, [], []
     for seed in tqdm(range(runs), desc="A/A runs", file=sys.stderr, leave=False):
-        result = quiet_run(a_a_experiment(copies), seed)
+        result = quiet_run(a_a_experiment(copies, workload), seed)
         compared = result.summary[result.summary["verdict"] != "baseline"]
         false_runs += int(compared["verdict"].isin([FASTER, SLOWER]).any())
         per_run = max(per_run, len(compared))
@@ -233,6 +234,8 @@ def arguments(argv: "list[str] | None" = None) -> argparse.Namespace:
     parser.add_argument("--power-runs", type=int, default=POWER_RUNS, help=f"live power runs (default {POWER_RUNS})")
     parser.add_argument("--copies", type=int, default=A_A_COPIES,
                         help=f"copies of one configuration in an A/A run (default {A_A_COPIES})")
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="cifar",
+                        help="the A/A run's workload: cifar (ResNet18 and MobileNetV2) or gpt (the tiny GPT)")
     args = parser.parse_args(argv)
     if not 2 <= args.copies <= MAX_COPIES:
         parser.error(f"--copies must be from 2 to {MAX_COPIES} (a baseline and up to {MAX_COPIES - 1} variants), "
@@ -255,16 +258,19 @@ def main(argv: "list[str] | None" = None) -> None:
         print("stand-in data cost (stand-in / torchvision CIFAR10 per image), target 0.8-1.25:")
         standin_cost()
     if "a-a" in parts:
-        a_a_lines(args.a_a_runs, args.copies)
+        a_a_lines(args.a_a_runs, args.copies, args.workload)
     if "power" in parts:
         print("live power: a batch of 16 + 3 images against 16 (ResNet18 training, per image):")
         live_power(args.power_runs)
 
 
-def a_a_lines(runs: int, copies: int = A_A_COPIES) -> None:
-    print(f"A/A runs ({runs} runs of {copies} copies of one configuration, smoke profile, sequential rule; "
-          "unit: a run, whose comparisons share one baseline and one stopping decision):")
-    found = a_a_false_verdicts(runs, copies)
+def a_a_lines(runs: int, copies: int = A_A_COPIES, workload: str = "cifar") -> None:
+    experiment = a_a_experiment(copies, workload)
+    models = ", ".join(experiment.default_models(get_profile("smoke")))
+    phases = " and ".join(experiment.phases)
+    print(f"A/A runs ({runs} runs of {copies} copies of one configuration: {models}, {phases}, smoke profile, "
+          "sequential rule; unit: a run, whose comparisons share one baseline and one stopping decision):")
+    found = a_a_false_verdicts(runs, copies, workload)
     target = page_bound(found["per_run"])
     print(f"  second slot faster in {100 * found['second_faster']:.0f} % of rounds (50 %: no order effect); "
           f"mean repeats per model {found['mean_repeats']:.1f}")

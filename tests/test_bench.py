@@ -16,6 +16,20 @@ def test_an_a_a_run_holds_the_copies_asked_for_each_the_baseline_again(copies):
     assert bench.arguments(["--only", "a-a", "--copies", str(copies)]).copies == copies
 
 
+@pytest.mark.parametrize("workload, models", [("cifar", ("resnet18", "mobilenet_v2")), ("gpt", ("gpt_tiny",))])
+def test_an_a_a_run_times_copies_of_either_workload(workload, models):
+    experiment = bench.a_a_experiment(3, workload)
+    assert experiment.workload == workload and experiment.phases == ("train", "test")
+    assert experiment.default_models(bench.get_profile("smoke")) == models
+    assert bench.arguments(["--only", "a-a", "--workload", workload]).workload == workload
+
+
+def test_an_unknown_a_a_workload_is_refused_with_the_choices(capsys):
+    with pytest.raises(SystemExit):
+        bench.arguments(["--workload", "bert"])
+    assert "invalid choice: 'bert' (choose from 'cifar', 'gpt')" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("copies", ["1", "9", "0"])
 def test_a_copy_count_a_page_cannot_hold_is_refused_with_the_limits(copies, capsys):
     with pytest.raises(SystemExit) as exit_:
