@@ -17,7 +17,8 @@ from optlab.core import compiler, machine_load
 from optlab.core.errors import OptlabError
 from optlab.core.store import load_samples
 from optlab.studies.tune import batch_sweep, inference, training as tune_module
-from optlab.studies.tune.batch_sweep import SweepTarget, doubling_series, is_out_of_memory, sweep
+from optlab.core.memory import is_out_of_memory
+from optlab.studies.tune.batch_sweep import SweepTarget, doubling_series, sweep
 from optlab.studies.tune.output_check import output_change, within_tolerance
 from optlab.studies.tune.inference import (AUTOCAST, CHANNELS_LAST, COMPILE, CUDA_GRAPHS, INFERENCE_MODE,
                                            STEP_LABELS, code_lines)

@@ -37,7 +37,7 @@ from .errors import OptlabError
 from .flops import forward_flops_of
 from .limits import check_overrides, check_phase_sizes
 from .loops import Pass, PhaseResult, backend_flags, drive, eval_pass, train_pass
-from .memory import memory_kind
+from .memory import is_out_of_memory, memory_kind
 from .no_effect import no_effect_variants
 from .profiles import Profile, get_profile
 from .registry import Experiment, get_experiment
@@ -86,8 +86,9 @@ def phase_pass(state: VariantState, phase: str, profile: Profile, info: DeviceIn
 
 
 def failure_status(error: BaseException) -> str:
-    """``out of memory``, or ``failed: <the error's first line>``, for a variant that raised."""
-    if isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error):
+    """``out of memory`` (:func:`memory.is_out_of_memory`), or ``failed: <the error's first line>``, for a variant
+    that raised."""
+    if is_out_of_memory(error):
         return "out of memory"
     first_line = (str(error).strip().splitlines() or [""])[0][:200]
     return f"failed: {type(error).__name__}: {first_line}".rstrip(": ")

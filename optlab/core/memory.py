@@ -15,11 +15,16 @@ steps have the same shapes every repeat, so each variant profiles one step per p
 (``experiments.phase_pass`` keeps the figure). The same
 resident tensors are added, so a CPU figure means what a CUDA one does. Where no step could be profiled (no batch
 left after the timed ones), there is no number (NaN) rather than the process's lifetime peak.
+
+Running out of memory is recognised in one place (:func:`is_out_of_memory`), and :func:`device_memory_bytes` says how
+much memory a device has at most, for sizes that are refused before any work.
 """
 from __future__ import annotations
 
 import itertools
 import math
+import os
+from pathlib import Path
 from typing import Callable, Iterable
 
 import torch
@@ -97,3 +102,37 @@ def memory_kind(device: torch.device) -> str:
     if device.type == "cuda":
         return "variant's resident CUDA tensors plus its phase's peak increase"
     return "variant's resident CPU tensors plus its phase's peak increase (profiler memory records, one untimed step)"
+
+
+CPU_OOM_TEXTS = ("out of memory", "can't allocate memory")  # the CUDA caching allocator's and the CPU allocator's
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")  # v2, v1
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """A GPU's ``torch.OutOfMemoryError``, the CPU allocator's failure (a RuntimeError "can't allocate memory"),
+    Python's ``MemoryError``, or one of them inside another error (a compiler's or a graph capture's, as its cause,
+    context or ``inner_exception``)."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, (torch.OutOfMemoryError, MemoryError)) or (
+                isinstance(error, RuntimeError) and any(text in str(error) for text in CPU_OOM_TEXTS)):
+            return True
+        error = getattr(error, "inner_exception", None) or error.__cause__ or error.__context__
+    return False
+
+
+def device_memory_bytes(device: torch.device) -> int | None:
+    """The most memory ``device`` has: a GPU's total, or the machine's RAM within this process's cgroup limit;
+    None where it cannot be read."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    limits = []
+    if hasattr(os, "sysconf") and "SC_PHYS_PAGES" in os.sysconf_names:
+        limits.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    for path in CGROUP_LIMITS:
+        try:
+            limits.append(int(Path(path).read_text().strip()))
+        except (OSError, ValueError):  # absent, or "max": no limit there
+            continue
+    return min(limits) if limits else None

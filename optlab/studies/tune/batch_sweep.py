@@ -16,7 +16,8 @@ p50, p90, p99 and the spread (the interquartile range).
 
 Only the configuration under test is on the device: each configuration is loaded, swept and released in turn, so an
 out-of-memory point is the model's own. Running out of memory (``torch.OutOfMemoryError`` on a GPU, the CPU
-allocator's ``RuntimeError``, also when raised inside graph capture or compilation) ends that configuration's series
+allocator's ``RuntimeError``, also when raised inside graph capture or compilation: :func:`memory.is_out_of_memory`,
+through :func:`~optlab.core.experiments.failure_status`) ends that configuration's series
 at that point; the failed call's tensors are released (the error and its traceback dropped) before the cache is
 emptied. With CUDA graphs, the graphs' private pool is counted in the peak memory (:func:`memory.graph_pool_mb`).
 """
@@ -45,7 +46,7 @@ MIN_REQUESTS = 30  # timed requests, at least (vLLM's latency bench)
 MAX_REQUESTS = 10_000  # and at most, however fast they are
 REQUEST_SECONDS = 2.0  # timed for at least this long, by default (optimum-benchmark: 10 s)
 MAX_REQUEST_SECONDS = 600.0
-OUT_OF_MEMORY = "out of memory"
+OUT_OF_MEMORY = "out of memory"  # failure_status's word for it
 SWEEP_COLUMNS = ["config", "batch", "status", "calls", "call_ms", "samples_per_s", "peak_mem_mb", "graph_pool_mb",
                  "first_call_s"]
 LATENCY_COLUMNS = ["config", "batch", "status", "requests", "seconds", "p50_ms", "p90_ms", "p99_ms", "iqr_ms"]
@@ -78,20 +79,6 @@ def doubling_series(max_batch: int) -> list[int]:
         sizes.append(batch)
         batch *= 2
     return sizes
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """A GPU's ``OutOfMemoryError``, the CPU allocator's failure (a RuntimeError "can't allocate memory"), or either
-    inside another error (a compiler's or a graph capture's, as its cause, context or ``inner_exception``)."""
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        text = str(error)
-        if isinstance(error, torch.OutOfMemoryError) or (
-                isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)):
-            return True
-        error = getattr(error, "inner_exception", None) or error.__cause__ or error.__context__
-    return False
 
 
 def synchronize(device: torch.device) -> None:
@@ -171,10 +158,6 @@ def _release(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _failure(error: BaseException) -> str:
-    return OUT_OF_MEMORY if is_out_of_memory(error) else failure_status(error)
-
-
 def _series(label: str, served: Served, target: SweepTarget, device: torch.device, max_batch: int, calls: int,
             warmup: int, budget_s: float, on_point: Callable[[], None] | None) -> tuple[list[dict], str]:
     """One configuration's throughput at 1, 2, 4, ...: its rows and why the series ended."""
@@ -187,7 +170,7 @@ def _series(label: str, served: Served, target: SweepTarget, device: torch.devic
         try:
             point = measure(served, target.make_inputs(batch), device, calls, warmup, budget_s)
         except Exception as error:  # noqa: BLE001  (recorded: the other configurations go on)
-            status = _failure(error)
+            status = failure_status(error)
         if status is not None:  # out of the except block: the error, its traceback and the call's tensors are gone
             _release(device)
             rows.append({"config": label, "batch": batch, "status": status})
@@ -214,7 +197,7 @@ def _latencies(label: str, served: Served, target: SweepTarget, device: torch.de
             rows.append({"config": label, "batch": batch,
                          **request_latency(served, target.make_inputs(batch), device, seconds)})
         except Exception as error:  # noqa: BLE001  (recorded: the other batch sizes go on)
-            status = _failure(error)
+            status = failure_status(error)
         if status is not None:
             _release(device)
             rows.append({"config": label, "batch": batch, "status": status})
@@ -236,7 +219,7 @@ def sweep(targets: dict[str, SweepTarget], device: torch.device, max_batch: int,
         try:
             served = target.load()
         except Exception as error:  # noqa: BLE001  (recorded: the other configurations go on)
-            status = _failure(error)
+            status = failure_status(error)
         if status is not None:
             _release(device)
             rows.append({"config": label, "batch": 1, "status": status})
