@@ -92,7 +92,17 @@ def test_a_failed_archive_write_leaves_no_partial_file(monkeypatch, tmp_path):
 
 
 def _record(machine, schema=store.SCHEMA_VERSION):
-    return json.dumps({"schema_version": schema, "technique": "x", "environment": {"device_name": machine}}).encode()
+    return json.dumps({"schema_version": schema, "technique": "x", "profile": {"name": "quick"},
+                       "environment": {"device_name": machine}, "samples": [], "summary": []}).encode()
+
+
+PART_ROW = {"part": "x resnet18", "status": "ok", "seconds": 1.0, "device_name": "NVIDIA H200", "torch": "2.9.0",
+            "git_commit": "abc", "profile": "quick", "finished": "2026-01-01T00:00:00+00:00"}
+
+
+def _parts_list(*rows):
+    """A parts list of ``rows``, each filled out with the columns every row has."""
+    return pd.DataFrame([{**PART_ROW, **row} for row in rows]).to_csv(index=False).encode()
 
 
 def _tar(path, members, links=()):
@@ -132,7 +142,7 @@ def test_another_machine_or_schema_is_refused_and_nothing_is_written(tmp_path):
     other = _tar(tmp_path / "other.tar.gz", {"h200/y.json": _record("NVIDIA A100")})
     with pytest.raises(OptlabError, match="from NVIDIA A100, and .* holds results from NVIDIA H200.*nothing was written"):
         archive.unpack(other, destination)
-    parts = pd.DataFrame({"part": ["p"], "device_name": ["NVIDIA A100"]}).to_csv(index=False).encode()
+    parts = _parts_list({"part": "p", "device_name": "NVIDIA A100"})
     mixed = _tar(tmp_path / "mixed.tar.gz", {"h200/y.json": _record("NVIDIA H200"), "h200/reference-parts.csv": parts})
     with pytest.raises(OptlabError, match="more than one machine"):
         archive.unpack(mixed, destination)
@@ -146,12 +156,11 @@ def test_unpacking_merges_with_what_is_there(tmp_path):
     destination = tmp_path / "h200"
     destination.mkdir()
     (destination / "x.json").write_bytes(_record("NVIDIA H200"))
-    pd.DataFrame({"part": ["x resnet18", "y resnet18"], "status": ["ok", "failed: OOM"],
-                  "device_name": "NVIDIA H200"}).to_csv(destination / "reference-parts.csv", index=False)
+    (destination / "reference-parts.csv").write_bytes(_parts_list({"part": "x resnet18"},
+                                                                  {"part": "y resnet18", "status": "failed: OOM"}))
     (destination / "reference.log").write_text("first run\n")
-    parts = pd.DataFrame({"part": ["y resnet18"], "status": ["ok"], "device_name": ["NVIDIA H200"]})
     packed = _tar(tmp_path / "next.tar.gz", {"h200/y.json": _record("NVIDIA H200"), "h200/t.csv": b"a\n1\n",
-                                             "h200/reference-parts.csv": parts.to_csv(index=False).encode(),
+                                             "h200/reference-parts.csv": _parts_list({"part": "y resnet18"}),
                                              "h200/reference.log": b"second run\n"})
     folder, names = archive.unpack(packed, destination)
     assert folder == destination and sorted(p.name for p in destination.iterdir()) == [
@@ -215,7 +224,7 @@ def test_what_counts_as_an_output_problem(monkeypatch, tmp_path):
 
 def _manifest(folder, rows):
     folder.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows).to_csv(folder / "reference-parts.csv", index=False)
+    (folder / "reference-parts.csv").write_bytes(_parts_list(*rows))
 
 
 def test_measured_seconds_replace_the_tables_estimate_for_the_same_gpu(tmp_path):
