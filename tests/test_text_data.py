@@ -1,4 +1,7 @@
-"""The character corpus: real tiny Shakespeare when present, else a stand-in of its format; windows and their shift."""
+"""The character corpus: real tiny Shakespeare when present, else real text of its format shipped with Python;
+windows and their shift; the entropy levels a learning check is judged against."""
+import math
+import platform
 import urllib.error
 
 import pytest
@@ -6,7 +9,8 @@ import torch
 
 from optlab.core import text_data
 from optlab.core.errors import OptlabError
-from optlab.core.text_data import SHAKESPEARE_ALPHABET, SHAKESPEARE_SIZE, load_corpus, text_datasets
+from optlab.core.text_data import (SHAKESPEARE_ALPHABET, SHAKESPEARE_SIZE, entropy_levels, load_corpus, text_datasets,
+                                   to_alphabet)
 
 
 @pytest.fixture
@@ -15,13 +19,43 @@ def empty_data_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_the_stand_in_has_the_real_format_and_says_so(empty_data_dir):
+def test_the_stand_in_is_real_text_of_the_real_format_and_says_so(empty_data_dir):
     corpus = load_corpus()
-    assert corpus.kind == "stand-in" and corpus.description.startswith("stand-in (synthetic tiny Shakespeare")
+    assert corpus.kind == "stand-in" and corpus.description.startswith(
+        f"stand-in (real text: Python {platform.python_version()}'s help topics and standard-library docstrings")
     assert "\n" not in corpus.description
     assert corpus.alphabet == SHAKESPEARE_ALPHABET and len(corpus.alphabet) == 65
-    assert len(corpus.text) == SHAKESPEARE_SIZE
-    assert corpus.text == load_corpus(seed=0).text and corpus.text != load_corpus(seed=1).text
+    assert len(corpus.text) == SHAKESPEARE_SIZE and corpus.text == load_corpus().text
+    words = corpus.text.split()
+    common = {"the", "of", "a", "is", "to", "and", "in", "that", "be", "it", "for", "are", "if", "not"}
+    assert sum(word in common for word in words) > 0.1 * len(words), "not English prose: too few common words"
+    assert "The 'assert' statement" in corpus.text and "Return a new" in corpus.text  # help topics and docstrings
+
+
+def test_text_is_mapped_onto_the_alphabet_keeping_close_characters():
+    assert to_alphabet("\u201cf(x)\u201d \u2014 it\u2019s 42,\tok\n\n\n\n  Next  ") == "'f x ' - it's , ok\n\nNext "
+    assert set(to_alphabet("any \u00e9 text {with} <odd> [marks] 0123456789")) <= set(SHAKESPEARE_ALPHABET)
+
+
+def test_the_entropy_levels_are_those_of_known_texts():
+    alternating = torch.tensor([0, 1] * 500)
+    levels = entropy_levels(alternating, 4)
+    assert levels["uniform"] == pytest.approx(math.log(4))
+    assert levels["unigram"] == pytest.approx(math.log(2)) and levels["bigram"] == pytest.approx(0, abs=1e-12)
+    generator = torch.Generator().manual_seed(0)
+    random = torch.randint(8, (200_000,), generator=generator)
+    levels = entropy_levels(random, 8)
+    assert levels["unigram"] == pytest.approx(math.log(8), abs=1e-3)
+    assert levels["bigram"] == pytest.approx(math.log(8), abs=2e-3)  # no pair is likelier than another
+    with pytest.raises(OptlabError, match="at least 2 tokens"):
+        entropy_levels(torch.tensor([0, 9]), 4)
+
+
+def test_the_stand_in_sits_between_the_levels_of_real_text(empty_data_dir):
+    _, val, _ = text_datasets(block_size=8)
+    levels = entropy_levels(val.tokens, val.vocab_size)
+    assert levels["uniform"] == pytest.approx(math.log(65))
+    assert 2.0 < levels["bigram"] < levels["unigram"] - 0.3 < levels["uniform"] - 0.6  # English letters: ~4.1 bits
 
 
 def test_windows_are_long_ids_with_the_target_shifted_by_one(empty_data_dir):

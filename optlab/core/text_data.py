@@ -1,13 +1,18 @@
 """A character-level corpus for the GPT: tiny Shakespeare when it is on disk (or fetched when asked), else a stand-in.
 
-The stand-in has the real file's format: 1,115,394 characters over the same 65-character alphabet, laid out as a
-play (a speaker's name in capitals and a colon, lines of words ending in punctuation, a blank line between speeches),
-generated from a seeded lexicon, so a model can learn its spelling and layout. Both go through the same code path
-(:class:`TokenWindows`), so a training window costs the same on either.
+The stand-in is real English text that ships with every Python: the interactive help's topics
+(``pydoc_data/topics.py``) and the docstrings of a fixed list of standard-library modules (:data:`STANDIN_MODULES`),
+read from their source without importing them. It is mapped onto tiny Shakespeare's 65-character alphabet and cut to
+its 1,115,394 characters, so a training window costs the same on either (both go through :class:`TokenWindows`).
+The text follows the Python that runs it: another Python version's help and docstrings give another text.
 """
 from __future__ import annotations
 
+import ast
+import platform
+import re
 import string
+import sysconfig
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -69,36 +74,54 @@ class CharCorpus:
         return "".join(alphabet[i] for i in ids)
 
 
-@lru_cache(maxsize=2)
-def standin_text(seed: int = 0, size: int = SHAKESPEARE_SIZE) -> str:
-    """``size`` characters of a made-up play over :data:`SHAKESPEARE_ALPHABET`, the same for the same ``seed``."""
-    rng = np.random.default_rng(seed)
-    lower = np.array(list(string.ascii_lowercase))
-    lexicon = ["".join(rng.choice(lower, size=rng.integers(1, 9))) for _ in range(2000)]
-    lexicon += ["'tis", "o'er", "ne'er", "well-a-day", "&c", "3", "$"]
-    weights = 1.0 / np.arange(1, len(lexicon) + 1)  # Zipf-like word frequencies
-    weights[-7:] = weights[-8] / 4
-    weights /= weights.sum()
-    speakers = [letter + "".join(rng.choice(lower, size=rng.integers(3, 8))).upper()
-                for letter in string.ascii_uppercase]  # one per capital, so every capital occurs
-    endings = ",.;:!?"
-    draws = size // 2  # more of each draw than the text can use: one word takes at least two characters
-    words = np.array(lexicon)[rng.choice(len(lexicon), size=draws, p=weights)].tolist()
-    line_lengths, speeches = rng.integers(3, 10, size=draws), rng.integers(1, 6, size=draws)
-    who, ends = rng.integers(len(speakers), size=draws).tolist(), rng.integers(len(endings), size=draws).tolist()
-    parts, length, word, line = [], 0, 0, 0
-    for speech in range(draws):
-        lines = [speakers[who[speech]] + ":"]
-        for _ in range(speeches[speech]):
-            chosen = words[word:word + line_lengths[line]]
-            word += line_lengths[line]
-            lines.append(" ".join([chosen[0].capitalize(), *chosen[1:]]) + endings[ends[line]])
-            line += 1
-        parts.append("\n".join(lines) + "\n\n")
-        length += len(parts[-1])
-        if length >= size:
-            break
-    return "".join(parts)[:size]
+# Modules whose docstrings the stand-in reads, in this order (each present in Python 3.9 to 3.14); after the help
+# topics they hold more text than the stand-in needs.
+STANDIN_MODULES = ("argparse", "collections/__init__", "dataclasses", "difflib", "functools", "inspect",
+                   "logging/__init__", "pathlib", "random", "statistics", "subprocess", "tarfile", "textwrap",
+                   "threading", "typing", "unittest/case", "urllib/request", "zipfile", "_pydecimal", "doctest",
+                   "pickle", "shutil", "os", "string", "calendar", "csv", "datetime", "enum", "fractions", "heapq",
+                   "ipaddress", "json/__init__", "smtplib", "socket", "ssl", "tempfile", "turtle", "uuid", "weakref",
+                   "asyncio/events", "email/message", "http/client", "imaplib", "mailbox", "optparse", "pdb",
+                   "pydoc", "configparser", "contextlib", "abc", "base64", "bdb", "cmd", "codecs", "copy", "ftplib",
+                   "gettext", "glob", "locale", "operator", "platform", "poplib", "pprint", "shlex", "symtable",
+                   "timeit", "trace", "traceback", "warnings", "wave", "xml/dom/minidom")
+# Characters outside the alphabet that have a close one inside it; every other one becomes a space.
+CLOSE_CHARACTERS = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": "'", "\u201d": "'", '"': "'", "`": "'",
+                                  "\u2013": "-", "\u2014": "-", "\u2026": "...", "\t": " "})
+
+
+def to_alphabet(text: str, alphabet: str = SHAKESPEARE_ALPHABET) -> str:
+    """``text`` written in ``alphabet``: close characters swapped in (quotes, dashes), any other outside character a
+    space, runs of spaces one space, no space at either end of a line and at most one blank line in a row."""
+    text = text.translate(CLOSE_CHARACTERS)
+    text = "".join(char if char in alphabet else " " for char in text)
+    text = re.sub(" *\n *", "\n", re.sub(" +", " ", text))
+    return re.sub("\n{3,}", "\n\n", text)
+
+
+def module_docstrings(name: str) -> str:
+    """The docstrings of the standard-library module ``name`` (a path under the library, without ``.py``): the
+    module's, then every class's and function's in source order, separated by blank lines; empty if it is absent."""
+    path = Path(sysconfig.get_paths()["stdlib"]) / f"{name}.py"
+    if not path.is_file():
+        return ""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    return "\n\n".join(doc for node in ast.walk(tree) if isinstance(node, kinds) and (doc := ast.get_docstring(node)))
+
+
+@lru_cache(maxsize=1)
+def standin_text(size: int = SHAKESPEARE_SIZE) -> str:
+    """``size`` characters of Python's own help topics and standard-library docstrings in tiny Shakespeare's
+    alphabet (:func:`to_alphabet`)."""
+    from pydoc_data.topics import topics  # the text of help("topics"), shipped with every CPython
+
+    parts = [topics[key] for key in sorted(topics)] + [module_docstrings(name) for name in STANDIN_MODULES]
+    text = to_alphabet("\n\n".join(parts))
+    if len(text) < size:
+        raise OptlabError(f"this Python's help topics and docstrings give {len(text):,} characters of text, fewer "
+                          f"than the stand-in's {size:,}; put tiny Shakespeare under $OPTLAB_DATA/tinyshakespeare")
+    return text[:size]
 
 
 def fetch(path: Path) -> str | None:
@@ -113,9 +136,9 @@ def fetch(path: Path) -> str | None:
     return None
 
 
-def load_corpus(download: bool = False, seed: int = 0) -> CharCorpus:
+def load_corpus(download: bool = False) -> CharCorpus:
     """Tiny Shakespeare from ``$OPTLAB_DATA/tinyshakespeare/input.txt``, fetched first when ``download`` is asked
-    for and it is missing; else the stand-in (made from ``seed``). The corpus's ``description`` says which."""
+    for and it is missing; else the stand-in (:func:`standin_text`). The corpus's ``description`` says which."""
     path = corpus_path()
     failure = None
     if download and not path.is_file():
@@ -130,8 +153,9 @@ def load_corpus(download: bool = False, seed: int = 0) -> CharCorpus:
             raise OptlabError("tinyshakespeare/input.txt under $OPTLAB_DATA is empty; remove it to use the stand-in")
         return CharCorpus("tinyshakespeare", "tiny Shakespeare (real) from $OPTLAB_DATA", text)
     why = failure or "no tinyshakespeare/input.txt under $OPTLAB_DATA"
-    return CharCorpus("stand-in", f"stand-in (synthetic tiny Shakespeare format, {len(SHAKESPEARE_ALPHABET)} "
-                                  f"characters; {why})", standin_text(seed))
+    python = platform.python_version()
+    return CharCorpus("stand-in", f"stand-in (real text: Python {python}'s help topics and standard-library "
+                                  f"docstrings in tiny Shakespeare's alphabet and size; {why})", standin_text())
 
 
 class TokenWindows(Dataset):
@@ -153,14 +177,14 @@ class TokenWindows(Dataset):
         return chunk[:-1], chunk[1:]
 
 
-def text_datasets(block_size: int, vocab_size: int | None = None, download: bool = False,
-                  seed: int = 0) -> tuple[TokenWindows, TokenWindows, CharCorpus]:
+def text_datasets(block_size: int, vocab_size: int | None = None,
+                  download: bool = False) -> tuple[TokenWindows, TokenWindows, CharCorpus]:
     """The train (first 90 %) and validation (last 10 %) windows of the corpus, and the corpus itself.
 
     ``vocab_size`` pads the vocabulary past the alphabet (for example 50304 instead of 50257, the shapes chapter):
     the model's embedding and head grow, the tokens still come from the alphabet.
     """
-    corpus = load_corpus(download, seed)
+    corpus = load_corpus(download)
     alphabet = len(corpus.alphabet)
     vocab_size = alphabet if vocab_size is None else check_count(
         "vocab_size", vocab_size, alphabet, MAX_VOCAB, "the vocabulary holds the alphabet; more is a typo")
@@ -168,6 +192,25 @@ def text_datasets(block_size: int, vocab_size: int | None = None, download: bool
     split = int(len(tokens) * TRAIN_FRACTION)
     return (TokenWindows(tokens[:split], block_size, vocab_size),
             TokenWindows(tokens[split:], block_size, vocab_size), corpus)
+
+
+def entropy_levels(tokens: torch.Tensor, alphabet_size: int) -> dict[str, float]:
+    """The losses, in nats per token, of three predictors that ignore most of the text, computed on ``tokens`` itself:
+    ``uniform`` (every character alike: ln of the alphabet), ``unigram`` (each character's frequency: the entropy of
+    the frequencies) and ``bigram`` (the frequency of each character after the one before it: the conditional
+    entropy). A model whose loss is below the unigram level uses the context; below the bigram level, more than one
+    character of it."""
+    if len(tokens) < 2 or alphabet_size < 1 or int(tokens.max()) >= alphabet_size or int(tokens.min()) < 0:
+        raise OptlabError(f"entropy levels need at least 2 tokens in [0, {alphabet_size}), got {len(tokens)} tokens")
+    ids = tokens.numpy().astype(np.int64)
+    counts = np.bincount(ids, minlength=alphabet_size).astype(np.float64)
+    pairs = np.bincount(ids[:-1] * alphabet_size + ids[1:], minlength=alphabet_size ** 2).astype(np.float64)
+    pairs = pairs.reshape(alphabet_size, alphabet_size)
+    unigram = float(-(counts[counts > 0] / len(ids) * np.log(counts[counts > 0] / len(ids))).sum())
+    rows = pairs.sum(axis=1, keepdims=True)
+    seen = pairs > 0
+    bigram = float(-(pairs[seen] * np.log((pairs / np.where(rows > 0, rows, 1))[seen])).sum() / pairs.sum())
+    return {"uniform": float(np.log(alphabet_size)), "unigram": unigram, "bigram": bigram}
 
 
 def random_batch(windows: TokenWindows, batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
