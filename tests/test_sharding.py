@@ -5,19 +5,21 @@ needs measurements; the rest run in this process.
 """
 import argparse
 import dataclasses
+import json
 import shlex
 import shutil
 
 import pytest
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.run import get_args_parser
 
 from optlab.core.errors import OptlabError
-from optlab.studies.distributed import shard_commands
+from optlab.studies.distributed import job_of_one, shard_commands
 from optlab.studies.distributed.clusters import SCRIPT, cluster_commands
 from optlab.studies.distributed.shard_checkpoint import ROUND_TRIP_TOLERANCE, load_checkpoint
-from optlab.studies.distributed.shard_study import SHARD_TOLERANCE, shard_study
-from optlab.studies.distributed.sharding import DEPTH, build_transformer, shard
+from optlab.studies.distributed.shard_study import SHARD_TOLERANCE, ShardStudy, shard_rank, shard_study
+from optlab.studies.distributed.sharding import DEPTH, TRANSFORMER, Workload, build_transformer, next_token_loss, shard
 
 LAUNCH_TIMEOUT_S = 300
 
@@ -28,10 +30,49 @@ def study(tmp_path_factory):
                        timeout=LAUNCH_TIMEOUT_S)
 
 
+def doubled_when_sharded(model: nn.Module, batch):
+    """The GPT's loss, doubled on a sharded model only: FSDP2 then trains to other weights than one process does."""
+    loss = next_token_loss(model, batch)
+    return 2 * loss if isinstance(model, FSDPModule) else loss
+
+
+@pytest.fixture(scope="module")
+def unequal_study(tmp_path_factory):
+    """The whole study in this process as a world of one (seconds, no launcher), on a workload whose sharded model
+    trains on twice the loss: a parity that looks at the one-process reference must see the difference."""
+    out = tmp_path_factory.mktemp("unequal")
+    with job_of_one(threads=1):
+        shard_rank(out, steps=2, rounds=2, batch_size=2,
+                   workload=Workload(TRANSFORMER.build, TRANSFORMER.batch, doubled_when_sharded))
+    return ShardStudy(**json.loads((out / "study.json").read_text()))
+
+
 def test_two_sharded_ranks_train_to_the_weights_of_one_process_on_the_concatenated_batch(study):
     assert study.max_update > 1e3 * SHARD_TOLERANCE, "training barely moved the weights: agreement would prove nothing"
     assert study.parameter_difference < SHARD_TOLERANCE
     assert study.loss_difference < 1e-5 and len(study.losses) == 3
+
+
+def test_the_parity_compares_the_sharded_weights_with_the_one_process_reference(unequal_study):
+    """Compared with themselves, the sharded weights would differ by 0 whatever the reference did."""
+    assert unequal_study.max_update > 0
+    assert unequal_study.parameter_difference > 0.1 * unequal_study.max_update
+    # the first step starts from the same weights: FSDP2's loss is twice the reference's, which is the one measured
+    assert unequal_study.losses[0] == pytest.approx(2 * unequal_study.reference_losses[0], rel=1e-5)
+
+
+def test_shard_check_fails_when_fsdp2_and_one_process_disagree(unequal_study, monkeypatch, capsys):
+    monkeypatch.setattr(shard_commands, "shard_study", lambda *args, **kwargs: unequal_study)
+    assert shard_commands.main(["shard-check"]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.strip() == f"optlab: error: FSDP2 and one process disagree beyond {SHARD_TOLERANCE:g}"
+    assert "max parameter difference" in captured.out and "max logit difference" in captured.out
+
+
+def test_shard_check_passes_when_they_agree(study, monkeypatch, capsys):
+    monkeypatch.setattr(shard_commands, "shard_study", lambda *args, **kwargs: study)
+    assert shard_commands.main(["shard-check"]) == 0
+    assert capsys.readouterr().err == ""
 
 
 def test_each_rank_holds_about_half_of_what_one_process_holds(study):
