@@ -1,29 +1,36 @@
 """The device's peak FLOP/s for a precision, named with its source, and model FLOPs utilisation (MFU).
 
-GPU peaks are NVIDIA's datasheet figures for dense tensor-core (or plain fp32) arithmetic, without the 2x of
+A run's precision is the arithmetic most of its FLOPs ran in: a CNN's convolutions follow ``cudnn_tf32`` (on by
+default), a GPT's matmuls follow ``matmul_tf32`` (off by default) and ``fp8``; autocast sets both. GPU peaks are NVIDIA's datasheet figures for dense tensor-core (or plain fp32) arithmetic, without the 2x of
 structured sparsity. A device missing from the table (every CPU) gets a measured ceiling instead: the median rate of
 a large square matmul in that precision on this device, which is labelled as measured, not as a datasheet peak.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import pandas as pd
 import torch
+from torch.utils import benchmark
 
 from ..core import store
 from ..core.config import RunConfig
 from ..core.device import DeviceInfo
+from ..core.flops import forward_flop_counts
+from ..core.fp8 import ACTIVATION_DTYPE, OUT_DTYPE, column_major
 from .microbench import matmul_benchmark
 
 # (name fragments that must all appear in torch.cuda.get_device_name, table name, TFLOP/s by precision)
 DATASHEET_TFLOPS: tuple[tuple[tuple[str, ...], str, dict[str, float]], ...] = (
-    (("H200", "NVL"), "NVIDIA H200 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}),
-    (("H200",), "NVIDIA H200 SXM", {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5}),
-    (("H100", "PCIe"), "NVIDIA H100 PCIe", {"fp32": 51.0, "tf32": 378.0, "bf16": 756.5, "fp16": 756.5}),
-    (("H100",), "NVIDIA H100 SXM", {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5}),
+    (("H200", "NVL"), "NVIDIA H200 NVL",
+     {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5, "fp8": 1670.5}),
+    (("H200",), "NVIDIA H200 SXM", {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5, "fp8": 1979.0}),
+    (("H100", "PCIe"), "NVIDIA H100 PCIe",
+     {"fp32": 51.0, "tf32": 378.0, "bf16": 756.5, "fp16": 756.5, "fp8": 1513.0}),
+    (("H100",), "NVIDIA H100 SXM", {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5, "fp8": 1979.0}),
     (("A100",), "NVIDIA A100", {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}),
-    (("L4",), "NVIDIA L4", {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0}),
+    (("L4",), "NVIDIA L4", {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0, "fp8": 242.5}),
     (("V100", "PCIE"), "NVIDIA V100 PCIe", {"fp32": 14.0, "fp16": 112.0}),
     (("V100",), "NVIDIA V100 SXM2", {"fp32": 15.7, "fp16": 125.0}),
 )
@@ -47,13 +54,39 @@ def has_tf32(info: DeviceInfo) -> bool:
     return info.is_cuda and torch.cuda.get_device_capability(info.device) >= (8, 0)
 
 
-def precision_of(config: RunConfig, tf32: bool) -> str:
-    """The arithmetic a config's convolutions run in: the autocast dtype, else TF32 where the GPU uses it, else fp32."""
+@lru_cache(maxsize=None)
+def convolution_share(workload: str, model: str) -> float:
+    """The share of a forward pass's FLOPs that ``model`` of ``workload`` spends in convolutions (the rest: matmuls),
+    counted at its default sizes: a narrower width or a longer sequence moves it by far less than the half that
+    decides which arithmetic dominates."""
+    counts = forward_flop_counts(RunConfig(workload=workload, model=model))
+    total = sum(counts.values())
+    return sum(n for op, n in counts.items() if "convolution" in op) / total if total else 0.0
+
+
+def convolution_precision(config: RunConfig, tf32: bool) -> str:
+    """What convolutions run in: the autocast dtype, else TF32 where the GPU has it and ``cudnn_tf32`` allows it."""
     if config.amp_dtype != "none":
         return config.amp_dtype
-    if tf32 and config.cudnn_tf32:
-        return "tf32"  # convolutions dominate these models, and cuDNN runs fp32 convolutions as TF32 by default
-    return "fp32"
+    return "tf32" if tf32 and config.cudnn_tf32 else "fp32"
+
+
+def matmul_precision(config: RunConfig, tf32: bool) -> str:
+    """What the linear layers' matmuls run in: FP8 where ``fp8`` swapped them, else the autocast dtype, else TF32
+    where the GPU has it and ``matmul_tf32`` allows it, else fp32."""
+    if config.fp8:
+        return "fp8"
+    if config.amp_dtype != "none":
+        return config.amp_dtype
+    return "tf32" if tf32 and config.matmul_tf32 else "fp32"
+
+
+def precision_of(config: RunConfig, tf32: bool) -> str:
+    """The arithmetic most of ``config``'s FLOPs run in (``tf32``: whether the device has TF32 tensor cores): its
+    convolutions' where they hold most of the FLOPs (a CNN), else its matmuls' (a GPT, an MLP)."""
+    if convolution_share(config.workload, config.model) > 0.5:
+        return convolution_precision(config, tf32)
+    return matmul_precision(config, tf32)
 
 
 def datasheet_peak(device_name: str, precision: str) -> Peak | None:
@@ -69,11 +102,24 @@ def datasheet_peak(device_name: str, precision: str) -> Peak | None:
 
 def measured_peak(info: DeviceInfo, precision: str) -> Peak:
     """The median rate of one large square matmul in ``precision`` on this device (a ceiling, not a datasheet peak)."""
-    dtype = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     n = MEASURED_SIZE[info.device.type]
-    row = matmul_benchmark(info.device, (n,), dtype).iloc[0]
-    return Peak(precision, float(row["tflops"]),
+    if precision == "fp8":
+        tflops = fp8_matmul_tflops(info.device, n)
+    else:
+        dtype = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+        tflops = float(matmul_benchmark(info.device, (n,), dtype).iloc[0]["tflops"])
+    return Peak(precision, tflops,
                 f"measured: median {n}x{n} {precision} matmul on {info.name} (no datasheet peak in optlab's table)")
+
+
+def fp8_matmul_tflops(device: torch.device, n: int) -> float:
+    """The median rate of one ``n x n`` e4m3 ``torch._scaled_mm`` on ``device``, in TFLOP/s."""
+    a = torch.randn(n, n, device=device).to(ACTIVATION_DTYPE)
+    b = column_major(torch.randn(n, n, device=device).to(ACTIVATION_DTYPE))
+    one = torch.ones((), device=device)
+    timer = benchmark.Timer("torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=out)",
+                            globals={"torch": torch, "a": a, "b": b, "one": one, "out": OUT_DTYPE})
+    return 2 * n**3 / timer.blocked_autorange(min_run_time=0.2).median / 1e12
 
 
 def peak_for(config: RunConfig, info: DeviceInfo) -> Peak:
