@@ -38,7 +38,7 @@ from typing import Any, Iterable, Iterator
 import pandas as pd
 import torch
 
-from ..core import archive as archives, store
+from ..core import archive as archives, results_check, store
 from ..core.config import RunConfig
 from ..core.device import DeviceInfo, resolve_device
 from ..core.environment import git_commit
@@ -249,8 +249,9 @@ def run_key(info: DeviceInfo) -> dict[str, str]:
 
 
 def _manifest(folder: Path) -> pd.DataFrame:
+    """The parts list of ``folder`` (empty if none); one with a missing column or a bad row is an OptlabError."""
     path = folder / f"{MANIFEST}.csv"
-    return pd.read_csv(path, dtype=str) if path.is_file() else pd.DataFrame(columns=["part"])
+    return results_check.read_parts_list(path) if path.is_file() else pd.DataFrame(columns=["part"])
 
 
 def recorded(parts: list[Part], folder: Path, key: dict[str, str], profile: Profile) -> set[str]:
