@@ -309,3 +309,237 @@ def test_on_the_cpu_a_parts_row_says_there_is_no_gpu_state(monkeypatch, tmp_path
     list(reference.run_reference(tmp_path, profile=TINY, device="cpu", progress=False))
     row = pd.read_csv(tmp_path / "reference-parts.csv").iloc[0]
     assert row["gpu_state"] == "no GPU state: this run is on the CPU" and "throttled" not in row
+
+
+# Every archive that is not a well-formed results folder is refused in one line, exit 2, writing nothing: each case
+# damages one member of an archive packed from a real run's folder (a record, a study's table, the parts list, the log).
+FOLDER = "h200"
+PARTS = f"{FOLDER}/reference-parts.csv"
+RECORD = f"{FOLDER}/set_to_none.json"
+TABLE = f"{FOLDER}/microbench.csv"
+LOG = f"{FOLDER}/reference.log"
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory):
+    """The members of an archive packed from a real run's folder: one part's record, its parts list and log, and a
+    table as a study saves it."""
+    folder = tmp_path_factory.mktemp("real") / FOLDER
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(reference, "plan", _parts(("set_to_none",)))
+        list(reference.run_reference(folder, profile=TINY.with_sizes(repeats=2, max_repeats=2), device="cpu",
+                                     progress=False))
+    store.save_table(pd.DataFrame({"size_mb": [1, 4], "GB/s": [2.5, 9.0]}), folder, "microbench")
+    path, _ = archive.pack(folder, folder.parent / "good.tar.gz")
+    return _members(path)
+
+
+def _edit_parts(change):
+    def damage(members):
+        parts = pd.read_csv(io.BytesIO(members[PARTS]), dtype=str)
+        members[PARTS] = change(parts).to_csv(index=False).encode()
+    return damage
+
+
+def _edit_record(change):
+    def damage(members):
+        record = json.loads(members[RECORD])
+        change(record)
+        members[RECORD] = json.dumps(record).encode()
+    return damage
+
+
+def _set(name, value):
+    return lambda frame: frame.assign(**{name: value})
+
+
+def _replace(member, content):
+    return lambda members: members.update({member: content})
+
+
+def _rename(old, new):
+    return lambda members: members.update({new: members.pop(old)})
+
+
+def _append(member, extra):
+    return lambda members: members.update({member: members[member] + extra})
+
+
+DAMAGES = {  # name: (what it does to the members, who the line names, what it says is wrong)
+    "parts list that does not parse": (_append(PARTS, b"x,y\n"), PARTS, "fields on line 3"),
+    "parts list not UTF-8": (_replace(PARTS, b"part,status\n\xff\xfe\n"), PARTS, "does not parse"),
+    "parts list empty": (_replace(PARTS, b""), PARTS, "does not parse"),
+    **{f"parts list without {column}": (_edit_parts(lambda frame, c=column: frame.drop(columns=c)), PARTS,
+                                        f"lacks the column(s) {column};")
+       for column in ("part", "status", "seconds", "device_name", "torch", "git_commit", "profile", "finished")},
+    "empty part name": (_edit_parts(_set("part", "")), PARTS, "line 2 has an empty part"),
+    "part name with a control character": (_edit_parts(_set("part", "set_to_none\x1b resnet18")), PARTS,
+                                           "line 2 has part"),
+    "part listed twice": (_edit_parts(lambda frame: pd.concat([frame, frame])), PARTS, "twice"),
+    "non-numeric seconds": (_edit_parts(_set("seconds", "fast")), PARTS, "has seconds 'fast'"),
+    "negative seconds": (_edit_parts(_set("seconds", "-3")), PARTS, "has seconds '-3'"),
+    "infinite seconds": (_edit_parts(_set("seconds", "inf")), PARTS, "has seconds 'inf'"),
+    "unknown status": (_edit_parts(_set("status", "done")), PARTS, "has status 'done'"),
+    "failed with no reason": (_edit_parts(_set("status", "failed:")), PARTS, "has status 'failed:'"),
+    "empty status": (_edit_parts(_set("status", "")), PARTS, "has status nan"),
+    "empty device name": (_edit_parts(_set("device_name", "")), PARTS, "has no device_name"),
+    "empty commit": (_edit_parts(_set("git_commit", "")), PARTS, "has no git_commit"),
+    "finished not a time": (_edit_parts(_set("finished", "yesterday")), PARTS, "has finished 'yesterday'"),
+    "repeats not a number": (_edit_parts(_set("repeats", "two")), PARTS, "has repeats 'two'"),
+    "record that does not parse": (_replace(RECORD, b'{"schema_version": 2,'), RECORD, "is not valid JSON"),
+    "record with NaN": (_edit_record(lambda r: r["samples"][0].update(wall_s=float("nan"))), RECORD, "NaN"),
+    "record that is an array": (_replace(RECORD, b"[]"), RECORD, "is an array, and a record is a JSON object"),
+    "record of another schema": (_edit_record(lambda r: r.update(schema_version=1)), RECORD, "schema version 1"),
+    "environment not an object": (_edit_record(lambda r: r.update(environment="NVIDIA H200")), RECORD,
+                                  "field 'environment' is a string, and a record's environment is an object"),
+    "environment without device_name": (_edit_record(lambda r: r["environment"].pop("device_name")), RECORD,
+                                        "no device_name"),
+    "samples not a list": (_edit_record(lambda r: r.update(samples={"model": "resnet18"})), RECORD,
+                           "field 'samples' is an object"),
+    "samples not objects": (_edit_record(lambda r: r.update(samples=[1, 2])), RECORD, "samples row 0 is a number"),
+    "sample without its model": (_edit_record(lambda r: r["samples"][1].pop("model")), RECORD, "samples row 1"),
+    "summary missing": (_edit_record(lambda r: r.pop("summary")), RECORD, "field 'summary' is missing"),
+    "summary row without its variant": (_edit_record(lambda r: r["summary"][0].update(variant=None)), RECORD,
+                                        "summary row 0"),
+    "technique not a string": (_edit_record(lambda r: r.update(technique=3)), RECORD, "field 'technique' is a number"),
+    "profile without a name": (_edit_record(lambda r: r["profile"].pop("name")), RECORD, "'profile' has no string"),
+    "phases not a list": (_edit_record(lambda r: r.update(phases="train")), RECORD, "field 'phases' is a string"),
+    "table that does not parse": (_append(TABLE, b"1,2,3\n"), TABLE, "fields on line 4"),
+    "table with an open quote": (_append(TABLE, b'"1,2\n'), TABLE, "does not parse"),
+    "log not UTF-8": (_append(LOG, b"\xff\n"), LOG, "is not UTF-8 text"),
+    "name with an escape": (_rename(TABLE, f"{FOLDER}/micro\x1b[2Jbench.csv"), "micro\\x1b[2Jbench.csv",
+                            "control character"),
+    "name with a newline": (_rename(TABLE, f"{FOLDER}/micro\nbench.csv"), "micro\\nbench.csv", "control character"),
+    "name with a backslash": (_rename(TABLE, f"{FOLDER}/..\\bench.csv"), "..\\\\bench.csv", "backslash"),
+    "folder with a control character": (_rename(TABLE, f"h2\x0700/microbench.csv"), "h2\\x0700", "control character"),
+    "absolute name": (_rename(TABLE, f"/{FOLDER}/microbench.csv"), f"'/{FOLDER}/microbench.csv'", "unsafe"),
+    "name that leaves the folder": (_rename(TABLE, f"{FOLDER}/../microbench.csv"), "../microbench.csv", "unsafe"),
+}
+SPECIALS = {  # members no results folder holds: (tar type, link target)
+    "symbolic link": (tarfile.SYMTYPE, "/etc/passwd"),
+    "hard link": (tarfile.LNKTYPE, RECORD),
+    "character device": (tarfile.CHRTYPE, ""),
+    "block device": (tarfile.BLKTYPE, ""),
+    "fifo": (tarfile.FIFOTYPE, ""),
+}
+
+
+def _packed(path, members, special=None):
+    """``members`` (name: bytes) as a tar.gz, and ``special`` (name, tar type, link target) after them."""
+    with tarfile.open(path, "w:gz") as tar:
+        for name, content in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(content)
+            tar.addfile(info, io.BytesIO(content))
+        if special:
+            info = tarfile.TarInfo(special[0])
+            info.type, info.linkname = special[1], special[2]
+            tar.addfile(info)
+    return path
+
+
+def _destinations(tmp_path, members):
+    """A destination that does not exist, and one holding an earlier run of the same machine, which a good archive
+    would change (its log gains the archive's lines)."""
+    absent, present = tmp_path / "absent" / FOLDER, tmp_path / "present" / FOLDER
+    present.mkdir(parents=True)
+    for name in (PARTS, RECORD):
+        (present / name.split("/")[1]).write_bytes(members[name])
+    (present / "reference.log").write_text("an earlier run\n")
+    return absent, present
+
+
+def _snapshot(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def _unpack_refused(packed, destination, capsys):
+    """Unpack through the command line, expecting the one-line refusal; the line."""
+    assert main(["reference", "--unpack", str(packed), "--out", str(destination)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and "Traceback" not in captured.err
+    assert captured.err.startswith(f"optlab: error: refused {str(packed)!r}: ")
+    assert captured.err.endswith("; nothing was written\n")
+    return captured.err
+
+
+def test_the_real_archive_unpacks_where_each_damaged_one_is_refused(real_run, tmp_path, capsys):
+    """The control for the cases below: undamaged, the same archive unpacks into both destinations."""
+    absent, present = _destinations(tmp_path, real_run)
+    for destination in (absent, present):
+        assert main(["reference", "--unpack", str(_packed(tmp_path / "good.tar.gz", real_run)), "--out",
+                     str(destination)]) == 0
+    assert _snapshot(absent) == {name.split("/")[1]: content for name, content in real_run.items()}
+    assert _snapshot(present)["reference.log"] == b"an earlier run\n" + real_run[LOG]
+
+
+@pytest.mark.parametrize("case", DAMAGES)
+def test_a_damaged_archive_is_refused_in_one_line_naming_the_member_and_writes_nothing(real_run, tmp_path, capsys,
+                                                                                       case):
+    damage, named, wrong = DAMAGES[case]
+    members = dict(real_run)
+    damage(members)
+    packed = _packed(tmp_path / "damaged.tar.gz", members)
+    absent, present = _destinations(tmp_path, real_run)
+    before = _snapshot(present)
+    for destination in (absent, present):
+        line = _unpack_refused(packed, destination, capsys)
+        assert named in line and wrong in line, line
+    assert not absent.exists() and not absent.parent.exists()
+    assert _snapshot(present) == before
+
+
+@pytest.mark.parametrize("kind", SPECIALS)
+def test_links_and_devices_are_refused_and_nothing_is_written(real_run, tmp_path, capsys, kind):
+    packed = _packed(tmp_path / "special.tar.gz", real_run, (f"{FOLDER}/extra.json", *SPECIALS[kind]))
+    absent, present = _destinations(tmp_path, real_run)
+    before = _snapshot(present)
+    for destination in (absent, present):
+        line = _unpack_refused(packed, destination, capsys)
+        assert f"unsafe or unexpected member '{FOLDER}/extra.json'" in line
+    assert not absent.parent.exists() and _snapshot(present) == before
+
+
+def test_a_member_twice_or_a_cut_archive_is_refused_and_nothing_is_written(real_run, tmp_path, capsys):
+    absent, present = _destinations(tmp_path, real_run)
+    before = _snapshot(present)
+    twice = tmp_path / "twice.tar.gz"
+    with tarfile.open(twice, "w:gz") as tar:
+        for name, content in [*real_run.items(), (TABLE, b"size_mb\n1\n")]:
+            info = tarfile.TarInfo(name)
+            info.size = len(content)
+            tar.addfile(info, io.BytesIO(content))
+    good = _packed(tmp_path / "good.tar.gz", real_run).read_bytes()
+    cut = tmp_path / "cut.tar.gz"
+    cut.write_bytes(good[:len(good) * 2 // 3])
+    for packed, says in ((twice, f"member {TABLE!r} appears twice"), (cut, "it is damaged (")):
+        for destination in (absent, present):
+            assert says in _unpack_refused(packed, destination, capsys)
+    assert not absent.parent.exists() and _snapshot(present) == before
+
+
+def test_a_malformed_file_already_in_the_folder_is_named_and_nothing_is_written(real_run, tmp_path, capsys):
+    _, present = _destinations(tmp_path, real_run)
+    (present / "reference-parts.csv").write_bytes(_parts_list({"part": ""}))
+    before = _snapshot(present)
+    line = _unpack_refused(_packed(tmp_path / "good.tar.gz", real_run), present, capsys)
+    assert f"{store.display_path(present / 'reference-parts.csv')}, already there, line 2 has an empty part" in line
+    assert _snapshot(present) == before
+
+
+def test_a_parts_list_missing_a_column_is_named_by_the_plan_and_the_run_in_one_line(tmp_path, capsys):
+    """A parts list that did not come through --unpack (edited by hand, say): --plan and a run stop in one line that
+    names it, before any part runs, and leave it as it was (the run's log says why it stopped)."""
+    folder = tmp_path / "h200"
+    folder.mkdir()
+    parts = pd.read_csv(io.BytesIO(_parts_list({"part": "microbench tables"}))).drop(columns="part")
+    parts.to_csv(folder / "reference-parts.csv", index=False)
+    before = _snapshot(folder)
+    for command in (["--plan"], ["--profile", "smoke", "--quiet"]):
+        assert main(["reference", *command, "--set", "seed", "--device", "cpu", "--out", str(folder)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err
+        assert err.startswith(f"optlab: error: {store.display_path(folder / 'reference-parts.csv')} lacks the "
+                              "column(s) part; a parts list has part, status, seconds")
+    assert (folder / "reference-parts.csv").read_bytes() == before["reference-parts.csv"]
+    assert not list(folder.glob("*.json"))
