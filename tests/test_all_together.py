@@ -13,7 +13,7 @@ from optlab.core.profiles import get_profile
 from optlab.core.registry import get_experiment
 from optlab.studies.learning import learning_curves
 from optlab.book.report import plot_waterfall
-from optlab.core.summary import step_by_step
+from optlab.core.summary import NOT_WAITED, step_by_step
 from tests.helpers import TINY
 
 matplotlib.use("Agg")
@@ -33,20 +33,46 @@ def _samples(times: dict[str, list[float]]) -> pd.DataFrame:
 
 def test_step_by_step_compares_each_step_with_the_one_before():
     samples = _samples({"a": [1.0, 1.01, 0.99], "b": [0.5, 0.51, 0.49], "c": [0.5, 0.505, 0.495]})
-    table = step_by_step(samples, ["a", "b", "c"]).set_index("step")
+    table = step_by_step(samples, ["a", "b", "c"], {"b": "a", "c": "b"}).set_index("step")
     assert list(table.index) == ["b", "c"]
     assert table.loc["b", "vs previous"] == pytest.approx(2.0, rel=0.02) and table.loc["b", "verdict"] == "faster"
     assert table.loc["c", "vs previous"] == pytest.approx(1.0, rel=0.02)
-    assert table.loc["c", "verdict"] == "can't tell yet"
-    assert table.loc["c", "vs baseline"] == pytest.approx(2.0, rel=0.02)
+    assert table.loc["c", "verdict"] == "can't tell yet" and table.loc["c", "baseline_verdict"] == NOT_WAITED
+    assert table.loc["c", "vs baseline"] == pytest.approx(2.0, rel=0.02) and table.loc["c", "baseline_low"] < 2.0
+    assert table.loc["b", "baseline_verdict"] == "faster"  # the first step's two comparisons are one
+    assert (table["baseline_epoch_s"] == 100.0).all()
+
+
+def test_step_by_step_reads_a_failed_step_s_status_and_the_step_after_it_as_not_compared():
+    samples = _samples({"a": [1.0, 1.01, 0.99], "b": [0.5, 0.51, 0.49], "c": [0.5, 0.505, 0.495]})
+    samples.loc[samples["variant"] == "b", "status"] = "failed: out of memory"
+    table = step_by_step(samples, ["a", "b", "c"], {"b": "a", "c": "b"}).set_index("step")
+    assert table.loc["b", "verdict"] == "failed: out of memory"
+    assert table.loc["c", "verdict"] == "not compared: b failed: out of memory"
+
+
+def waterfall_steps(verdicts: list[str]) -> pd.DataFrame:
+    return pd.DataFrame({"model": "m", "phase": "train", "step": ["b", "c"], "vs previous": [2.0, 0.8],
+                         "verdict": verdicts, "baseline_epoch_s": 10.0})
 
 
 def test_waterfall_draws_one_bar_per_step_from_the_step_before():
-    summary = pd.DataFrame({"model": "m", "phase": "train", "variant": ["a", "b", "c"], "epoch_s": [10.0, 6.0, 7.0]})
-    figure = plot_waterfall(summary, ["a", "b", "c"])
+    figure = plot_waterfall(waterfall_steps(["faster", "slower"]), ["a", "b", "c"])
     bars = figure.axes[0].patches
-    assert [(b.get_y(), b.get_y() + b.get_height()) for b in bars] == [(0.0, 10.0), (10.0, 6.0), (6.0, 7.0)]
+    assert [(b.get_y(), b.get_y() + b.get_height()) for b in bars] == [(0.0, 10.0), (10.0, 5.0), (5.0, 6.25)]
     assert bars[1].get_facecolor() != bars[2].get_facecolor()  # faster and slower differ
+
+
+def test_waterfall_colours_a_step_by_the_verdict_the_rule_waited_for():
+    waited = plot_waterfall(waterfall_steps(["faster", "faster"]), ["a", "b", "c"]).axes[0].patches
+    not_waited = plot_waterfall(waterfall_steps(["faster", NOT_WAITED]), ["a", "b", "c"]).axes[0].patches
+    assert waited[2].get_facecolor() == waited[1].get_facecolor() != not_waited[2].get_facecolor()
+
+
+def test_waterfall_stops_where_a_step_has_no_speed_up():
+    steps = waterfall_steps(["failed: out of memory", "not compared: b failed: out of memory"])
+    steps["vs previous"] = float("nan")
+    assert len(plot_waterfall(steps, ["a", "b", "c"]).axes[0].patches) == 1
 
 
 @pytest.mark.parametrize("name, precision, expected", [
@@ -132,3 +158,13 @@ def test_without_its_workers_step_the_cpu_stack_runs_in_lockstep_rounds():
     for stacked, lockstep in ((configs, True), (with_workers, False)):
         variants = {label: object.__new__(experiments.LocalVariant) for label in stacked}
         assert experiments.lockstep_ready(variants, stacked, get_profile("smoke"), resolve_device("cpu")) == lockstep
+
+
+def test_the_stack_table_shows_the_baseline_verdicts_of_a_record_whose_rule_waited_for_those():
+    from optlab.book.report import BASELINE_VERDICT, stack_table
+
+    samples = _samples({"a": [1.0, 1.01, 0.99], "b": [0.5, 0.51, 0.49], "c": [0.5, 0.505, 0.495]})
+    chained = stack_table(step_by_step(samples, ["a", "b", "c"], {"b": "a", "c": "b"}))
+    old = stack_table(step_by_step(samples, ["a", "b", "c"], {"b": "a", "c": "a"}))
+    assert BASELINE_VERDICT not in chained and list(old[BASELINE_VERDICT]) == ["faster", "faster"]
+    assert list(old["verdict (vs the step before)"]) == ["faster", NOT_WAITED]

@@ -127,9 +127,13 @@ def test_reference_summary_is_none_without_stored_runs():
 
 
 def test_the_stack_table_reads_each_step_against_the_one_before():
-    steps = pd.DataFrame([{"model": "resnet18", "phase": "train", "step": "+ channels_last", "epoch_s": 55.23,
+    steps = pd.DataFrame([{"model": "resnet18", "phase": "train", "step": "+ channels_last", "epoch_s": 55.23, "n": 12,
                            "vs previous": 1.31, "ci_low": 0.853, "ci_high": 2.0, "verdict": "can't tell yet",
-                           "vs baseline": 1.25, "peak_mem_mb": 2951.2}])
+                           "vs baseline": 1.25, "baseline_low": 1.1, "baseline_high": 1.4, "baseline_n": 6,
+                           "baseline_verdict": "not waited for", "peak_mem_mb": 2951.2}])
     assert list(report.stack_table(steps).iloc[0]) == [
-        "resnet18", "train", "+ channels_last", "1.31 (0.853–2.00)", "can't tell yet", "1.25", 2951.0, 55.2]
-    assert list(report.stack_table(steps).columns)[3] == "vs the step before (99.5 % sequential interval)"
+        "resnet18", "train", "+ channels_last", "1.31 (0.853–2.00)", "can't tell yet", "1.25 (1.10–1.40)", 2951.0,
+        55.2, 12, 6]
+    assert list(report.stack_table(steps).columns)[3:6] == [
+        "vs the step before (99.5 % sequential interval)", "verdict (vs the step before)",
+        "vs the baseline (estimate at the same look)"]

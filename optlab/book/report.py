@@ -20,13 +20,14 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
 from ..core import store
 from ..core.no_effect import NO_EFFECT, is_no_effect
 from ..core.profiles import ALL_MODELS
 from ..core.registry import PHASES, Experiment, get_experiment
 from ..core.seed import SEED_MACHINE, seed_speedups
-from ..core.summary import CLAIM, CONTROL
+from ..core.summary import CLAIM, CONTROL, NOT_WAITED
 from ..core.techniques import SET_NAMES, technique_set
 from ..core.timing import (ERROR_RATE, FASTER, INTERVAL, SAME, SLOWER, UNCLEAR, VERDICTS, page_bound, percent,
                            too_wide)
@@ -227,16 +228,33 @@ def throughput_details(rows: pd.DataFrame) -> dict[str, str]:
                                                                       else label) for column, label in DETAILS.items()}
 
 
+STEP_BEFORE = f"vs the step before ({INTERVAL})"
+STEP_VERDICT = "verdict (vs the step before)"
+BASELINE_ESTIMATE = "vs the baseline (estimate at the same look)"
+BASELINE_VERDICT = "verdict (vs the baseline)"
+
+
 def stack_table(steps: pd.DataFrame) -> pd.DataFrame:
     """A cumulative stack (rows of ``summary.step_by_step``) as a reader reads it: each step's speed-up over the step
-    before it with its interval and verdict, then its speed-up over the baseline, peak memory and epoch time."""
-    return pd.DataFrame({
+    before it with its interval and the verdict the rule waited for, then its speed-up over the baseline with its
+    interval read at the same look, an estimate with no verdict, peak memory and epoch time; the rounds of each as
+    details. A record whose rule waited for the steps against the baseline (made before stacks were chained) shows
+    those verdicts in a column of their own, and "not waited for" against the step before."""
+    table = pd.DataFrame({
         "model": steps["model"], "phase": steps["phase"], "step": steps["step"],
-        f"vs the step before ({INTERVAL})": [
-            speedup_text(*values) for values in zip(steps["vs previous"], steps["ci_low"], steps["ci_high"])],
-        "verdict": steps["verdict"].map(verdict_text), "vs the baseline": steps["vs baseline"].map(ratio),
+        STEP_BEFORE: [speedup_text(*values) for values in zip(steps["vs previous"], steps["ci_low"],
+                                                              steps["ci_high"], steps["n"])],
+        STEP_VERDICT: steps["verdict"].map(verdict_text),
+        BASELINE_ESTIMATE: [speedup_text(*values) for values in zip(steps["vs baseline"], steps["baseline_low"],
+                                                                    steps["baseline_high"], steps["baseline_n"])],
         "peak MiB": steps["peak_mem_mb"].map(significant), "epoch s (median)": steps["epoch_s"].map(significant),
+        "n (vs the step before)": steps["n"], "n (vs the baseline)": steps["baseline_n"],
     })
+    if (steps["verdict"] == NOT_WAITED).any():
+        table.insert(list(table.columns).index(BASELINE_ESTIMATE) + 1, BASELINE_VERDICT,
+                     steps["baseline_verdict"].map(verdict_text))
+    table.attrs.update(keys=["model", "phase", "step"], details=["n (vs the step before)", "n (vs the baseline)"])
+    return table.reset_index(drop=True)
 
 
 def speedups(experiment: "str | Experiment", live: pd.DataFrame | None = None, stored: bool = True) -> pd.DataFrame:
@@ -366,39 +384,63 @@ def _legend(markers: dict, seed: bool) -> list[Line2D]:
     return [handle for pair in zip(*rows) for handle in pair]
 
 
-def plot_waterfall(summary: pd.DataFrame, labels: list[str], phase: str = "train"):
-    """Per model, a waterfall of a cumulative stack: each bar spans the change that one more technique makes to the
-    median epoch-equivalent time (green: faster, red: slower); the first bar is the baseline itself."""
+def plot_waterfall(steps: pd.DataFrame, labels: "list[str] | tuple[str, ...]", phase: str = "train"):
+    """Per model, the waterfall of a cumulative stack (rows of ``summary.step_by_step``): the first bar is the
+    baseline's median epoch-equivalent time, and each step's bar spans the change it makes, from the level before it to
+    that level over the step's paired speed-up against the step before; coloured by that step's verdict as the
+    speed-up figure colours it (grey: can't tell yet, or not waited for). A step with no speed-up (it failed, or was
+    compared with one that did) has no bar, nor has any step after it."""
     set_theme()
-    rows = summary[(summary["phase"] == phase) & summary["variant"].isin(labels)]
+    rows = steps[steps["phase"] == phase]
     models = list(dict.fromkeys(rows["model"]))
     figure, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 4.2), squeeze=False, sharey=False)
     for ax, model in zip(axes[0], models):
-        times = rows[rows["model"] == model].set_index("variant")["epoch_s"].reindex(labels)
-        previous = 0.0
-        for x, (label, seconds) in enumerate(times.items()):
-            if pd.isna(seconds):  # a variant that failed (out of memory) has no bar
-                continue
-            colour = "0.55" if x == 0 else ("tab:green" if seconds <= previous else "tab:red")
-            ax.bar(x, seconds - previous, bottom=previous, color=colour, width=0.7)
-            ax.text(x, seconds, f"{seconds:.3g}", ha="center", va="bottom", fontsize=8)
-            previous = seconds
+        ours = rows[rows["model"] == model].set_index("step")
+        level = float(ours["baseline_epoch_s"].iloc[0])
+        ax.bar(0, level, color="0.35", width=0.7)
+        ax.text(0, level, f"{level:.3g}", ha="center", va="bottom", fontsize=8)
+        for x, label in enumerate(labels[1:], start=1):
+            if label not in ours.index or pd.isna(ours.loc[label, "vs previous"]):
+                break
+            after = level / float(ours.loc[label, "vs previous"])
+            ax.bar(x, after - level, bottom=level, width=0.7,
+                   color=VERDICT_COLOURS.get(ours.loc[label, "verdict"], UNCLEAR_COLOUR))
+            ax.text(x, after, f"{after:.3g}", ha="center", va="bottom", fontsize=8)
+            level = after
         ax.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=8)
         ax.set_title(f"{model} ({phase})")
-        ax.set_ylabel("seconds per epoch-equivalent (median)")
+        ax.set_ylabel("seconds per epoch-equivalent")
+    figure.legend(handles=[Patch(color=colour, label=verdict) for verdict, colour in
+                           [*VERDICT_COLOURS.items(), (f"{UNCLEAR} or {NOT_WAITED}", UNCLEAR_COLOUR)]],
+                  loc="lower center", ncol=4, fontsize=8, title="each step against the step before",
+                  bbox_to_anchor=(0.5, 1.0))
     figure.tight_layout()
     return figure
 
 
+LEVEL_NAMES = {"level_uniform": "uniform (ln of the alphabet)", "level_unigram": "unigram entropy",
+               "level_bigram": "bigram entropy"}  # a text corpus's reference losses (studies.learning.text_levels)
+
+
 def plot_learning(curves: pd.DataFrame):
-    """Training loss and test accuracy against optimizer steps, one line per variant."""
+    """Training and test loss, and test accuracy, against optimizer steps, one colour per variant; on a text corpus
+    the loss panel also draws the test split's entropy levels (uniform, unigram, bigram) as labelled lines."""
     set_theme()
-    long = curves.melt(id_vars=["variant", "step"], value_vars=["train_loss", "test_accuracy"], var_name="measure")
-    grid = sns.relplot(data=long, kind="line", x="step", y="value", hue="variant", col="measure", marker="o",
-                       height=3.4, aspect=1.3, facet_kws={"sharey": False})
-    grid.set_titles("{col_name}")
-    grid.set_axis_labels("optimizer steps", "")
-    return grid
+    figure, (loss_ax, accuracy_ax) = plt.subplots(1, 2, figsize=(11, 3.8))
+    long = curves.melt(id_vars=["variant", "step"], value_vars=["train_loss", "test_loss"], var_name="loss")
+    sns.lineplot(data=long, x="step", y="value", hue="variant", style="loss", marker="o", ax=loss_ax)
+    for (column, name), shade in zip(LEVEL_NAMES.items(), ("0.55", "0.35", "0.15")):
+        if column in curves:
+            level = float(curves[column].iloc[0])
+            loss_ax.axhline(level, color=shade, ls=":", lw=1.2)
+            loss_ax.annotate(f"{name} {level:.2f}", (1, level), xycoords=("axes fraction", "data"), xytext=(-4, 2),
+                             textcoords="offset points", ha="right", va="bottom", fontsize=8, color=shade)
+    loss_ax.set(title="loss, nats per prediction", xlabel="optimizer steps", ylabel="")
+    sns.lineplot(data=curves, x="step", y="test_accuracy", hue="variant", marker="o", ax=accuracy_ax, legend=False)
+    accuracy_ax.set(title="test accuracy", xlabel="optimizer steps", ylabel="")
+    sns.move_legend(loss_ax, "upper left", bbox_to_anchor=(0, -0.18), ncol=2, fontsize=8, frameon=False)
+    figure.tight_layout()
+    return figure
 
 
 BREAKDOWN_PARTS = {"data_wait_ms": "data wait", "launch_ms": "CUDA launch and copy calls", "sync_ms": "sync wait",

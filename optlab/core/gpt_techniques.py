@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from .errors import choice_error
-from .registry import Experiment, register
+from .registry import Experiment, chained, register
 from .transformer import GPT_SIZES, attention_support
 
 GPT = {"workload": "gpt"}
@@ -140,8 +140,9 @@ def gpt_stack(model: str = "gpt2_small") -> list[tuple[str, dict]]:
 
 
 def gpt_all_together(model: str = "gpt2_small", skip: tuple[str, ...] = ()) -> Experiment:
-    """The GPT stack on ``model`` as an experiment: each variant adds one step to the one before; ``skip`` leaves steps
-    out (a device where a step does not pay), and the variants after it are built without it."""
+    """The GPT stack on ``model`` as an experiment: each variant adds one step to the one before and is compared with
+    it (:func:`~optlab.core.registry.chained`); ``skip`` leaves steps out (a device where a step does not pay), and
+    the variants after it are built without it and compared with the step kept before them."""
     if model not in VOCABS:
         raise choice_error("GPT size", model, tuple(VOCABS))
     steps = gpt_stack(model)
@@ -158,8 +159,10 @@ def gpt_all_together(model: str = "gpt2_small", skip: tuple[str, ...] = ()) -> E
                                                                             if k in steps[0][1]}
     return Experiment(
         name="gpt_all_together", section="", title="The GPT all together: from nanoGPT's baseline to the fastest",
-        description="Each variant adds one technique to the one before, so the differences form a waterfall.",
+        description="Each variant adds one technique to the one before and is compared with it, so the differences "
+                    "form a waterfall.",
         phases=("train",), variants=tuple(stacked), models=(model,), **GPT,
+        references=chained([label for label, _ in stacked]),
     )
 
 

@@ -109,6 +109,12 @@ class Experiment:
         return replace(self, phases=tuple(phases))
 
 
+def chained(labels: "list[str] | tuple[str, ...]") -> dict[str, str]:
+    """A stack's references: every step compared with the step before it, so that the rule waits for each step's own
+    effect (the first step's reference is the baseline)."""
+    return dict(zip(labels[1:], labels))
+
+
 REGISTRY: dict[str, Experiment] = {}
 
 

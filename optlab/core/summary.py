@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .timing import speed_up, summarize
+from .timing import VERDICTS, speed_up, summarize
 
 SUMMARY_COLUMNS = [
     "model", "phase", "variant", "n", "epoch_s", "epoch_iqr_s", "epoch_min_s", "step_ms", "startup_s",
@@ -111,16 +111,44 @@ def summarize_runs(samples: pd.DataFrame, baseline: str, controls: "tuple[str, .
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
-def step_by_step(samples: pd.DataFrame, labels: list[str]) -> pd.DataFrame:
+NOT_WAITED = "not waited for"  # a stack's verdict that the rule did not wait for: shown as an estimate only
+STEP_COLUMNS = ["model", "phase", "step", "n", "epoch_s", "vs previous", "ci_low", "ci_high", "verdict", "waited for",
+                "vs baseline", "baseline_n", "baseline_low", "baseline_high", "baseline_verdict", "baseline_epoch_s",
+                "peak_mem_mb"]
+
+
+def step_by_step(samples: pd.DataFrame, labels: list[str], waited: dict[str, str]) -> pd.DataFrame:
     """A cumulative stack (each variant adds one technique to the one before): every step's speed-up over the step
-    before it, with its interval and verdict, next to its speed-up over the first variant."""
+    before it and over the first variant (the baseline), each with its interval, both read at the look that closed the
+    step's comparison, on the rounds of that look that both sides ran (:func:`read_at`).
+
+    ``waited`` maps each step to the variant its run's rule waited for (the experiment's ``comparisons``, or a stored
+    record's ``references``), and a verdict is read only where the rule waited for it: ``verdict`` against the step
+    before, ``baseline_verdict`` against the baseline, and :data:`NOT_WAITED` for the other. A chained stack
+    (``registry.chained``) has every verdict against the step before (and the first step's against the baseline, the
+    same comparison); a record made before stacks were chained waited for each step against the baseline, so there the
+    verdicts are against the baseline and each step-before speed-up is an estimate. ``waited for`` names the
+    reference; ``baseline_epoch_s`` is the baseline's median, where the waterfall starts. A step that failed, or was
+    compared with one that did, keeps its status as the verdict."""
     rows = []
     overall = summarize_runs(samples, labels[0]).set_index(["model", "phase", "variant"])
     previous = summarize_runs(samples, labels[0], references=dict(zip(labels[1:], labels)))
-    for after in labels[1:]:
+    for before, after in zip(labels, labels[1:]):
         for row in previous[previous["variant"] == after].itertuples():
             total = overall.loc[(row.model, row.phase, after)]
-            rows.append({"model": row.model, "phase": row.phase, "step": after, "epoch_s": row.epoch_s,
+            start = overall["epoch_s"].get((row.model, row.phase, labels[0]), float("nan"))
+            reference = waited.get(after, labels[0])
+            rows.append({"model": row.model, "phase": row.phase, "step": after, "n": row.n, "epoch_s": row.epoch_s,
                          "vs previous": row.speedup, "ci_low": row.ci_low, "ci_high": row.ci_high,
-                         "verdict": row.verdict, "vs baseline": total["speedup"], "peak_mem_mb": row.peak_mem_mb})
-    return pd.DataFrame(rows)
+                         "verdict": _waited_verdict(row.verdict, reference == before), "waited for": reference,
+                         "vs baseline": total["speedup"], "baseline_n": total["n"], "baseline_low": total["ci_low"],
+                         "baseline_high": total["ci_high"],
+                         "baseline_verdict": _waited_verdict(total["verdict"], reference == labels[0]),
+                         "baseline_epoch_s": start, "peak_mem_mb": row.peak_mem_mb})
+    return pd.DataFrame(rows, columns=STEP_COLUMNS)
+
+
+def _waited_verdict(verdict: object, waited: bool) -> object:
+    """A read verdict where the rule waited for its comparison, else :data:`NOT_WAITED`; a status (a failure, "not
+    compared") as it is."""
+    return verdict if waited or verdict not in VERDICTS else NOT_WAITED

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .errors import choice_error
-from .registry import REGISTRY, Experiment, register
+from .registry import REGISTRY, Experiment, chained, register
 
 DATA_LOADING = register(Experiment(
     name="data_loading", section="1.1", title="DataLoader num_workers and pin_memory",
@@ -191,8 +191,9 @@ STACK_WORKERS = _STACK[1][1]["num_workers"]
 
 
 def all_together(skip: tuple[str, ...] = ()) -> Experiment:
-    """The stack as an experiment: each variant adds one step to the one before. ``skip`` leaves steps out (a device
-    where a step does not apply), and the variants after it are built without it."""
+    """The stack as an experiment: each variant adds one step to the one before and is compared with it
+    (:func:`~optlab.core.registry.chained`). ``skip`` leaves steps out (a device where a step does not apply), and the
+    variants after it are built without it and compared with the step kept before them."""
     unknown = set(skip) - {label for label, _ in _STACK}
     if unknown:
         raise choice_error("stack step", sorted(unknown)[0], [label for label, _ in _STACK])
@@ -203,10 +204,11 @@ def all_together(skip: tuple[str, ...] = ()) -> Experiment:
             stacked.append((label, dict(changes)))
     return Experiment(
         name="all_together", section="", title="All together: from the seed's baseline to the fastest configuration",
-        description="Each variant adds one technique to the one before, so the differences form a waterfall. "
-                    "torch.compile is added on the launch-bound models only (compiling ResNet50 and 101 would take "
-                    "minutes each).",
+        description="Each variant adds one technique to the one before and is compared with it, so the differences "
+                    "form a waterfall. torch.compile is added on the launch-bound models only (compiling ResNet50 and "
+                    "101 would take minutes each).",
         variants=tuple(stacked), variant_models={COMPILE_STEP: LAUNCH_BOUND_MODELS},
+        references=chained([label for label, _ in stacked]),
     )
 
 
