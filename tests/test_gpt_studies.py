@@ -1,14 +1,21 @@
-"""The studies of chapters 22-24 on the tiny GPT: FP8 numerics, AdamW's state bytes and agreement, and the compile
-check of one part of the GPT (on a fast backend: Inductor's C++ compile takes tens of seconds on a CPU)."""
+"""The studies of chapters 22-26 on the tiny GPT: FP8 numerics, AdamW's state bytes and agreement, the compile
+check of one part of the GPT (on a fast backend: Inductor's C++ compile takes tens of seconds on a CPU), and the
+learning check against the text's entropy levels."""
 import math
+from dataclasses import replace
 
+import pandas as pd
 import pytest
 import torch
 
-from optlab.core import loops
+from optlab.book import report
+from optlab.core import loops, transformer
+from optlab.core.device import resolve_device
 from optlab.core.errors import OptlabError
 from optlab.core.fp8 import scaled_mm_runs
-from optlab.studies import compile_block, compile_cost, fp8_training, optimizer_memory
+from optlab.core.profiles import get_profile
+from optlab.core.registry import get_experiment
+from optlab.studies import compile_block, compile_cost, fp8_training, learning, optimizer_memory
 
 
 @pytest.mark.skipif(scaled_mm_runs("cpu") is not None, reason="torch._scaled_mm does not run here")
@@ -84,3 +91,66 @@ def test_the_compile_check_is_a_record_compile_cost_reads():
 def test_the_compile_check_refuses_what_it_cannot_run(options, named):
     with pytest.raises(OptlabError, match=named):
         compile_block.block_compile_record(device="cpu", **options)
+
+
+@pytest.fixture
+def stand_in_text(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPTLAB_DATA", str(tmp_path))  # the stand-in: real text without tiny Shakespeare on disk
+
+
+def tiny_gpt_config(**knobs):
+    baseline = next(iter(get_experiment("gpt_precision").configs("gpt_tiny", get_profile("smoke")).values()))
+    return replace(baseline, **knobs)
+
+
+def test_the_curves_carry_the_test_loss_and_the_texts_levels(stand_in_text):
+    curves = learning.learning_curves({"a": tiny_gpt_config()}, resolve_device("cpu"), steps=4, eval_every=2,
+                                      eval_images=16, progress=False)
+    assert list(curves["step"]) == [2, 4] and (curves["test_loss"] > 0).all()
+    levels = curves[[f"level_{name}" for name in learning.LEVELS]].iloc[0]
+    assert levels["level_uniform"] == pytest.approx(math.log(65))
+    assert levels["level_bigram"] < levels["level_unigram"] < levels["level_uniform"]
+    assert curves["test_loss"].iloc[0] > levels["level_unigram"]  # 4 steps from random weights learn little
+
+
+def test_time_to_target_is_the_first_record_at_or_below_it():
+    curves = pd.DataFrame({"variant": ["a"] * 3 + ["b"] * 3, "step": [1, 2, 3] * 2, "tokens": [10, 20, 30] * 2,
+                           "train_s": [1.0, 2.0, 3.0] * 2, "compile_s": [0.5] * 6,
+                           "test_loss": [3.0, 2.5, 2.4, 3.0, 2.9, 2.8], "level_uniform": 4.0,
+                           "level_unigram": 3.0, "level_bigram": 2.0})
+    target = learning.target_loss(curves, 0.5)
+    assert target == 2.5
+    table = learning.time_to_target(curves, target).set_index("variant")
+    assert table.loc["a", ["tokens to target", "seconds to target", "last test loss"]].tolist() == [20, 2.0, 2.4]
+    assert math.isnan(table.loc["b", "tokens to target"]) and math.isnan(table.loc["b", "seconds to target"])
+    assert learning.learning_failures(curves, target) == ["b: test loss never reached the target 2.500 (last 2.800)"]
+    with pytest.raises(OptlabError, match="between the unigram"):
+        learning.target_loss(curves, 1.5)
+
+
+def test_a_model_that_cannot_see_the_context_fails_the_check(stand_in_text, monkeypatch):
+    """The learning check on the tiny GPT with a padded head: learning which rows never occur and which characters
+    are frequent lowers its loss far below where it starts, but only the context takes it below the unigram level."""
+    info, budget = resolve_device("cpu"), {"steps": 60, "eval_every": 20, "eval_images": 64, "progress": False}
+    config = tiny_gpt_config(vocab_size=128)
+    seeing = learning.learning_curves({"sees the context": config}, info, **budget)
+    target = learning.target_loss(seeing, 0.0)
+    assert learning.learning_failures(seeing, target) == [], seeing
+    forward = transformer.GPT.forward
+    monkeypatch.setattr(transformer.GPT, "forward", lambda self, idx: forward(self, torch.zeros_like(idx)))
+    blind = learning.learning_curves({"blind": config}, info, **budget)
+    assert blind["test_loss"].iloc[0] - blind["test_loss"].iloc[-1] > 0.1  # the old check's fall: it passed
+    assert learning.learning_failures(blind, target) == [
+        f"blind: test loss {blind['test_loss'].iloc[-1]:.3f} is not below the unigram level {target:.3f}"]
+
+
+def test_the_learning_figure_draws_the_texts_levels_beside_the_losses():
+    curves = pd.DataFrame({"variant": "a", "step": [1, 2], "train_loss": [3.5, 3.0], "test_loss": [3.4, 2.9],
+                           "test_accuracy": [0.1, 0.2], "level_uniform": 4.17, "level_unigram": 3.13,
+                           "level_bigram": 2.47})
+    loss_ax = report.plot_learning(curves).axes[0]
+    texts = [text.get_text() for text in loss_ax.texts]
+    assert texts == ["uniform (ln of the alphabet) 4.17", "unigram entropy 3.13", "bigram entropy 2.47"]
+    flat = {round(line.get_ydata()[0], 2) for line in loss_ax.lines if len(set(line.get_ydata())) == 1}
+    assert {4.17, 3.13, 2.47} <= flat
+    assert not report.plot_learning(curves.drop(columns=list(report.LEVEL_NAMES))).axes[0].texts
