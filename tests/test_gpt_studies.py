@@ -154,3 +154,17 @@ def test_the_learning_figure_draws_the_texts_levels_beside_the_losses():
     flat = {round(line.get_ydata()[0], 2) for line in loss_ax.lines if len(set(line.get_ydata())) == 1}
     assert {4.17, 3.13, 2.47} <= flat
     assert not report.plot_learning(curves.drop(columns=list(report.LEVEL_NAMES))).axes[0].texts
+
+
+def test_adamw_decays_the_2d_weights_only_as_nanogpt_groups_them():
+    model = transformer.GPT(transformer.GPT_SIZES["gpt_tiny"])
+    optimizer = loops.make_optimizer(model, tiny_gpt_config(optimizer="adamw"))
+    named = dict(model.named_parameters())
+    before = {name: parameter.detach().clone() for name, parameter in named.items()}
+    for parameter in named.values():
+        parameter.grad = torch.zeros_like(parameter)  # no gradient: only the weight decay moves a weight
+    optimizer.step()
+    decayed = {name for name, parameter in named.items() if not torch.equal(parameter, before[name])}
+    assert decayed == {name for name, parameter in named.items() if parameter.dim() >= 2}, sorted(decayed)
+    assert any(name.endswith("bias") for name in named) and any("ln" in name or "norm" in name for name in named)
+    assert [group["weight_decay"] for group in optimizer.param_groups] == [0.1, 0.0]

@@ -48,13 +48,22 @@ class PhaseResult:
 _IMPLEMENTATIONS = {"default": {}, "for_loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
 
 
+def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """nanoGPT's AdamW parameter groups: the 2-D and larger tensors (the matmuls' weights and the embeddings) decay by
+    ``weight_decay``; the biases and LayerNorm weights (1-D) do not."""
+    parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
+    groups = [{"params": [p for p in parameters if p.dim() >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in parameters if p.dim() < 2], "weight_decay": 0.0}]
+    return [group for group in groups if group["params"]]
+
+
 def make_optimizer(model: nn.Module, config: RunConfig | None = None) -> torch.optim.Optimizer:
     """The seed's SGD (lr 0.1, momentum 0.9, weight decay 5e-4), Adam (lr 1e-3), or nanoGPT's AdamW (lr 6e-4,
-    betas 0.9/0.95, weight decay 0.1), in the config's implementation."""
+    betas 0.9/0.95, weight decay 0.1 on 2-D weights only: :func:`decay_groups`), in the config's implementation."""
     config = config or RunConfig()
     implementation = _IMPLEMENTATIONS[config.optimizer_impl]
     if config.optimizer == "adamw":
-        return torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, **implementation)
+        return torch.optim.AdamW(decay_groups(model, 0.1), lr=6e-4, betas=(0.9, 0.95), **implementation)
     if config.optimizer == "adam":
         return torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=5e-4, **implementation)
     return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4, **implementation)
