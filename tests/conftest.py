@@ -62,6 +62,15 @@ def pytest_collection_modifyitems(config, items):
         config.stash[RUNNER] = start_runner(stems, book=bool(needs_book))
 
 
+def pytest_runtest_setup(item):
+    """A test marked ``cuda`` skips where there is no CUDA device: the one place that condition is written, so that
+    ``make gpu-check`` selects CUDA-only tests by their marker, whatever else may skip them."""
+    import torch
+
+    if item.get_closest_marker("cuda") and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device (marked cuda: make gpu-check runs it on a GPU)")
+
+
 def pytest_sessionfinish(session):
     """Stop the background worker if it is still running when the session ends early (its chapters with it)."""
     runner = session.config.stash.get(RUNNER, None)

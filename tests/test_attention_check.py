@@ -1,7 +1,6 @@
 """The attention check: every kernel against the hand-written one, within a tolerance per dtype; a kernel that does
 not run on the device gets its reason instead of numbers."""
 import pytest
-import torch
 
 from optlab.core import transformer
 from optlab.core.errors import OptlabError
@@ -70,7 +69,7 @@ def test_bad_sizes_and_dtypes_are_refused_with_what_is_allowed(options, message)
         attention_check.attention_agreement("cpu", **options)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.cuda
 def test_on_a_gpu_the_fused_kernels_and_compiled_flex_agree_in_bf16():
     table = attention_check.attention_agreement("cuda", "bfloat16", **SMALL).set_index("kernel")
     for kernel in ("sdpa", "sdpa_flash", "sdpa_efficient", "flex"):

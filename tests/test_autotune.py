@@ -7,7 +7,7 @@ import torch
 from optlab.studies import autotune
 from optlab.core.errors import OptlabError
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+needs_cuda = pytest.mark.cuda
 TINY = {"width": 0.125, "calls": 3}
 
 

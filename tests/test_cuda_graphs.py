@@ -14,7 +14,7 @@ from optlab.core.errors import OptlabError
 from optlab.core.loops import make_optimizer
 from optlab.core.models import build_model
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+needs_cuda = pytest.mark.cuda
 FAKE_GPU = DeviceInfo(torch.device("cuda", 0), "fake gpu", ("none", "fp16", "bf16"))  # run_reference reads is_cuda
 TINY_WIDTH = 0.125
 

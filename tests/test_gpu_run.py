@@ -1,13 +1,9 @@
 """What the first GPU run depends on, checked on the CPU: layouts, per-phase memory, isolation of cudnn_benchmark,
 records that survive a NaN loss, the commit from the environment, the device index, and the Triton check."""
-import importlib.util
 import json
 import math
 import os
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -26,7 +22,6 @@ from optlab.core.techniques import LAUNCH_BOUND_MODELS, compile_with_max_autotun
 from optlab.studies import learning
 from tests.helpers import TINY
 
-ROOT = Path(__file__).resolve().parent.parent
 CPU = torch.device("cpu")
 FAKE_CUDA = DeviceInfo(torch.device("cuda", 0), "fake GPU", ("none", "fp16", "bf16"))
 
@@ -255,39 +250,3 @@ def test_fp16_with_a_fused_optimizer_trains_under_the_scaler():
     loss = loops.train_step(model, (torch.randn(4, 3, 8, 8), torch.arange(4)), optimizer, scaler, config, CPU, 0)
     assert torch.isfinite(loss) and optimizer.defaults["fused"]
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
-
-
-def _gpu_check(*arguments, **env):
-    return subprocess.run([sys.executable, "tools/gpu_check.py", *arguments], cwd=ROOT, capture_output=True,
-                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT), **env}, timeout=600)
-
-
-def test_gpu_check_says_in_one_line_that_a_cpu_has_nothing_to_run():
-    run = _gpu_check(CUDA_VISIBLE_DEVICES="")
-    assert run.returncode == 0 and run.stdout.splitlines() == [
-        "gpu-check: no CUDA device here, so nothing to run (the CUDA-only tests and the chapters' CUDA checks need one)"]
-
-
-def test_gpu_check_lists_every_test_that_skips_without_cuda_and_the_chapters_cuda_checks():
-    listed = _gpu_check("--list").stdout.splitlines()
-    tests = [line.split(" ", 1)[1] for line in listed if line.startswith("test ")]
-    files = {test.split("::")[0] for test in tests}
-    assert files == {f"tests/test_{name}.py" for name in ("attention_check", "autotune", "cuda_graphs", "largest_batch",
-                                                          "microbench", "numerics", "optimizer_bench", "profiling",
-                                                          "tf32")}
-    assert len(tests) == 15 and "tests/test_cuda_graphs.py::test_graphed_inference_and_training_match_eager" in tests
-    assert "tests/test_microbench.py::test_matmul_benchmark_on_cuda_in_half_precision" in tests
-    assert not any(test.startswith("tests/test_tf32.py::") and "gpu" not in test for test in tests)  # CPU ones left
-    assert [line for line in listed if line.startswith("chapter ")] == [
-        f"chapter notebooks/{name}.ipynb" for name in ("11_cuda_graphs", "14_data_pipeline", "15_profiling",
-                                                       "18_your_model", "20_attention", "21_checkpointing")]
-
-
-def test_gpu_check_runs_a_chapters_cells_with_its_magics_made_pass():
-    """The install cell's ``%pip`` is the only line of its ``except`` block: dropped, the cell would not compile."""
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "tools" / "gpu_check.py")
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
-    install = gpu_check.check_cells("20_attention")[0]
-    compile(install, "install cell", "exec")
-    assert "    pass" in install and "%pip" not in install

@@ -52,7 +52,7 @@ def test_bad_settings_are_refused_before_anything_runs():
         largest_batch.largest_batches("cpu", limit=0)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.cuda
 def test_on_a_gpu_the_tiny_gpt_fits_the_limit_in_every_setting():
     search = largest_batch.largest_batches("cuda", size="gpt_tiny", limit=16)
     assert list(search.table["largest batch"]) == [16, 16, 16] and search.table["stopped at the limit"].all()

@@ -9,7 +9,7 @@ from optlab.studies import microbench
 from optlab import resolve_device
 from optlab.core.errors import OptlabError
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+needs_cuda = pytest.mark.cuda
 
 
 def test_matmul_benchmark_times_every_size_on_the_cpu():

@@ -14,7 +14,7 @@ from optlab.core.errors import OptlabError
 from optlab.studies.peaks import has_tf32
 from tests.helpers import TINY
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+needs_cuda = pytest.mark.cuda
 SMALL = replace(TINY, batch_size=4)
 FAKE_GPU = DeviceInfo(torch.device("cuda"), "fake gpu", ("none", "fp16", "bf16"))  # effective_config only reads it
 

@@ -11,7 +11,7 @@ from optlab.core.config import RunConfig
 from optlab.core.errors import OptlabError
 from tests.helpers import TINY
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+needs_cuda = pytest.mark.cuda
 LABELS = ["SGD for-loop", "SGD foreach", "SGD fused", "Adam for-loop", "Adam foreach", "Adam fused"]
 
 

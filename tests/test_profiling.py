@@ -21,7 +21,7 @@ from optlab.studies.profiling import Span
 from tests.helpers import TINY
 
 TINY_CONFIG = RunConfig(model="resnet18", width=TINY.width, batch_size=TINY.batch_size, num_workers=0, pin_memory=False)
-cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+cuda_only = pytest.mark.cuda
 
 
 def test_covered_counts_overlaps_once_and_clips_to_the_window():

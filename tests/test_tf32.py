@@ -1,13 +1,12 @@
 """The TF32 switches timed apart: refused on the CPU, the table's shape, and its errors against fp64."""
 import pytest
-import torch
 
 from optlab import resolve_device
 from optlab.studies import tf32
 from optlab.core.errors import OptlabError
 from optlab.studies.peaks import has_tf32
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+needs_cuda = pytest.mark.cuda
 
 
 def test_the_cpu_is_refused_with_a_reason():

@@ -56,7 +56,7 @@ def test_logits_have_the_shape_n_t_vocab_and_no_token_sees_a_later_one():
     assert (before[:, 20:] - after[:, 20:]).abs().amax() > 1e-3
 
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
 @pytest.mark.parametrize("device", DEVICES)

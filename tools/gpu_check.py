@@ -1,6 +1,7 @@
-"""The CUDA paths, checked before a GPU reference run: every test that skips without CUDA, and the check cells of the
-chapters that take a CUDA branch, run with plain Python (no Jupyter: the chapters' code cells in order, in one
-namespace, in the smoke profile). On a machine without CUDA it says so in one line and exits 0.
+"""The CUDA paths, checked before a GPU reference run: every test marked ``cuda`` (``@pytest.mark.cuda``: it needs a
+CUDA device, and tests/conftest.py skips it without one), and the check cells of the chapters that take a CUDA
+branch, run with plain Python (no Jupyter: the chapters' code cells in order, in one namespace, in the smoke
+profile). On a machine without CUDA it says so in one line and exits 0.
 
     make gpu-check                               # or, without the venv:
     PYTHONPATH=. python3 tools/gpu_check.py      # --list: print what it would run, and run nothing
@@ -21,36 +22,27 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 # chapters whose check cells have is_cuda branches
-CHAPTERS = ("11_cuda_graphs", "14_data_pipeline", "15_profiling", "18_your_model", "20_attention", "21_checkpointing")
+CHAPTERS = ("11_cuda_graphs", "14_data_pipeline", "15_profiling", "18_your_model", "20_attention", "21_checkpointing",
+            "22_gpt_precision")
 NOTHING = "gpu-check: no CUDA device here, so nothing to run (the CUDA-only tests and the chapters' CUDA checks need one)"
-
-
-def _mentions_cuda(marker) -> bool:
-    return "cuda" in str(marker.kwargs.get("reason", "")).lower()
+MARKER = "cuda"  # pytest.mark.cuda: a test that needs a CUDA device (tests/conftest.py skips it without one)
 
 
 def cuda_only(item) -> bool:
-    """Whether a collected test is one that skips without CUDA: a skipif marker whose reason names CUDA."""
-    return any(_mentions_cuda(marker) for marker in item.iter_markers("skipif"))
+    """Whether a collected test needs CUDA: it, its class, module or parameter carries the ``cuda`` marker (whatever
+    other skip conditions it has, and however they are worded)."""
+    return item.get_closest_marker(MARKER) is not None
 
 
-def _skips_without_cuda(decorator: ast.expr, names: set[str]) -> bool:
-    return (isinstance(decorator, ast.Name) and decorator.id in names) or \
-        ("skipif" in ast.unparse(decorator) and "cuda" in ast.unparse(decorator).lower())
+def _marks_cuda(tree: ast.AST) -> bool:
+    return any(isinstance(node, ast.Attribute) and ast.unparse(node) == f"pytest.mark.{MARKER}"
+               for node in ast.walk(tree))
 
 
-def test_files() -> list[Path]:
-    """The test files with a test that skips without CUDA (read, not imported: the GPU machine may lack Jupyter)."""
-    found = []
-    for path in sorted(TESTS.glob("test_*.py")):
-        tree = ast.parse(path.read_text())
-        markers = {target.id for node in tree.body if isinstance(node, ast.Assign)
-                   for target in node.targets if isinstance(target, ast.Name)
-                   and "skipif" in ast.unparse(node.value) and "cuda" in ast.unparse(node.value).lower()}
-        if any(_skips_without_cuda(decorator, markers) for node in ast.walk(tree)
-               if isinstance(node, ast.FunctionDef) for decorator in node.decorator_list):
-            found.append(path)
-    return found
+def test_files(folder: Path = TESTS) -> list[Path]:
+    """The test files of ``folder`` that mark a test ``cuda`` (read, not imported: the GPU machine may lack
+    Jupyter)."""
+    return [path for path in sorted(folder.glob("test_*.py")) if _marks_cuda(ast.parse(path.read_text()))]
 
 
 class OnlyCuda:
@@ -64,6 +56,16 @@ class OnlyCuda:
         config.hook.pytest_deselected(items=[item for item in items if item not in keep])
         items[:] = keep
         self.kept = [item.nodeid for item in keep]
+
+
+def selected(files: list[Path], options: list[str]) -> list[str]:
+    """The node ids of the CUDA-only tests in ``files``, collected without running them."""
+    import pytest
+
+    plugin = OnlyCuda()
+    with contextlib.redirect_stdout(open(os.devnull, "w")):
+        pytest.main([*options, "--collect-only", *map(str, files)], plugins=[plugin])
+    return plugin.kept
 
 
 def check_cells(chapter: str) -> list[str]:
@@ -108,12 +110,7 @@ def main(argv: list[str]) -> int:
     if importlib.util.find_spec("yaml") is None:
         options.append("--noconftest")  # tests/conftest.py reads _toc.yml with PyYAML; the CUDA tests need neither
     if "--list" in argv:
-        import pytest
-
-        plugin = OnlyCuda()
-        with contextlib.redirect_stdout(open(os.devnull, "w")):
-            pytest.main([*options, "--collect-only", *map(str, files)], plugins=[plugin])
-        print("\n".join(f"test {node}" for node in plugin.kept))
+        print("\n".join(f"test {node}" for node in selected(files, options)))
         print("\n".join(f"chapter notebooks/{chapter}.ipynb" for chapter in CHAPTERS))
         return 0
     if not torch.cuda.is_available():
