@@ -145,3 +145,16 @@ def test_from_ten_rounds_a_round_hit_by_other_work_does_not_decide_the_answer(mo
     assert abs(math.log(spoilt.ratio / clean.ratio)) < 0.01 and spoilt.noise > 5 * clean.noise
     monkeypatch.setattr(timing, "TRIM", 0.0)
     assert timing.speed_up(np.exp(hit), np.ones(12)).verdict == timing.UNCLEAR
+
+
+def test_rounds_the_slot_fit_is_pinned_to_cost_degrees_of_freedom():
+    """Bell and McCaffrey's degrees of freedom: the plain fit's n - 2 where every round has the same leverage (two
+    variants), fewer where two rounds of shifts 7 and -7 pin the slope (8 variants), and a number, not NaN, where one
+    round sits alone at its shift (leverage 1)."""
+    assert timing.slot_fit_df((1.0, -1.0) * 5) == pytest.approx(8)
+    assert timing.slot_fit_df((7.0, -7.0) + (-1.0, 1.0) * 4) < 7.6
+    assert 0 < timing.slot_fit_df((1.0, -1.0, 1.0)) < 1.01
+    logs = np.log([1.02, 1.05, 1.01, 1.06, 1.03, 1.00, 1.04, 1.02, 1.05, 1.03])
+    plain_df = timing.log_ratio_fit(logs, [1.0, -1.0] * 5)[3]
+    pinned_df = timing.log_ratio_fit(logs, [7.0, -7.0] + [-1.0, 1.0] * 4)[3]
+    assert pinned_df < plain_df == pytest.approx(10 - 2 - 2)  # two rounds cut, one slope fitted

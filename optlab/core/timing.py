@@ -207,7 +207,7 @@ def _continued_fraction(a: float, b: float, x: float) -> float:
     return result
 
 
-def t_two_sided_tail(t: float, df: int) -> float:
+def t_two_sided_tail(t: float, df: float) -> float:
     """P(|T| > t) for Student's t with ``df`` degrees of freedom: the regularized incomplete beta function
     I_x(df/2, 1/2) at x = df / (df + t^2), accurate far into the tail."""
     x = df / (df + t * t)
@@ -221,12 +221,12 @@ def t_two_sided_tail(t: float, df: int) -> float:
 
 
 @functools.lru_cache(maxsize=None)
-def t_quantile(probability: float, df: int) -> float:
+def t_quantile(probability: float, df: float) -> float:
     """The ``probability`` quantile of Student's t with ``df`` degrees of freedom (``probability`` above 0.5), by
     bisection on the tail: accurate to about 1e-9 relative, far into the tail, with nothing beyond the standard
     library (the GPU reference machine has no scipy)."""
-    if not (0.5 < probability < 1 and df >= 1):
-        raise ValueError(f"t_quantile needs 0.5 < probability < 1 and df >= 1, got {probability}, {df}")
+    if not (0.5 < probability < 1 and df > 0):
+        raise ValueError(f"t_quantile needs 0.5 < probability < 1 and df > 0, got {probability}, {df}")
     tail = 2 * (1 - probability)
     low, high = 0.0, 1.0
     while t_two_sided_tail(high, df) > tail:
@@ -237,8 +237,35 @@ def t_quantile(probability: float, df: int) -> float:
     return (low + high) / 2
 
 
+def round_leverage(shifts: np.ndarray) -> np.ndarray:
+    """Each round's leverage in the least-squares fit of the log ratio on the slot shift: 1/n plus its share of the
+    shifts' spread. Mirrored rounds with unequal shifts (8 variants: shifts of 7 and -7 beside rounds of 1 and -1) pin
+    the slope to a few rounds of high leverage, whose residuals then look less variable than the rounds are."""
+    centred = shifts - shifts.mean()
+    return 1 / shifts.size + centred ** 2 / float((centred ** 2).sum())
+
+
+@functools.lru_cache(maxsize=None)
+def slot_fit_df(shifts: tuple[float, ...]) -> float:
+    """Bell and McCaffrey's degrees of freedom of the fit's value at a shift of 0, for these slot shifts: the
+    Satterthwaite approximation for its leverage-corrected (HC2) standard error, (sum of lambda)^2 / (sum of
+    lambda^2) over the eigenvalues lambda of G'G, G = (I - H) diag(a / sqrt(1 - h)) with a the fit's weights at a
+    shift of 0 and h the rounds' leverage. It is n - 2 when every round has the same leverage, and less when a few
+    rounds pin the slope. A round of leverage 1 (alone at its shift) tells nothing about the noise and is left out."""
+    s = np.asarray(shifts, dtype=float)
+    n, centred = s.size, s - s.mean()
+    spread = float((centred ** 2).sum())
+    hat = 1 / n + np.outer(centred, centred) / spread
+    weights = 1 / n - s.mean() * centred / spread
+    free = 1 - np.diag(hat)
+    scaled = np.divide(weights, np.sqrt(np.clip(free, 0.0, None)), out=np.zeros(n), where=free > 1e-12)
+    g = (np.eye(n) - hat) * scaled[None, :]
+    gram = g.T @ g
+    return float(np.trace(gram) ** 2 / (gram ** 2).sum())
+
+
 def log_ratio_fit(log_ratios: np.ndarray, slot_shifts: "np.ndarray | list | None" = None
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
     """The log speed-up at a slot shift of 0, its standard error, the round-level noise (the standard deviation of one
     round's log ratio about the fit) and the degrees of freedom, along the last axis of ``log_ratios`` (one row per
     simulated run, or a single run).
@@ -247,7 +274,12 @@ def log_ratio_fit(log_ratios: np.ndarray, slot_shifts: "np.ndarray | list | None
     then Yuen's trimmed mean of the rounds at a shift of 0: ``TRIM`` of them cut from each end (none below 10
     rounds), with the standard error of the winsorized rounds and one degree of freedom less for each round cut. A
     round in which one variant was hit by other work moves the centre and the interval no further than the rounds
-    kept; with nothing cut it is the least-squares fit (the plain mean where the shifts do not vary)."""
+    kept; with nothing cut it is the least-squares fit (the plain mean where the shifts do not vary).
+
+    Where the rounds' leverage differs (:func:`round_leverage`), each round not cut counts its deviation scaled up by
+    sqrt(mean(1 - h) / (1 - h)), as an HC2 standard error does, and the degrees of freedom shrink by Bell and
+    McCaffrey's ratio (:func:`slot_fit_df`): with equal leverage (two variants, or whole rotations) both are the
+    plain fit's."""
     logs = np.asarray(log_ratios, dtype=float)
     n = logs.shape[-1]
     mean = logs.mean(axis=-1)
@@ -266,12 +298,20 @@ def log_ratio_fit(log_ratios: np.ndarray, slot_shifts: "np.ndarray | list | None
     kept = n - 2 * cut
     ordered = np.sort(at_zero, axis=-1)
     centre = ordered[..., cut:n - cut].mean(axis=-1)
-    winsorized = np.clip(at_zero, ordered[..., cut:cut + 1], ordered[..., n - cut - 1:n - cut])
+    low, high = ordered[..., cut:cut + 1], ordered[..., n - cut - 1:n - cut]
+    winsorized = np.clip(at_zero, low, high)
     deviations = winsorized - winsorized.mean(axis=-1, keepdims=True)
+    df = float(kept - 1 - int(fitted))
+    if fitted:
+        free = 1 - round_leverage(shifts)
+        inflation = np.sqrt(np.divide(residual_df / n, free, out=np.ones(n), where=free > 1e-12))
+        inside = (at_zero > low) & (at_zero < high) if cut else True
+        deviations = np.where(inside, deviations * inflation, deviations)
+        df *= slot_fit_df(tuple(shifts.tolist())) / residual_df
     scale = (np.sqrt((deviations ** 2).sum(axis=-1) / residual_df) * n / kept if residual_df > 0
              else np.full_like(mean, np.nan))
     leverage = 1 / n + (shifts.mean() ** 2 / spread if fitted else 0.0)
-    return centre, scale * math.sqrt(leverage), noise, kept - 1 - int(fitted)
+    return centre, scale * math.sqrt(leverage), noise, df
 
 
 def intervals(log_ratios: np.ndarray, slot_shifts: "np.ndarray | list | None" = None,
