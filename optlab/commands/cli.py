@@ -4,16 +4,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import signal
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import pandas as pd
 
 from ..core.errors import OptlabError
 from ..core.profiles import Profile
-from ..core.shutdown import Interrupted
+from ..core.shutdown import ENDING_SIGNALS, Interrupted, signals_interrupt
 from ..core.timing import TIMES_BESIDE
+
+if TYPE_CHECKING:
+    from ..core.experiments import ExperimentResult
 
 DEFAULT_RUN_DIR = Path("results") / "runs"
 REFERENCE_OUT = Path("results") / "reference" / "this-machine"
@@ -160,11 +164,18 @@ def _sized_profile(args: argparse.Namespace, cuda: bool | None = None) -> "str |
     return get_profile(args.profile, cuda).with_sizes(*sizes)
 
 
-def _print_table(summary: pd.DataFrame, samples: pd.DataFrame | None = None) -> None:
-    from ..book.report import comparison_table
+def _print_table(result: "ExperimentResult") -> None:
+    """The comparison, its throughput in the unit of the workload that ran (images/s, tokens/s)."""
+    from ..book.report import DETAILS, comparison_table, throughput_details
+    from ..core.workload import get_workload
 
+    details = throughput_details(result.summary)  # the columns comparison_table names, in the summary's unit
+    throughput = details.get("items_per_s") or details["images_per_s"]
+    unit = f"{get_workload(result.experiment.workload).unit}/s"
+    table = comparison_table(result.summary, samples=result.samples)
+    table = table.drop(columns=[DETAILS["tflops"]]).rename(columns={throughput: unit})
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 80):
-        print(comparison_table(summary, samples=samples).drop(columns=["img/s", "TFLOP/s"]).to_string(index=False))
+        print(table.to_string(index=False))
 
 
 def _list() -> None:
@@ -184,10 +195,15 @@ def _run(args: argparse.Namespace) -> None:
                           "torchrun --nproc-per-node N (N from 2)")
     parity = check_for_run if args.check_parity else None
     run = functools.partial(run_distributed, parity=parity) if args.distributed else run_experiment
-    result = run(args.technique, models=args.models, profile=_sized_profile(args), device=args.device,
-                 overrides=overrides, out=args.out or args.default_out, progress=not args.quiet, download=args.download)
+    out = args.out or args.default_out
+    try:
+        result = run(args.technique, models=args.models, profile=_sized_profile(args), device=args.device,
+                     overrides=overrides, out=out, progress=not args.quiet, download=args.download)
+    except Interrupted as stop:
+        stop.args = (f"{stop}: every model finished before it is kept in {out}",)
+        raise
     if result is not None:  # a distributed run returns its result on rank 0 only
-        _print_table(result.summary, result.samples)
+        _print_table(result)
 
 
 def _reference(args: argparse.Namespace) -> None:
@@ -206,7 +222,7 @@ def _reference(args: argparse.Namespace) -> None:
                                               progress=not args.quiet, download=args.download,
                                               budget_s=args.budget, archive=args.archive)) as results:
             for result in results:
-                _print_table(result.summary, result.samples)
+                _print_table(result)
     except Interrupted as stop:
         kept = f"{out}" + (f" and packed into {args.archive}" if args.archive else "")
         stop.args = (f"{stop}: every part finished before it is kept in {kept}; run the same command again to add "
@@ -236,6 +252,7 @@ def _tune_inputs(args: argparse.Namespace) -> dict:
 def _tune(args: argparse.Namespace) -> None:
     from ..studies.tune import tune
     from ..studies.tune.inputs import callable_from_spec, model_from_spec, parse_kwargs
+    from ..studies.tune.recommendation import NothingRecommended
 
     model_fn = model_from_spec(args.model, parse_kwargs(args.kwargs))
     inputs = _tune_inputs(args)
@@ -244,27 +261,62 @@ def _tune(args: argparse.Namespace) -> None:
     options = {"inference": args.inference, "output_fn": output_fn, "max_batch": args.max_batch,
                "amp_dtype": args.dtype, "sweep_compile": args.sweep_compile, "optimizer": args.optimizer,
                "request_seconds": args.request_seconds, "request_batches": args.request_batches}
-    result = tune(model_fn, num_classes=args.num_classes, batch_size=args.batch_size, device=args.device,
-                  profile=_sized_profile(args), steps=args.steps, name=args.model, out=args.out,
-                  progress=not args.quiet, **inputs, **options)
+    try:
+        result = tune(model_fn, num_classes=args.num_classes, batch_size=args.batch_size, device=args.device,
+                      profile=_sized_profile(args), steps=args.steps, name=args.model, out=args.out,
+                      progress=not args.quiet, **inputs, **options)
+    except NothingRecommended as failed:  # its table shows what failed; then the one line
+        _print_tune_tables(failed.result, False)
+        raise
+    except Interrupted as stop:
+        stop.args = (f"{stop}: the tune ended before its recommendation, and wrote nothing",)
+        raise
+    _print_tune_tables(result, args.inference)
+    print(result.describe())
+
+
+def _print_tune_tables(result, inference: bool) -> None:
+    """The steps' table and, for ``--inference``, the batch sizes' throughput and the request latency."""
     with pd.option_context("display.width", 250, "display.max_columns", 20, "display.max_colwidth", 70):
         print(result.table().to_string(index=False))
         print(TIMES_BESIDE)
-        if args.inference:
+        if inference:
             print(result.sweep_table().to_string(index=False))
             print(result.latency_table().to_string(index=False))
-    print(result.describe())
+
+
+def _interruptible(command: "Callable[[], None]") -> "Callable[[], None]":
+    """``command`` with SIGTERM, SIGINT and SIGHUP raising :class:`Interrupted` (the reference run handles them
+    itself)."""
+    def run() -> None:
+        with signals_interrupt():
+            command()
+    return run
+
+
+def _stopped(stop: Interrupted, bar_shown: bool) -> int:
+    """The one last line of a run a signal ended, on a line of its own (a progress bar may have been mid-line), and
+    the shell's exit status for it; a further signal does not cut the line short."""
+    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in ENDING_SIGNALS}
+    try:
+        print(f"{chr(10) if bar_shown else ''}optlab: stopped by {stop}", file=sys.stderr, flush=True)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return stop.exit_code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    commands = {"list": _list, "run": _interruptible(lambda: _run(args)), "reference": lambda: _reference(args),
+                "tune": _interruptible(lambda: _tune(args))}
     try:
-        {"list": lambda: _list(), "run": lambda: _run(args), "reference": lambda: _reference(args),
-         "tune": lambda: _tune(args)}[args.command]()
+        commands[args.command]()
     except OptlabError as error:
         print(f"optlab: error: {error}", file=sys.stderr)
         return 2
     except Interrupted as stop:
-        print(f"optlab: stopped by {stop}", file=sys.stderr)
-        return stop.exit_code
+        return _stopped(stop, not getattr(args, "quiet", True))
+    except KeyboardInterrupt:  # Ctrl-C before the handler was installed
+        return _stopped(Interrupted(signal.SIGINT), not getattr(args, "quiet", True))
     return 0

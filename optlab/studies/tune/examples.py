@@ -42,12 +42,13 @@ class InputSpec:
 @dataclass(frozen=True)
 class Examples:
     """How a tune run makes the model's inputs: ``make(n, index)`` gives batch ``index`` (0, 1, ...) of ``n`` samples
-    as ``(inputs, targets)`` on the host (targets None where there are none); ``classes`` bounds class-label
-    targets (None if unknown)."""
+    as ``(inputs, targets)`` on the host (targets None where there are none); ``values_per_sample`` and
+    ``bytes_per_sample`` count one sample's inputs; ``classes`` bounds class-label targets (None if unknown)."""
 
     description: str
     make: Callable[[int, int], tuple[Inputs, torch.Tensor | None]]
     values_per_sample: int
+    bytes_per_sample: int
     classes: int | None = None
     has_targets: bool = True
 
@@ -137,8 +138,10 @@ def described(specs: Sequence[InputSpec], num_classes: int | None, seed: int) ->
         return (inputs[0] if isinstance(inputs, tuple) and len(inputs) == 1 else inputs), targets
 
     values = sum(math.prod(spec.shape) * (2 if spec.mask else 1) for spec in specs)
+    value_bytes = sum(math.prod(spec.shape) * (4 if spec.kind == "float" else 8 * (2 if spec.mask else 1))
+                      for spec in specs)  # float32; int64 ids and masks
     words = ", ".join(describe_spec(spec) for spec in specs)
-    return Examples(f"synthetic inputs: {words}", make, values, tokens.vocab if tokens else num_classes,
+    return Examples(f"synthetic inputs: {words}", make, values, value_bytes, tokens.vocab if tokens else num_classes,
                     tokens is not None or num_classes is not None)
 
 
@@ -195,11 +198,12 @@ def given(inputs: Any, targets: torch.Tensor | None = None, num_classes: int | N
         return select_rows(inputs, take), labels
 
     values = sum(t[0].numel() for t in input_tensors(inputs))
+    value_bytes = sum(t[0].numel() * t.element_size() for t in input_tensors(inputs))
     classes = num_classes
     if targets is not None and not targets.is_floating_point() and targets.numel():
         classes = int(targets.max()) + 1
     return Examples(f"your example batch ({describe_inputs(inputs)}), its rows taken in turn", make, values,
-                    classes, targets is not None or num_classes is not None)
+                    value_bytes, classes, targets is not None or num_classes is not None)
 
 
 def examples_from(inputs: Any, targets: torch.Tensor | None, input_shape: Iterable[int] | None,

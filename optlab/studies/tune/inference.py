@@ -42,16 +42,16 @@ from ...core.profiles import Profile, get_profile
 from ...core.samples import failed_row
 from ...core.summary import summarize_runs
 from ...core.timing import INTERVAL, interval_text
-from .batch_sweep import (MAX_REQUEST_SECONDS, MIN_REQUESTS, PLATEAU_DOUBLINGS, PLATEAU_GAIN, REQUEST_SECONDS,
-                          REQUEST_WARMUP, LATENCY_COLUMNS, Served, SweepTarget, sweep)
+from .batch_sweep import (MAX_REQUEST_SECONDS, MIN_REQUESTS, OUT_OF_MEMORY, PLATEAU_DOUBLINGS, PLATEAU_GAIN,
+                          REQUEST_SECONDS, REQUEST_WARMUP, LATENCY_COLUMNS, Served, SweepTarget, sweep)
 from .examples import Examples, examples_from
 from .recommendation import (AFRESH, FINAL, START, Recommendation, decision_before_the_check, json_rows,
                              recommendation_record)
 from .output_check import (OUTPUT_TOLERANCE, OutputFn, output_change, pick_output, precision, tolerance,
                            within_tolerance)
 from .examples import MAX_CLASSES, describe_inputs
-from .inputs import (MAX_BATCH_ELEMENTS, MAX_BATCH_SIZE, POOL_BATCHES, ModelFn, build_model, check_seconds,
-                     describe_error, first_inputs, model_name)
+from .inputs import (POOL_BATCHES, POOL_BYTES, ModelFn, batch_does_not_fit, batch_limit, build_model, check_batch,
+                     check_seconds, describe_error, first_inputs, model_name)
 
 TECHNIQUE = "tune-inference"
 PHASE = "test"
@@ -347,6 +347,20 @@ def _prepare(run: _Run, config: RunConfig, check: bool = True) -> _Prepared:
     return prepared
 
 
+def _reference_outputs(run: _Run, start: RunConfig) -> torch.Tensor:
+    """The starting point's outputs on every input batch (its untimed warm-up too); a batch that does not fit, or
+    a model that fails at this batch size, ends the tune in one line: every step is timed against it."""
+    batch = len(loops.input_tensors(run.inputs[0])[0])
+    try:
+        return _prepare(run, start).outputs
+    except Exception as error:  # noqa: BLE001  (the user's model at this batch size: one line)
+        failure = describe_error(error)
+    _clean_up(run.info, [start])  # out of the except block: the error's frames and the batch's tensors are gone
+    if failure == OUT_OF_MEMORY:
+        raise batch_does_not_fit("the starting point", batch, run.info.device)
+    raise OptlabError(f"the starting point failed at batch {batch}: {failure}")
+
+
 def _runner(prepared: _Prepared, config: RunConfig, device: torch.device):
     def run_phase(phase: str, profile: Profile, phase_seed: int) -> loops.PhaseResult:
         calls = itertools.islice(itertools.cycle(prepared.inputs), profile.warmup_steps + profile.steps)
@@ -417,14 +431,15 @@ def _try_step(run: _Run, before: tuple[str, RunConfig], step: tuple[str, RunConf
 
 
 def _check_sizes(prof: Profile, techniques: Sequence[str] | None, batch_size: int | None, steps: int | None,
-                 max_batch: int | None, values_per_sample: int, num_classes: int | None) -> tuple[int, int, int]:
-    """Refuse at once what a user typed out of bounds; return the batch size, timed calls and the largest batch."""
+                 max_batch: int | None, examples: Examples, device: torch.device,
+                 num_classes: int | None) -> tuple[int, int, int]:
+    """Refuse at once what a user typed out of bounds, or a batch beyond what ``device`` can hold
+    (:func:`~.inputs.batch_limit`); return the batch size, timed calls and the largest batch."""
     for label in techniques or ():
         if label not in STEP_LABELS:
             raise choice_error("inference step", label, STEP_LABELS)
-    most = min(MAX_BATCH_SIZE, MAX_BATCH_ELEMENTS // values_per_sample)
-    why = f"{MAX_BATCH_ELEMENTS:,} input values a batch: {most} inputs of {values_per_sample:,} values"
-    batch = check_count("batch_size", batch_size, 1, most, why) if batch_size is not None else \
+    most, why = batch_limit(examples, device)
+    batch = check_batch("batch_size", batch_size, examples, device) if batch_size is not None else \
         min(prof.batch_size, most)
     timed = steps if steps is not None else prof.steps
     if timed is None:
@@ -432,27 +447,26 @@ def _check_sizes(prof: Profile, techniques: Sequence[str] | None, batch_size: in
                           "(--steps) or use the smoke or quick profile")
     check_count("steps", timed, 1, MAX_STEPS, "timed calls per repeat")
     if max_batch is None:
-        max_batch = 2 ** int(math.log2(min(DEFAULT_MAX_BATCH, most)))
+        max_batch = 1 << (min(DEFAULT_MAX_BATCH, most).bit_length() - 1)  # the largest power of 2 within both
     check_count("max_batch", max_batch, 1, most, why)
     if num_classes is not None:
         check_count("num_classes", num_classes, 2, MAX_CLASSES, "outputs per sample")
     return batch, timed, max_batch
 
 
-def _check_request_batches(batches: Sequence[int], values_per_sample: int) -> list[int]:
+def _check_request_batches(batches: Sequence[int], examples: Examples, device: torch.device) -> list[int]:
     """The batch sizes whose request latency is timed, each within bounds, in order, without repeats."""
     batches = sorted(set(batches))
     if not 1 <= len(batches) <= MAX_REQUEST_BATCHES:
         raise OptlabError(f"request_batches must name 1 to {MAX_REQUEST_BATCHES} batch sizes, got {len(batches)}")
-    most = min(MAX_BATCH_SIZE, MAX_BATCH_ELEMENTS // values_per_sample)
     for batch in batches:
-        check_count("each request batch size", batch, 1, most, f"{MAX_BATCH_ELEMENTS:,} input values a batch")
+        check_batch("each request batch size", batch, examples, device)
     return batches
 
 
 def _inputs(examples: Examples, batch: int) -> list[Inputs]:
     """A few batches of inputs, made once: every configuration gets the same ones."""
-    count = max(1, min(POOL_BATCHES, MAX_BATCH_ELEMENTS // (batch * examples.values_per_sample)))
+    count = max(1, min(POOL_BATCHES, POOL_BYTES // (batch * examples.bytes_per_sample)))
     return [examples.make(batch, index)[0] for index in range(count)]
 
 
@@ -466,6 +480,53 @@ def _sweep_targets(run: _Run, configs: dict[str, RunConfig], examples: Examples)
                           run.info.is_cuda and compiler.uses_cuda_graphs(config))
         return SweepTarget(load, lambda batch: examples.make(batch, 0)[0])
     return {label: target(config) for label, config in configs.items()}
+
+
+@dataclass
+class _Walk:
+    """The walk up the inference stack: the table's rows, every comparison's samples and summary, the kept steps, the
+    configuration they make, and the kept steps measured afresh against the starting point."""
+
+    current: tuple[str, RunConfig]
+    table: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    summaries: list[pd.DataFrame] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    final: dict[str, Any] = field(default_factory=lambda: {"speedup": 1.0, "ci_low": 1.0, "ci_high": 1.0,
+                                                           "verdict": "baseline"})
+
+
+def _walk(run: _Run, plan: list[tuple[str, dict[str, Any], str | None]], start: RunConfig,
+          notes: list[str]) -> _Walk:
+    """The starting point's outputs (:func:`_reference_outputs`), then each step of ``plan`` on top of the
+    configuration kept so far (skipped with its reason, or timed and checked), then the kept steps afresh."""
+    run.reference = _reference_outputs(run, start)
+    if bool((run.reference == run.reference[:1]).all()):
+        notes.append("the starting point gives every input the same output (a head initialised at zero?), so the "
+                     "output check cannot see a change: build the model with trained weights, or a random head")
+    _clean_up(run.info, [start])
+    walk = _Walk((START, start))
+    for label, changes, reason in plan:
+        if reason:
+            walk.table.append({"step": label, "decision": "skipped", "reason": reason})
+            continue
+        candidate, candidate_notes = effective_config(apply_changes(walk.current[1], changes), run.info)
+        notes += candidate_notes
+        row, step_rows, summary = _try_step(run, walk.current, (label, candidate))
+        walk.table.append(row)
+        walk.rows += step_rows
+        walk.summaries.append(summary)
+        if row["decision"] == "kept":
+            walk.kept.append(label)
+            walk.current = (label, candidate)
+    if walk.kept:
+        afresh_rows, _ = _compare(run, {START: start, FINAL: walk.current[1]}, FINAL)
+        summary = summarize_runs(pd.DataFrame(afresh_rows), START).assign(comparison=FINAL)
+        walk.rows += afresh_rows
+        walk.summaries.append(summary)
+        found, failed = _outcome(summary, afresh_rows, FINAL)
+        walk.final = {key: found.get(key, math.nan) for key in walk.final} | ({"verdict": failed} if failed else {})
+    return walk
 
 
 def tune_inference(
@@ -513,10 +574,10 @@ def tune_inference(
             raise OptlabError("give data= or input_shape or inputs, not more than one")
         inputs = first_inputs(data, prof.batch_size)
     examples = examples_from(inputs, None, input_shape, None, seed)
-    batch, timed, max_batch = _check_sizes(prof, techniques, batch_size, steps, max_batch, examples.values_per_sample,
+    batch, timed, max_batch = _check_sizes(prof, techniques, batch_size, steps, max_batch, examples, info.device,
                                            num_classes)
     check_seconds("request_seconds", request_seconds, MAX_REQUEST_SECONDS)
-    request_batches = _check_request_batches(request_batches, examples.values_per_sample)
+    request_batches = _check_request_batches(request_batches, examples, info.device)
     dtype, autocast_skip = autocast_dtype(amp_dtype, info)
     if output_fn is not None and not callable(output_fn):
         raise OptlabError(f"output_fn must be a function of the model's output, got a {type(output_fn).__name__}")
@@ -536,36 +597,12 @@ def tune_inference(
     run = _Run(name, model_fn, output_fn, pool, prof, info, int(facts.forward_flops_per_sample * batch), seed, bar)
     description = f"{examples.description}: {len(pool)} batches of {batch}, made once"
     _print_header(run, facts, description, max_batch, request_batches, request_seconds)
-    run.reference = _prepare(run, start).outputs  # the starting point's outputs; also its untimed warm-up
-    if bool((run.reference == run.reference[:1]).all()):
-        notes.append("the starting point gives every input the same output (a head initialised at zero?), so the "
-                     "output check cannot see a change: build the model with trained weights, or a random head")
-    _clean_up(info, [start])
-
-    table, rows, summaries, kept, current = [], [], [], [], (START, start)
-    for label, changes, reason in plan:
-        if reason:
-            table.append({"step": label, "decision": "skipped", "reason": reason})
-            continue
-        candidate, candidate_notes = effective_config(apply_changes(current[1], changes), info)
-        notes += candidate_notes
-        row, step_rows, summary = _try_step(run, current, (label, candidate))
-        table.append(row)
-        rows += step_rows
-        summaries.append(summary)
-        if row["decision"] == "kept":
-            kept.append(label)
-            current = (label, candidate)
-    recommended = current[1]
-    final = {"speedup": 1.0, "ci_low": 1.0, "ci_high": 1.0, "verdict": "baseline"}
-    if kept:
-        afresh_rows, _ = _compare(run, {START: start, FINAL: recommended}, FINAL)
-        summary = summarize_runs(pd.DataFrame(afresh_rows), START).assign(comparison=FINAL)
-        rows += afresh_rows
-        summaries.append(summary)
-        found, failed = _outcome(summary, afresh_rows, FINAL)
-        final = {key: found.get(key, math.nan) for key in final} | ({"verdict": failed} if failed else {})
-    bar.close()
+    try:  # a line that ends the run is not printed on the bar's
+        walked = _walk(run, plan, start, notes)
+    finally:
+        bar.close()
+    table, rows, summaries, kept, final = walked.table, walked.rows, walked.summaries, walked.kept, walked.final
+    recommended = walked.current[1]
 
     swept = {START: start}
     if kept:
@@ -577,10 +614,12 @@ def tune_inference(
             swept[FINAL] = recommended
     sweep_bar = tqdm(desc="batch sizes", disable=not progress, file=sys.stderr, leave=False)
     calls = max(SWEEP_CALLS, 5 * timed)
-    sweep_rows, ends, latency = sweep(_sweep_targets(run, swept, examples), info.device, max_batch, calls,
-                                      max(2, prof.warmup_steps), SWEEP_SECONDS_PER_CALL * calls, sweep_bar.update,
-                                      request_batches, request_seconds)
-    sweep_bar.close()
+    try:
+        sweep_rows, ends, latency = sweep(_sweep_targets(run, swept, examples), info.device, max_batch, calls,
+                                          max(2, prof.warmup_steps), SWEEP_SECONDS_PER_CALL * calls,
+                                          sweep_bar.update, request_batches, request_seconds)
+    finally:
+        sweep_bar.close()
     _clean_up(info, swept.values())
     timed_calls = [t for row in rows if row.get("status") == "ok" for t in row["step_times_s"]]
     notes += [note] if (note := machine_load.tick_note(timed_calls)) else []

@@ -3,7 +3,8 @@
 sizes within bounds.
 
 Every bad input becomes one :class:`OptlabError` that says what was given, and nothing is allocated before the sizes
-are checked. The model is built once and run on two samples (the probe) so that a model that rejects the input shape
+are checked: a batch is bounded in samples, in input values and by the device's memory (:func:`batch_limit`). The
+model is built once and run on two samples (the probe) so that a model that rejects the input shape
 fails here, with its own error and the shape tried, instead of inside a timed run.
 """
 from __future__ import annotations
@@ -23,14 +24,17 @@ from torch.utils.data.dataloader import default_collate
 from torch.utils.flop_counter import FlopCounterMode
 
 from ...core import data, loops
+from ...core.memory import device_memory_bytes
 from ...core.loops import Inputs
 from ...core.config import RunConfig
 from ...core.errors import OptlabError
 from ...core.experiments import failure_status
+from ...core.limits import check_count
 from .examples import Examples, checked_example, describe_inputs
 
 MAX_BATCH_SIZE = 65_536
-MAX_BATCH_ELEMENTS = 2**30  # one synthetic batch: 4 GiB in fp32
+MAX_BATCH_ELEMENTS = 2**30  # input values in one batch: 4 GiB in fp32, and activations a few times larger stay
+# within the 2**31 elements that torch's 32-bit indexing kernels take
 POOL_BATCHES = 4  # synthetic batches made once and given in turn
 POOL_BYTES = 2**30
 
@@ -161,20 +165,55 @@ class Batches:
     loader: Callable[[RunConfig, torch.device], Iterable[Batch]]
 
 
+def gib(size: float) -> str:
+    """A size in bytes as people read it: ``4 GiB``, ``1.5 MiB``."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:.3g} {unit}"
+    return f"{size:.0f} bytes"
+
+
+def batch_limit(examples: Examples, device: torch.device) -> tuple[int, str]:
+    """The most samples one batch of ``examples`` may hold on ``device``, and the bound that sets it, in words:
+    :data:`MAX_BATCH_SIZE` samples, :data:`MAX_BATCH_ELEMENTS` input values, and the device's memory
+    (:func:`~optlab.core.memory.device_memory_bytes`) for the inputs alone. A sample that is alone beyond them is
+    refused here, with the limit, before any model is built."""
+    values, size = examples.values_per_sample, examples.bytes_per_sample
+    bounds = [(MAX_BATCH_SIZE, f"{MAX_BATCH_SIZE:,} samples a batch"),
+              (MAX_BATCH_ELEMENTS // values, f"{MAX_BATCH_ELEMENTS:,} input values a batch"),]
+    memory = device_memory_bytes(device)
+    if memory:
+        bounds.append((memory // size, f"the {gib(memory)} of memory of {device}"))
+    most, limit = min(bounds)
+    if most < 1:
+        raise OptlabError(f"one sample of {values:,} input values ({gib(size)}) is more than one batch may hold "
+                          f"on {device}: at most {limit}")
+    return most, limit if most == MAX_BATCH_SIZE else f"{limit}: {most} inputs of {values:,} values ({gib(size)})"
+
+
+def check_batch(name: str, batch: int, examples: Examples, device: torch.device) -> int:
+    """``batch`` (``name``: the batch size a user typed) within :func:`batch_limit`, or one error naming the limit."""
+    return check_count(name, batch, 1, *batch_limit(examples, device))
+
+
+def batch_does_not_fit(what: str, batch: int, device: torch.device) -> OptlabError:
+    """One line for a batch that does not fit: ``what`` ran out of memory at ``batch`` on ``device``, its memory,
+    and what to do."""
+    memory = device_memory_bytes(device)
+    held = f" ({gib(memory)})" if memory else ""
+    return OptlabError(f"{what} runs out of memory at batch {batch} on {device}{held}: pass a smaller batch size "
+                       "(--batch-size)")
+
+
 def synthetic_batches(examples: Examples, batch_size: int, steps_per_run: int) -> Batches:
     """A few batches of ``examples`` (random inputs and targets, or the rows of an example batch), made once on the
-    host (on the device for a config with ``data_on_device``). On CUDA the host batches are pinned and each is
-    copied ``non_blocking`` in its step, as a pinned DataLoader's are: the steps before "+ data on device" pay what a
-    good loader pays, and that step is credited with the copy alone."""
+    host (on the device for a config with ``data_on_device``); ``batch_size`` is within :func:`batch_limit`. On CUDA
+    the host batches are pinned and each is copied ``non_blocking`` in its step, as a pinned DataLoader's are: the
+    steps before "+ data on device" pay what a good loader pays, and that step is credited with the copy alone."""
     if not examples.has_targets:
         raise OptlabError("training needs targets: give num_classes (random class labels) with described inputs, "
                           "targets= with an example batch, or data= (batches of inputs and targets)")
-    elements = batch_size * examples.values_per_sample
-    if elements > MAX_BATCH_ELEMENTS:
-        raise OptlabError(f"one batch of {batch_size} samples of {examples.values_per_sample:,} values is "
-                          f"{elements:,} values ({elements * 4 / 2**30:.1f} GiB in fp32); the limit is "
-                          f"{MAX_BATCH_ELEMENTS:,}")
-    count = max(1, min(POOL_BATCHES, steps_per_run, POOL_BYTES // (elements * 4)))
+    count = max(1, min(POOL_BATCHES, steps_per_run, POOL_BYTES // (batch_size * examples.bytes_per_sample)))
     inputs, targets = examples.make(count * batch_size, 0)
 
     pinned: list = []  # pinned once, on the first config that copies to a GPU

@@ -10,11 +10,14 @@ from typing import Any, Callable
 import pandas as pd
 
 from ...core.config import RunConfig
+from ...core.errors import OptlabError
 from ...core.timing import FASTER, INTERVAL
+from .batch_sweep import OUT_OF_MEMORY
 
 START = "starting point"
 FINAL = "recommended"
 AFRESH = "all kept steps, against the starting point"
+FAILED, NOT_DECIDED = "failed", "not decided"  # a step's decision where it, or the configuration before it, failed
 
 
 @dataclass(kw_only=True)
@@ -95,9 +98,33 @@ def decision_before_the_check(verdict: str, before_failed: str, after_failed: st
     """A step's decision and why, where it is settled before its outputs or losses are checked: the configuration
     before it failed, the step failed, or it was not faster; None when the check decides."""
     if before_failed:
-        return "not decided", f"the configuration before it failed: {before_failed}"
+        return NOT_DECIDED, f"the configuration before it failed: {before_failed}"
     if after_failed:
-        return "failed", after_failed
+        return FAILED, after_failed
     if verdict != FASTER:
         return "not kept", ""
     return None
+
+
+class NothingRecommended(OptlabError):
+    """A tune in which every step that was measured failed: it recommends nothing. ``result`` holds its steps and
+    samples, the failures among them."""
+
+    def __init__(self, message: str, result: Recommendation) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+def check_something_measured(result: Recommendation, batch: int) -> None:
+    """Raise :class:`NothingRecommended` where every measured step of ``result`` failed or was not decided (its
+    configuration before failed), naming each configuration's failure; nothing where a step was decided or none was
+    measured."""
+    measured = result.steps[result.steps["decision"] != "skipped"]
+    if measured.empty or not measured["decision"].isin([FAILED, NOT_DECIDED]).all():
+        return
+    failed = result.samples[result.samples["status"] != "ok"].drop_duplicates("variant")
+    causes = "; ".join(f"{', '.join(group['variant'])}: {status}"
+                       for status, group in failed.groupby("status", sort=False))
+    advice = (f"; batch {batch} does not fit: pass a smaller batch size (--batch-size)"
+              if (failed["status"] == OUT_OF_MEMORY).any() else "")
+    raise NothingRecommended(f"every step tried failed, so nothing is recommended ({causes}){advice}", result)

@@ -38,10 +38,11 @@ from ..compile_cost import LOSS_RTOL
 from .batch_sweep import REQUEST_SECONDS
 from .inference import InferenceResult, OutputFn, tune_inference
 from .examples import examples_from
-from .recommendation import (AFRESH, FINAL, START, Recommendation, decision_before_the_check, json_rows,
-                             recommendation_record)
-from .inputs import (MAX_BATCH_SIZE, Batches, LossFn, ModelFn, Probe, build_model, cross_entropy, dataset_batches,
-                     loader_batches, model_name, probe, synthetic_batches)
+from .recommendation import (AFRESH, FINAL, START, Recommendation, check_something_measured,
+                             decision_before_the_check, json_rows, recommendation_record)
+from .inputs import (MAX_BATCH_SIZE, Batches, LossFn, ModelFn, Probe, batch_does_not_fit, batch_limit, build_model,
+                     check_batch, cross_entropy, dataset_batches, loader_batches, model_name, probe, synthetic_batches)
+from ...core.memory import is_out_of_memory
 
 TECHNIQUE = "tune"
 STEP_COLUMNS = ["step", "decision", "speedup", "ci_low", "ci_high", "verdict", "loss_change", "loss_tolerance",
@@ -227,13 +228,17 @@ def _state(run: _Run, config: RunConfig) -> tuple:
 
 def _warm_up(run: _Run, config: RunConfig) -> None:
     """One untimed pass of ``config``: the process's first training steps (allocator, kernel libraries, caches) run
-    slower than any after, and would count against whichever config the first comparison timed first."""
+    slower than any after, and would count against whichever config the first comparison timed first. The starting
+    point's batch running out of memory ends the tune here, in one line: every step is timed against it."""
+    fits = True
     try:
         loops.train_phase(*_state(run, config), config, run.info.device, run.profile.steps,
                           run.profile.warmup_steps, loss_fn=run.loss_fn)
-    except Exception:  # noqa: BLE001,S110  (the comparisons time this config again and record what it raises)
-        pass
-    gc.collect()
+    except Exception as error:  # noqa: BLE001  (the comparisons time this config again and record what it raises)
+        fits = not is_out_of_memory(error)
+    gc.collect()  # out of the except block: the error's frames and the batch's tensors are gone
+    if not fits:
+        raise batch_does_not_fit("the starting point", config.batch_size, run.info.device)
 
 
 def _compare(run: _Run, configs: dict[str, RunConfig],
@@ -301,12 +306,15 @@ def _try_step(run: _Run, before: tuple[str, RunConfig], step: tuple[str, RunConf
 
 
 def _batches(data, examples: dict[str, Any], batch_size: int | None, default_size: int, steps_per_run: int,
-             seed: int) -> Batches:
+             seed: int, device: torch.device) -> Batches:
     """The batches a run is given: made from ``examples`` (input_shape, inputs, targets, num_classes:
-    :func:`~.examples.examples_from`), or the reader's dataset or DataLoader."""
+    :func:`~.examples.examples_from`) within the size ``device`` can hold (:func:`~.inputs.batch_limit`), or the
+    reader's dataset or DataLoader."""
     if data is None:
         made = examples_from(**examples, seed=seed)
-        return synthetic_batches(made, batch_size or default_size, steps_per_run)
+        size = check_batch("batch_size", batch_size, made, device) if batch_size is not None else \
+            min(default_size, batch_limit(made, device)[0])
+        return synthetic_batches(made, size, steps_per_run)
     if any(value is not None for value in examples.values()):
         given = ", ".join(key for key, value in examples.items() if value is not None)
         raise OptlabError(f"give either data= or {given}, not both")
@@ -470,7 +478,7 @@ def tune(
     loss_fn = loss_fn or cross_entropy
     name = name or model_name(model_fn)
     examples = {"input_shape": input_shape, "inputs": inputs, "targets": targets, "num_classes": num_classes}
-    batches = _batches(data, examples, batch_size, prof.batch_size, prof.warmup_steps + timed, seed)
+    batches = _batches(data, examples, batch_size, prof.batch_size, prof.warmup_steps + timed, seed, info.device)
     facts = probe(model_fn, batches, loss_fn, info.device, seed)
     prof = replace(prof, models=(name,), batch_size=batches.batch_size, steps=timed, test_steps=None, num_workers=0)
     start, notes = effective_config(replace(start, batch_size=batches.batch_size), info)
@@ -488,10 +496,12 @@ def tune(
     run = _Run(name, model_fn, loss_fn, batches, prof, info,
                int(facts.forward_flops_per_image * batches.batch_size * TRAIN_TO_FORWARD), seed, bar)
     _print_header(run, facts, loss_tolerance)
-    _warm_up(run, start)
-    walk = _walk(run, plan, start, notes, loss_tolerance)
-    final = _afresh(run, start, walk)
-    bar.close()
+    try:
+        _warm_up(run, start)
+        walk = _walk(run, plan, start, notes, loss_tolerance)
+        final = _afresh(run, start, walk)
+    finally:  # a line that ends the run is not printed on the bar's
+        bar.close()
     notes = sorted(set(walk.notes))
     for note in notes:
         print(f"note: {note}")
@@ -504,6 +514,7 @@ def tune(
         ci_high=float(final["ci_high"]), verdict=str(final["verdict"]),
         code=code_lines(start, recommended, info.device), record={},
     )
+    check_something_measured(result, batches.batch_size)
     result.record = _record(result, prof, info, batches, facts, notes, loss_tolerance)
     if out_dir is not None:
         result.path = store.save_record(result.record, out_dir)
