@@ -30,6 +30,7 @@ import io
 import math
 import signal
 import sys
+import tempfile
 import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -454,6 +455,10 @@ class _Tee(io.TextIOBase):
             stream.flush()
 
 
+class PackFailed(OptlabError):
+    """The archive could not be written: the run stops at once, since nothing it measures from now on would be kept."""
+
+
 class RunLog:
     """What this run printed, saved to ``<out>/reference.log`` after the earlier runs' lines, and the folder packed
     into ``archive``: after every part, and when the run ends."""
@@ -465,23 +470,58 @@ class RunLog:
         except OSError:
             self.before = ""
 
-    def save(self, final: bool = False) -> str | None:
+    def save(self, final: bool = False) -> None:
         """Write the log and, with an archive, pack the folder into it (the log included even where the folder
-        could not take it); ``final``: say where the archive is. Returns what went wrong, in one line, or None."""
+        could not take it); ``final``: say where the archive is. A signal meanwhile waits for the pack to end. Raises
+        :class:`PackFailed`, in one line, where the archive cannot be written."""
         text = self.before + self.buffer.getvalue()
-        with contextlib.suppress(OSError):  # a folder that cannot take the log has already stopped the run, saying so
-            store.atomic_write_text(self.folder / LOG, text)
-        if self.archive is None:
-            return None
-        try:
-            written, members = archives.pack(self.folder, self.archive, extra={LOG: text.encode()})
-        except OSError as error:
-            return (f"the archive {str(self.archive)!r} could not be written ({error.strerror or error}); the results "
-                    f"are in {store.display_path(self.folder)}")
+        with shutdown.held(then_raise=not final):
+            with contextlib.suppress(OSError):  # a folder that cannot take the log has already stopped the run
+                store.atomic_write_text(self.folder / LOG, text)
+            if self.archive is None:
+                return
+            try:
+                written, members = archives.pack(self.folder, self.archive, extra={LOG: text.encode()})
+            except OSError as error:
+                raise PackFailed(f"the archive {str(self.archive)!r} could not be written ({error.strerror or error}); "
+                                 f"the results are in {store.display_path(self.folder)}") from error
         if final:
             print(f"archive: {written} ({len(members)} files, {written.stat().st_size / 1024:.0f} KiB); unpack it "
                   f"with python -m optlab reference --unpack {written}")
-        return None
+
+
+def _nearest_existing(path: Path) -> Path:
+    """``path`` itself or the closest folder above it that exists."""
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _trial_write(folder: Path, what: str) -> None:
+    """Write and remove a temporary file in ``folder`` (or in the closest folder above it that exists, which a run
+    would create it in), so that a folder the run cannot write is refused before anything is written."""
+    where = _nearest_existing(folder)
+    try:
+        if not where.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(where))
+        with tempfile.NamedTemporaryFile(dir=where, prefix=".write-check-"):
+            pass
+    except OSError as error:
+        raise OptlabError(f"{what} {str(folder)!r} cannot be written ({error.strerror or error}"
+                          f"{'' if where == folder.absolute() else f' in {str(where)!r}'}); pass a path you can "
+                          "write to") from error
+
+
+def check_outputs(out: str | Path, archive: str | Path | None) -> None:
+    """Refuse, before the first part and writing nothing, an output folder or an archive path that cannot be
+    written."""
+    _trial_write(Path(out), "output folder")
+    if archive is not None:
+        archive = Path(archive)
+        if archive.is_dir():
+            raise OptlabError(f"--archive {str(archive)!r} is a folder; give a file name, such as run.tar.gz")
+        _trial_write(archive.parent, "the folder of --archive")
 
 
 def run_reference(out: str | Path, set_name: str = "seed", profile: str | Profile | None = None,
@@ -492,43 +532,64 @@ def run_reference(out: str | Path, set_name: str = "seed", profile: str | Profil
     that fit still run), and a running part stops at the end of a repeat once it passes its share. Yields each
     technique part's result.
 
-    A part that fails, an OptlabError included, is reported and the run goes on; the end names every part that
-    failed or was left. A full disk, or an output folder that can no longer be written, stops the run at once.
-    After every part its lines are appended to ``out/reference.log`` and, with ``archive``, the folder is packed into
-    that tar.gz; SIGTERM, SIGINT and SIGHUP record the part in flight as interrupted, pack, and raise
+    The set, the device, the profile, the output folder and the archive path are checked first: a bad one is an
+    OptlabError before anything is written. A part that fails, an OptlabError included, is reported and the run goes
+    on; the end names every part that failed or was left. A full disk, an output folder that can no longer be
+    written, or an archive that cannot be packed stops the run at once. After every part its lines are appended to
+    ``out/reference.log`` and, with ``archive``, the folder is packed into that tar.gz; SIGTERM, SIGINT and SIGHUP
+    (to the process or its group) record the part in flight as interrupted, pack, and raise
     :class:`~optlab.core.shutdown.Interrupted`.
     """
-    if budget_s is not None and not budget_s > 0:
-        raise OptlabError(f"--budget must be a positive number of seconds, got {budget_s:g}")
-    deadline = None if budget_s is None else shutdown.PROCESS_START + budget_s
-    folder = store.writable_dir(out)
-    log = RunLog(folder, archive)
-    ended = False
-    with signals_interrupt() as received:
-        try:
-            with contextlib.redirect_stdout(_Tee(sys.stdout, log.buffer)):
-                print(f"optlab reference --set {set_name}, into {store.display_path(folder)}, started "
-                      f"{dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}")
-                yield from _run_parts(folder, set_name, profile, device, progress, download, budget_s, repeats,
-                                      deadline, log)
-            ended = True
-        except Interrupted as stop:
-            log.buffer.write(f"stopped: {stop} ({shutdown.now() - shutdown.PROCESS_START:.0f} s after the process "
-                             "start); every part finished before it is kept\n")
-            raise
-        except GeneratorExit:  # the caller closed the run between parts: on a signal, or of its own accord
-            why = signal.Signals(received[0]).name if received else "the caller"
-            log.buffer.write(f"stopped: {why}, between parts; every part finished before it is kept\n")
-            raise
-        except BaseException as error:
-            log.buffer.write(f"stopped: {type(error).__name__}: {error}\n")
-            raise
-        finally:
-            problem = log.save(final=True)
-            if problem and ended:
-                raise OptlabError(problem)
-            if problem:
-                print(f"optlab: error: {problem}", file=sys.stderr)
+    with signals_interrupt():
+        if budget_s is not None and not budget_s > 0:
+            raise OptlabError(f"--budget must be a positive number of seconds, got {budget_s:g}")
+        set_names(set_name)
+        info = resolve_device(device)
+        prof = reference_profile(profile, info.is_cuda, repeats)
+        check_outputs(out, archive)
+        deadline = None if budget_s is None else shutdown.PROCESS_START + budget_s
+        folder = store.writable_dir(out)
+        log = RunLog(folder, archive)
+        yield from _logged_run(log, folder, set_name, prof, info, progress, download, budget_s, deadline)
+
+
+def _logged_run(log: RunLog, folder: Path, set_name: str, prof: Profile, info: DeviceInfo, progress: bool,
+                download: bool, budget_s: float | None, deadline: float | None) -> Iterator[ExperimentResult]:
+    """The parts, with what they print kept in ``log``, and the last pack however the run ends."""
+    ended, why = False, None
+    try:
+        with contextlib.redirect_stdout(_Tee(sys.stdout, log.buffer)):
+            print(f"optlab reference --set {set_name}, into {store.display_path(folder)}, started "
+                  f"{dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}")
+            yield from _run_parts(folder, set_name, prof, info, progress, download, budget_s, deadline, log)
+        ended = True
+    except PackFailed:
+        raise  # the last pack would fail the same way
+    except Interrupted as stop:
+        why = f"{stop} ({shutdown.now() - shutdown.PROCESS_START:.0f} s after the process start)"
+        raise
+    except GeneratorExit:  # the caller closed the run between parts: on a signal, or of its own accord
+        received = shutdown.received()
+        why = f"{signal.Signals(received[0]).name if received else 'the caller'}, between parts"
+        raise
+    except BaseException as error:
+        received = shutdown.received()
+        if received:  # a signal to the process group ended a child first, and the error came from that
+            why = f"{signal.Signals(received[0]).name} ({type(error).__name__} in the clean-up)"
+            raise Interrupted(received[0]) from error
+        why = f"{type(error).__name__}: {error}"
+        raise
+    finally:
+        if why is not None or ended:
+            with shutdown.held(then_raise=False):
+                if why is not None:
+                    log.buffer.write(f"stopped: {why}; every part finished before it is kept\n")
+                try:
+                    log.save(final=True)
+                except PackFailed as problem:
+                    if ended:
+                        raise
+                    print(f"optlab: error: {problem}", file=sys.stderr)
 
 
 def part_deadline(part: Part, deadline: float | None) -> float | None:
@@ -539,16 +600,28 @@ def part_deadline(part: Part, deadline: float | None) -> float | None:
     return min(shutdown.now() + part.estimate_s * SHARE_FACTOR + SHARE_SLACK_S, deadline - PACK_RESERVE_S)
 
 
-def _run_parts(folder: Path, set_name: str, profile: str | Profile | None, device: str, progress: bool,
-               download: bool, budget_s: float | None, repeats: int | None, deadline: float | None,
-               log: RunLog) -> Iterator[ExperimentResult]:
-    info = resolve_device(device)
-    prof = reference_profile(profile, info.is_cuda, repeats)
+def _signalled_run_part(part: Part, folder: Path, prof: Profile, device: str, progress: bool, download: bool,
+                        deadline: float | None) -> ExperimentResult | None:
+    """:func:`_run_part`, where an error that follows a signal (a child that the signal ended first) reads as the
+    signal."""
+    try:
+        return _run_part(part, folder, prof, device, progress, download, deadline)
+    except Exception as error:
+        received = shutdown.received()
+        if received:
+            raise Interrupted(received[0]) from error
+        raise
+
+
+def _run_parts(folder: Path, set_name: str, prof: Profile, info: DeviceInfo, progress: bool, download: bool,
+               budget_s: float | None, deadline: float | None, log: RunLog) -> Iterator[ExperimentResult]:
+    device = str(info.device)
     parts = plan(set_name, prof, measured_seconds(target_gpu(info), prof, reference_folders(folder)))
     key = run_key(info)
     done = recorded(parts, folder, key, prof)
     failures, left, skipped, finished = [], [], [], 0
     for part in parts:
+        shutdown.check()  # a signal whose raise was swallowed ends the run here at the latest
         if part.name in done:
             skipped.append(part.name)
             continue
@@ -566,12 +639,14 @@ def _run_parts(folder: Path, set_name: str, profile: str | Profile | None, devic
         try:  # from the part's first line on, a signal records it as interrupted
             print(f"part {part.name} ({part.set_name}; about {part.estimate_s:.0f} s, {source})")
             watch.start()
-            result = _run_part(part, folder, prof, device, progress, download, part_deadline(part, deadline))
+            result = _signalled_run_part(part, folder, prof, device, progress, download,
+                                         part_deadline(part, deadline))
             status = "ok"
         except Interrupted:
-            with contextlib.suppress(OSError):
+            with shutdown.held(then_raise=False), contextlib.suppress(OSError):
                 _note_part(folder, part, key, prof, "interrupted", shutdown.now() - part_start, watch.stop(), None)
-            print(f"interrupted in part {part.name}: recorded as interrupted; {finished} part(s) finished this run")
+                print(f"interrupted in part {part.name}: recorded as interrupted; {finished} part(s) finished this "
+                      "run")
             raise
         except Exception as error:  # noqa: BLE001  (an OptlabError too: this part failed, the others go on)
             problem = output_problem(error, folder)
@@ -583,8 +658,9 @@ def _run_parts(folder: Path, set_name: str, profile: str | Profile | None, devic
             traceback.print_exc()
             log.buffer.write(traceback.format_exc())
         try:
-            _note_part(folder, part, key, prof, status, shutdown.now() - part_start, watch.stop(),
-                       repeats_run(result, part, prof))
+            with shutdown.held():  # the part's row is written whole; a signal meanwhile is raised right after
+                _note_part(folder, part, key, prof, status, shutdown.now() - part_start, watch.stop(),
+                           repeats_run(result, part, prof))
         except OSError as error:
             problem = output_problem(error, folder)
             if problem is None:

@@ -12,11 +12,14 @@ variant is timed (the others have no effect on the device), it runs in this proc
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import importlib
 import math
 import multiprocessing
+import os
+import signal
 import sys
 import time
 import warnings
@@ -29,7 +32,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from . import compiler, machine_load, quiet, store
+from . import compiler, machine_load, quiet, shutdown, store
 from .config import RunConfig
 from .device import DeviceInfo, effective_config, resolve_device
 from .environment import capture
@@ -254,19 +257,28 @@ class IsolatedVariant:
 
     def __init__(self, config: RunConfig, info: DeviceInfo, source: DataSource, download: bool,
                  seed: int) -> None:
-        self.pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        # Within a run that handles the ending signals, the process ignores them: the run ends it (close)
+        self.pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                        initializer=shutdown.ignore_in_child if shutdown.active() else None)
         try:
+            self.pid = self.pool.submit(os.getpid).result()
             self.pool.submit(_isolated_build, config, str(info.device), get_workload(config.workload).module, source,
                              download, seed, torch.get_num_threads()).result()
         except BaseException:
-            self.pool.shutdown(cancel_futures=True)
+            self.close()
             raise
 
     def run(self, phase: str, profile: Profile, phase_seed: int) -> PhaseResult:
         return self.pool.submit(_isolated_phase, phase, profile, phase_seed).result()
 
     def close(self) -> None:
-        self.pool.shutdown()
+        """End the variant's process: at once where a signal is ending the run, else after its work."""
+        if shutdown.received() and getattr(self, "pid", None):
+            with contextlib.suppress(OSError):
+                os.kill(self.pid, signal.SIGKILL)
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            return
+        self.pool.shutdown(cancel_futures=True)
 
 
 PhaseRunner = Callable[[str, Profile, int], PhaseResult]  # (phase, profile, phase seed) -> the phase's samples
@@ -301,11 +313,12 @@ class Rounds:
 
 
 def stopping_rule(prof: Profile, comparisons: dict[str, str], phases: Iterable[str],
-                  deadline: float | None = None) -> StoppingRule:
+                  deadline: float | None = None, controls: Iterable[str] = ()) -> StoppingRule:
     """The profile's rule for adding rounds, waiting for the ``comparisons`` (variant -> reference) in ``phases``
-    (A/A control phases too: an answer there says whether the machine is calm enough to tell 2 %)."""
+    (A/A control phases too, named in ``controls``: an answer there says whether the machine is calm enough to tell
+    2 %)."""
     return StoppingRule(prof.repeats, prof.max_repeats, prof.time_budget_s, dict(comparisons), tuple(phases),
-                        deadline=math.inf if deadline is None else deadline)
+                        deadline=math.inf if deadline is None else deadline, controls=tuple(controls))
 
 
 def bad_time(row: dict[str, Any]) -> str | None:
@@ -415,6 +428,7 @@ def interleave(runners: dict[str, PhaseRunner], configs: dict[str, RunConfig], p
             rows.append(row)
 
     while True:
+        shutdown.check()  # a signal whose raise a library swallowed ends the run here at the latest
         kept = round_index - prof.warmup_repeats
         started = time.perf_counter()
         order = visit_order([label for label in runners if label not in failed and label not in gone],
@@ -520,10 +534,14 @@ def _run_model(experiment: Experiment, model_name: str, configs: dict, prof: Pro
               if lockstep_ready(variants, timed_configs, prof, info) else None)
     comparisons = {label: ref for label, ref in experiment.comparisons.items()
                    if label in configs and ref in configs and label not in untimed}
-    ran = interleave(runners, timed_configs, experiment.phases, prof, info, experiment.name, model_name, epoch_images,
-                     seed, bar, stopping_rule(prof, comparisons, experiment.phases, deadline), passes=passes)
-    for variant in variants.values():
-        variant.close()
+    try:
+        ran = interleave(runners, timed_configs, experiment.phases, prof, info, experiment.name, model_name,
+                         epoch_images, seed, bar, stopping_rule(prof, comparisons, experiment.phases, deadline,
+                                                                  experiment.control_phases),
+                         passes=passes)
+    finally:  # on a signal too: an isolated variant's process ignores it and is ended here
+        for variant in variants.values():
+            variant.close()
     del variants
     gc.collect()
     if any(config.compile_mode != "none" for config, _ in configs.values()) and not isolate:

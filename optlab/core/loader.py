@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from . import shutdown
 from .config import RunConfig
 
 WORKER_TIMEOUT_S = 300  # a stuck worker becomes an error instead of a hang
@@ -17,7 +18,9 @@ def make_loader(
     multiprocessing_context: str | None = None,
     sampler: Sampler | None = None,
 ) -> DataLoader:
-    """A DataLoader with the config's knobs. The shuffle order depends only on ``seed`` (or on ``sampler``)."""
+    """A DataLoader with the config's knobs. The shuffle order depends only on ``seed`` (or on ``sampler``). Made
+    within a run that handles the ending signals (:func:`shutdown.signals_interrupt`), its workers ignore them and
+    leave the clean-up to the run."""
     workers = config.num_workers > 0
     return DataLoader(
         dataset,
@@ -32,4 +35,5 @@ def make_loader(
         timeout=WORKER_TIMEOUT_S if workers else 0,
         multiprocessing_context=multiprocessing_context if workers else None,
         generator=torch.Generator().manual_seed(seed),
+        worker_init_fn=shutdown.ignore_in_child if workers and shutdown.active() else None,
     )

@@ -1,5 +1,15 @@
 """How a long run ends on time or on a signal: a deadline counted from the process start, and the signals that a job's
-time limit sends (SIGTERM, SIGINT, SIGHUP) turned into one exception the run can clean up after.
+time limit or a terminal sends (SIGTERM, SIGINT, SIGHUP), to the run's process or to its whole process group, turned
+into one exception the run can clean up after.
+
+A signal is never lost. The handler records it, then raises :class:`Interrupted` at once (the fast path); where that
+raise lands in code that swallows exceptions (an at-fork hook, a ``__del__``), the record stays, and :func:`check`,
+called at every round, part and pack, raises it again, as does every later signal. Clean-up code runs inside
+:func:`held`, where signals are recorded but raise nothing, so a second signal cannot cut a pack short.
+
+Children leave the clean-up to the run: a process forked while the handler is installed (a loader worker) ignores the
+ending signals from its first instruction, and :func:`ignore_in_child` is the ``worker_init_fn`` / initializer that
+keeps them ignored where a library sets its own handlers (torch's loader workers) or the child is spawned.
 """
 from __future__ import annotations
 
@@ -47,25 +57,92 @@ class Interrupted(BaseException):
         return 128 + self.signum
 
 
+class _State:
+    """The one handler's state in this process: the signals received, the process that installed it (a forked child
+    inherits the handler, but not the run), how deep the installs and the held blocks are."""
+
+    received: list[int] = []
+    owner: int | None = None
+    installs = 0
+    holding = 0
+    ignoring = False  # a child of a run, ignoring the ending signals
+
+
+def _handler(signum: int, frame: object) -> None:
+    if os.getpid() != _State.owner:  # a child forked before it could ignore the signal: the run cleans up
+        return
+    _State.received.append(signum)
+    if not _State.holding:
+        raise Interrupted(_State.received[0])
+
+
+def received() -> list[int]:
+    """The ending signals received since the outermost :func:`signals_interrupt` began, first first."""
+    return list(_State.received)
+
+
+def check() -> None:
+    """Raise :class:`Interrupted` for a signal received earlier whose raise was swallowed (outside :func:`held`)."""
+    if _State.received and not _State.holding and _State.owner == os.getpid():
+        raise Interrupted(_State.received[0])
+
+
+@contextlib.contextmanager
+def held(then_raise: bool = True) -> Iterator[None]:
+    """Within the block a signal is recorded and raises nothing (a pack, a clean-up). With ``then_raise``, a block
+    that ends normally raises it afterwards (:func:`check`); without, the run is ending anyway (its last clean-up)."""
+    _State.holding += 1
+    try:
+        yield
+    finally:
+        _State.holding -= 1
+    if then_raise:
+        check()
+
+
+def ignore_in_child(*_: object) -> None:
+    """In a child process of the run: ignore the ending signals, so that a signal to the process group leaves the
+    clean-up to the run. Takes and ignores any arguments, to serve as a DataLoader's ``worker_init_fn``."""
+    _State.ignoring = True
+    for signum in ENDING_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def _after_fork_in_child() -> None:
+    if _State.owner is not None and _State.installs:
+        ignore_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def active() -> bool:
+    """Whether this process runs inside :func:`signals_interrupt`, or is a child of such a run: its own children
+    should then ignore the ending signals."""
+    return (_State.installs > 0 and _State.owner == os.getpid()) or _State.ignoring
+
+
 @contextlib.contextmanager
 def signals_interrupt() -> Iterator[list[int]]:
-    """Within the block, SIGTERM, SIGINT and SIGHUP raise :class:`Interrupted` once (later ones are ignored, so that
-    the clean-up is not cut short); the previous handlers come back after it. Yields the list of signals received
-    (the one that raised, where it was raised outside the block's own code). Outside the main thread, where Python
-    cannot install handlers, the block runs as it is."""
-    raised: list[int] = []
+    """Within the block, SIGTERM, SIGINT and SIGHUP raise :class:`Interrupted` (see the module's docstring); the
+    previous handlers come back after the outermost block. Blocks nest: an inner one shares the outer's record.
+    Yields the live list of signals received. Outside the main thread, where Python cannot install handlers, the block
+    runs as it is."""
     if threading.current_thread() is not threading.main_thread():
-        yield raised
+        yield []
         return
-
-    def handler(signum: int, frame: object) -> None:
-        if not raised:
-            raised.append(signum)
-            raise Interrupted(signum)
-
-    previous = {signum: signal.signal(signum, handler) for signum in ENDING_SIGNALS}
+    if _State.installs and _State.owner == os.getpid():
+        _State.installs += 1
+        try:
+            yield _State.received
+        finally:
+            _State.installs -= 1
+        return
+    _State.received, _State.owner, _State.installs, _State.holding = [], os.getpid(), 1, 0
+    previous = {signum: signal.signal(signum, _handler) for signum in ENDING_SIGNALS}
     try:
-        yield raised
+        yield _State.received
     finally:
+        _State.installs = 0
         for signum, old in previous.items():
             signal.signal(signum, old)

@@ -108,12 +108,13 @@ def record_filename(technique: str) -> str:
 
 
 def display_path(path: str | Path) -> str:
-    """``path`` as a page may show it: relative to the repository or the working folder, never the machine's own."""
+    """``path`` as a message shows it: relative to the repository or the working folder where it lies in either, else
+    whole, so that the reader can find it."""
     path = Path(path).resolve()
     for root in (REPO_ROOT, Path.cwd()):
         if path.is_relative_to(root):
             return str(path.relative_to(root))
-    return path.name
+    return str(path)
 
 
 def save_record(record: dict[str, Any], folder: str | Path, filename: str | None = None) -> Path:
