@@ -40,7 +40,7 @@ def test_stack_throughput_lists_the_steps_in_order_with_rate_mfu_and_memory():
     summary = pd.DataFrame({"model": "m", "phase": "train", "variant": ["second", "first"], "unit": "tokens",
                             "items_per_s": [20.0, 10.0], "peak_mem_mb": [2.0, 3.0]})
     mfu = pd.DataFrame({"model": "m", "variant": ["first", "second"], "MFU %": [1.0, 2.0], "precision": "fp32",
-                        "peak source": "measured"})
+                        "peak TFLOP/s": 0.5, "peak source": "measured"})
     table = token_costs.stack_throughput(summary, mfu, ["first", "second", "not run"])
     assert table["step"].tolist() == ["first", "second"]
     assert table["tokens/s (median)"].tolist() == [10.0, 20.0] and table["MFU %"].tolist() == [1.0, 2.0]

@@ -1,9 +1,11 @@
 """What a chapter calls: its set-up line, the code each technique switches, its run, and what it shows beside it."""
 from __future__ import annotations
 
+import ast
 import html
 import inspect
 import re
+import textwrap
 from dataclasses import dataclass
 
 import pandas as pd
@@ -46,6 +48,19 @@ def knob_lines(knob: str) -> list[str]:
     return found
 
 
+def model_knob_lines(knob: str, workload: str) -> list[str]:
+    """The lines of ``workload``'s model builder whose statements (not its signature or docstring) pass its model
+    knob ``knob`` on to the model it builds."""
+    builder = get_workload(workload).build_model
+    lines, start = inspect.getsourcelines(builder)
+    function = ast.parse(textwrap.dedent("".join(lines))).body[0]
+    first = function.body[1 if ast.get_docstring(function) else 0].lineno - 1
+    module = builder.__module__.replace(".", "/") + ".py"
+    pattern = re.compile(rf"\b{re.escape(knob)}\b")
+    return [f"{module}:{start + i} {builder.__name__}: {line.strip()}" for i, line in enumerate(lines)
+            if i >= first and pattern.search(line)]
+
+
 def code_changes(experiment: "str | Experiment", model: str = "resnet18", profile: "str | Profile | None" = "smoke",
                  stacked: bool = False) -> str:
     """Each variant's knobs against the baseline (``stacked``: against the variant before it, for a cumulative
@@ -59,9 +74,17 @@ def code_changes(experiment: "str | Experiment", model: str = "resnet18", profil
         diff = changed_knobs(configs[before if stacked else experiment.baseline_label], configs[label])
         out.append(f"{label}: " + ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items()))
         knobs.update(dict.fromkeys(diff))
+    model_knobs = get_workload(experiment.workload).model_knobs
     for knob in knobs:
         lines = knob_lines(knob)
-        out.append(f"\nthe lines that read config.{knob}:")
+        if lines:
+            out.append(f"\nthe lines that read config.{knob}:")
+        elif knob in model_knobs:
+            lines = model_knob_lines(knob, experiment.workload)
+            out.append(f"\nconfig.{knob} is read inside the model: the {experiment.workload} workload builds the "
+                       "model with it, in these lines:")
+        else:
+            out.append(f"\nno line of the training loop or the model's builder reads config.{knob}")
         out.extend(f"    {line}" for line in lines)
     return "\n".join(out)
 

@@ -23,6 +23,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from ..core import store
+from ..core.errors import OptlabError
 from ..core.no_effect import NO_EFFECT, is_no_effect
 from ..core.profiles import ALL_MODELS
 from ..core.registry import PHASES, Experiment, get_experiment
@@ -164,7 +165,11 @@ def _cell(value: object, wide: bool) -> str:
 
 def _text(value: object, wide: bool) -> str:
     """Escaped, and breakable where a long name (an operator's) has punctuation, and in a wide table after every "_"
-    (column names such as data_wait_ms), so that the table fits the article column."""
+    (column names such as data_wait_ms), so that the table fits the article column; a whole value written
+    ``[text](https://...)`` (:func:`linked_sources`) is a link."""
+    link = LINK.fullmatch(str(value))
+    if link:
+        return f'<a href="{html.escape(link.group(2))}">{html.escape(link.group(1))}</a>'
     mark = "\x00"  # set before escaping, written as <wbr> after
 
     def breakable(word: str) -> str:
@@ -173,6 +178,19 @@ def _text(value: object, wide: bool) -> str:
         return word.replace("_", "_" + mark) if wide else word
 
     return html.escape(" ".join(map(breakable, str(value).split(" ")))).replace(mark, "<wbr>")
+
+
+LINK = re.compile(r"\[([^\]]+)\]\((https?://[^)\s]+)\)")  # a table cell's [text](url): a link on the page
+
+
+def linked_sources(frame: pd.DataFrame, text: str = "source", url: str = "url") -> pd.DataFrame:
+    """Published figures as a page shows them: the ``text`` column a link to its ``url`` (``[text](url)``, which
+    :func:`html_table` writes as a link), and no column of raw addresses."""
+    missing = [column for column in (text, url) if column not in frame]
+    if missing:
+        raise OptlabError(f"linked_sources needs the columns {missing}; the frame has {list(frame.columns)}")
+    linked = [f"[{name}]({address})" for name, address in zip(frame[text], frame[url])]
+    return frame.drop(columns=url).assign(**{text: linked})
 
 
 def in_order(frame: pd.DataFrame, variants: "list[str] | tuple[str, ...]" = ()) -> pd.DataFrame:
@@ -384,16 +402,25 @@ def _legend(markers: dict, seed: bool) -> list[Line2D]:
     return [handle for pair in zip(*rows) for handle in pair]
 
 
+WATERFALL_LABEL_WIDTH = 16  # characters per line of a waterfall's step label, written level under its bar
+WATERFALL_BAR_INCHES = 1.3  # the width of one bar's slot: a label line of 16 characters at 8 points fits it
+
+
 def plot_waterfall(steps: pd.DataFrame, labels: "list[str] | tuple[str, ...]", phase: str = "train"):
     """Per model, the waterfall of a cumulative stack (rows of ``summary.step_by_step``): the first bar is the
     baseline's median epoch-equivalent time, and each step's bar spans the change it makes, from the level before it to
     that level over the step's paired speed-up against the step before; coloured by that step's verdict as the
     speed-up figure colours it (grey: can't tell yet, or not waited for). A step with no speed-up (it failed, or was
-    compared with one that did) has no bar, nor has any step after it."""
+    compared with one that did) has no bar, nor has any step after it. Labels are wrapped level under their bars, and
+    the figure widens with the steps, so that a long label keeps the bars their height."""
     set_theme()
     rows = steps[steps["phase"] == phase]
     models = list(dict.fromkeys(rows["model"]))
-    figure, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 4.2), squeeze=False, sharey=False)
+    wrapped = [textwrap.fill(label, WATERFALL_LABEL_WIDTH, break_long_words=False) for label in labels]
+    lines = max(label.count("\n") + 1 for label in wrapped)
+    width = max(5.2, WATERFALL_BAR_INCHES * len(labels))  # each bar as wide as its label's lines
+    figure, axes = plt.subplots(1, len(models), figsize=(width * len(models), 3.6 + 0.15 * lines), squeeze=False,
+                                sharey=False)
     for ax, model in zip(axes[0], models):
         ours = rows[rows["model"] == model].set_index("step")
         level = float(ours["baseline_epoch_s"].iloc[0])

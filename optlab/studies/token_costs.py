@@ -62,7 +62,8 @@ def shape_table(configs: dict[str, RunConfig], samples: pd.DataFrame | None = No
 def stack_throughput(summary: pd.DataFrame, mfu: pd.DataFrame, labels: "list[str] | tuple[str, ...]",
                      phase: str = "train") -> pd.DataFrame:
     """A stack's steps in order (``labels``), each with its median throughput in the workload's unit, its MFU
-    (rows of ``optlab.studies.peaks.mfu_table``), the peak it is measured against and its peak memory."""
+    (rows of ``optlab.studies.peaks.mfu_table``), the precision and peak it is measured against (where each peak comes
+    from is said once, by :func:`peak_sources`) and its peak memory."""
     rows = summary[summary["phase"] == phase].drop_duplicates(["model", "variant"]).set_index(["model", "variant"])
     mfu = mfu.set_index(["model", "variant"])
     out = []
@@ -76,6 +77,19 @@ def stack_throughput(summary: pd.DataFrame, mfu: pd.DataFrame, labels: "list[str
             out.append({"model": model, "step": label, f"{unit}/s (median)": row["items_per_s"],
                         "MFU %": mfu.loc[(model, label), "MFU %"] if found else float("nan"),
                         "precision": mfu.loc[(model, label), "precision"] if found else None,
-                        "peak source": mfu.loc[(model, label), "peak source"] if found else None,
+                        "peak TFLOP/s": mfu.loc[(model, label), "peak TFLOP/s"] if found else float("nan"),
                         "peak MiB": row["peak_mem_mb"]})
     return pd.DataFrame(out)
+
+
+def peak_sources(mfu: pd.DataFrame) -> str:
+    """Where the peaks of an MFU table (rows of ``optlab.studies.peaks.mfu_table``) come from, each source once with
+    the precisions and peaks it gave: the line a table of many rows states instead of repeating it on each."""
+    if mfu.empty:
+        raise OptlabError("an empty MFU table has no peaks to name")
+    lines = []
+    for source, rows in mfu.drop_duplicates("precision").groupby("peak source", sort=False):
+        rates = ", ".join(f"{precision} {tflops:.4g} TFLOP/s"
+                          for precision, tflops in zip(rows["precision"], rows["peak TFLOP/s"]))
+        lines.append(f"{rates}: {source}")
+    return "peaks: " + "; ".join(lines)

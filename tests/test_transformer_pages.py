@@ -1,0 +1,72 @@
+"""What the transformer chapters' pages show: published sources as links, each peak's provenance once under an MFU
+table, waterfalls whose long labels stay readable, and the code changes of knobs read inside the model."""
+import pandas as pd
+import pytest
+
+from optlab.book import chapter, report
+from optlab.core import gpt_techniques, published
+from optlab.core.errors import OptlabError
+from optlab.core.registry import get_experiment
+from optlab.core.timing import FASTER
+from optlab.studies import learning, token_costs
+
+
+def test_published_sources_are_links_and_no_raw_address_is_shown():
+    for figures in (published.published_figures(), learning.PUBLISHED_TIME_TO_TARGET):
+        table = report.linked_sources(figures)
+        page = report.html_table(table)
+        for source, url in zip(figures["source"], figures["url"]):
+            assert f'<a href="{url}">{report.html.escape(source)}</a>' in page
+        assert "url" not in table and page.count("https://") == page.count('<a href="https://')
+    with pytest.raises(OptlabError, match="needs the columns"):
+        report.linked_sources(pd.DataFrame({"source": ["a"]}))
+
+
+def test_an_mfu_table_names_each_peaks_source_once():
+    mfu = pd.DataFrame({"model": "m", "variant": ["a", "b", "c", "d"], "MFU %": 1.0,
+                        "precision": ["fp32", "fp32", "bf16", "tf32"], "peak TFLOP/s": [67.0, 67.0, 989.0, 494.5],
+                        "peak source": ["H200 datasheet, dense"] * 2 + ["H200 datasheet, dense", "measured: x"]})
+    line = token_costs.peak_sources(mfu)
+    assert line == "peaks: fp32 67 TFLOP/s, bf16 989 TFLOP/s: H200 datasheet, dense; tf32 494.5 TFLOP/s: measured: x"
+    summary = pd.DataFrame({"model": "m", "phase": "train", "variant": ["a", "b"], "unit": "tokens",
+                            "items_per_s": [1.0, 2.0], "peak_mem_mb": 1.0})
+    table = token_costs.stack_throughput(summary, mfu, ["a", "b"])
+    assert "peak source" not in table and table["peak TFLOP/s"].tolist() == [67.0, 67.0]
+
+
+def longest_stack_labels() -> list[str]:
+    """The stack whose longest label is the longest any chapter's waterfall draws: the GPT's on a GPU."""
+    stacks = [get_experiment("all_together").labels, gpt_techniques.gpt_all_together("gpt2_small").labels,
+              gpt_techniques.gpt_all_together("gpt_tiny").labels]
+    return list(max(stacks, key=lambda labels: max(map(len, labels))))
+
+
+def test_a_waterfall_keeps_the_longest_label_readable_and_its_bars_their_height():
+    labels = longest_stack_labels()
+    assert max(map(len, labels)) >= 60
+    steps = pd.DataFrame({"model": "gpt2_small", "phase": "train", "step": labels[1:], "baseline_epoch_s": 10.0,
+                          "vs previous": 1.2, "verdict": FASTER})
+    figure = report.plot_waterfall(steps, labels)
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    ax = figure.axes[0]
+    ticks = [label.get_window_extent(renderer) for label in ax.get_xticklabels()]
+    assert all(label.get_rotation() == 0 for label in ax.get_xticklabels())
+    assert all(left.x1 <= right.x0 for left, right in zip(ticks, ticks[1:])), "step labels overlap"
+    assert ax.get_window_extent(renderer).height >= 0.5 * figure.bbox.height, "the bars are squeezed by the labels"
+    assert min(tick.x0 for tick in ticks) >= 0 and max(tick.x1 for tick in ticks) <= figure.bbox.width
+
+
+@pytest.mark.parametrize("experiment, stacked", [("gpt_all_together", True), ("gpt_shapes", False),
+                                                 ("attention", False), ("checkpointing", False)])
+def test_every_changed_knob_shows_the_lines_that_read_it(experiment, stacked):
+    if experiment == "gpt_all_together":
+        experiment = gpt_techniques.gpt_all_together("gpt_tiny", skip=("+ torch.compile",))
+    text = chapter.code_changes(experiment, model="gpt_tiny", stacked=stacked)
+    lines = text.split("\n")
+    headers = [i for i, line in enumerate(lines) if line.startswith(("the lines that read", "config."))]
+    assert headers, text
+    for i in headers:
+        assert i + 1 < len(lines) and lines[i + 1].startswith("    optlab/"), f"nothing under {lines[i]!r}:\n{text}"
+    if "attention: " in text:
+        assert "config.attention is read inside the model: the gpt workload builds the model with it" in text
