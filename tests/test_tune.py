@@ -14,7 +14,7 @@ from optlab.core import compiler
 from optlab.core.config import RunConfig
 from optlab.core.errors import OptlabError
 from optlab.core.store import load_samples
-from optlab.studies.tune import training as tune_module
+from optlab.studies.tune import NothingRecommended, training as tune_module
 from optlab.studies.tune.training import code_lines, decide, loss_change, stack_steps
 from tests.helpers import TINY
 
@@ -154,11 +154,17 @@ def test_steps_that_do_not_apply_are_skipped_with_the_reason(monkeypatch):
     assert result.samples.empty and result.kept == []
 
 
-def test_out_of_memory_is_recorded_and_the_run_goes_on(monkeypatch):
+CUDA_OOM = (torch.OutOfMemoryError, "CUDA out of memory. Tried to allocate 1 PiB")
+CPU_OOM = (RuntimeError, "[enforce fail at alloc_cpu.cpp:118] DefaultCPUAllocator: can't allocate memory: you tried "
+                         "to allocate 1125899906842624 bytes")
+
+
+@pytest.mark.parametrize("error", [CUDA_OOM, CPU_OOM], ids=["cuda", "cpu"])
+def test_out_of_memory_is_recorded_and_the_run_goes_on(monkeypatch, error):
     class OutOfMemoryInBf16(TinyCNN):
         def forward(self, x):
             if torch.is_autocast_enabled("cpu"):
-                raise torch.OutOfMemoryError("out of memory: tried to allocate 1 PiB")
+                raise error[0](error[1])
             return super().forward(x)
 
     monkeypatch.setattr(tune_module, "native_bf16", lambda info: True)
@@ -167,6 +173,103 @@ def test_out_of_memory_is_recorded_and_the_run_goes_on(monkeypatch):
     table = result.steps.set_index("step")
     assert tuple(table.loc["+ bf16 autocast", ["decision", "verdict"]]) == ("failed", "out of memory")
     assert table.loc["+ channels_last", "decision"] in ("kept", "not kept", "not kept: loss changed")
+
+
+class OutOfMemoryAbove(nn.Module):
+    """Runs out of memory on a batch of more than ``most`` samples, with the exception ``error`` (type, message)."""
+
+    def __init__(self, error: tuple = CPU_OOM, most: int = 8) -> None:
+        super().__init__()
+        self.body, self.error, self.most = nn.Linear(12, 4), error, most
+
+    def forward(self, x):
+        if len(x) > self.most:
+            raise self.error[0](self.error[1])
+        return self.body(x)
+
+
+@pytest.mark.parametrize("error", [CUDA_OOM, CPU_OOM], ids=["cuda", "cpu"])
+def test_a_batch_that_does_not_fit_ends_the_tune_in_one_line_with_the_limit(error, tmp_path):
+    with pytest.raises(OptlabError) as ended:
+        quick_tune(lambda: OutOfMemoryAbove(error), input_shape=(12,), num_classes=4, batch_size=16,
+                   techniques=NO_COMPILE, out=tmp_path)
+    message = str(ended.value)
+    assert message.startswith("the starting point runs out of memory at batch 16 on cpu (") and "\n" not in message
+    assert "GiB): pass a smaller batch size" in message  # the device's memory, as the limit
+    assert not list(tmp_path.iterdir()), "a record was written"
+
+
+class FailsToTrain(nn.Module):
+    """Trains on the probe's two samples, then fails on every real batch: no configuration runs a step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(12, 4)
+
+    def forward(self, x):
+        if len(x) > 2:
+            raise RuntimeError("this model trains on two samples at most")
+        return self.body(x)
+
+
+def test_a_tune_whose_every_step_failed_recommends_nothing(tmp_path):
+    with pytest.raises(NothingRecommended) as ended:
+        quick_tune(FailsToTrain, input_shape=(12,), num_classes=4, techniques=["+ set_to_none, fused SGD"],
+                   out=tmp_path)
+    assert str(ended.value) == ("every step tried failed, so nothing is recommended (starting point, + set_to_none, "
+                                "fused SGD: failed: RuntimeError: this model trains on two samples at most)")
+    steps = ended.value.result.steps.set_index("step")
+    assert steps.loc["+ set_to_none, fused SGD", "decision"] == "not decided"
+    assert not list(tmp_path.iterdir()), "a record of a recommendation was written"
+
+
+def test_the_cli_shows_what_failed_then_one_line_and_a_non_zero_exit(capsys):
+    argv = ["tune", "--model", "tests.test_tune:FailsToTrain", "--input-shape", "12", "--num-classes", "4",
+            "--profile", "smoke", "--device", "cpu", "--steps", "1", "--repeats", "2", "--max-repeats", "2"]
+    assert cli(argv) == 2
+    captured = capsys.readouterr()
+    assert "+ set_to_none, fused SGD" in captured.out and "the configuration before it failed" in captured.out
+    assert "recommendation" not in captured.out
+    last = captured.err.splitlines()[-1]  # as a terminal shows it: the progress bar cleared its line ("\r")
+    assert last.startswith("optlab: error: every step tried failed, so nothing is recommended (")
+    assert "Traceback" not in captured.err
+
+
+class Unbuilt(nn.Module):
+    """A model that must never be built: the sizes are refused before."""
+
+    def __init__(self) -> None:
+        raise AssertionError("the model was built before the sizes were checked")
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"input_shape": (65_536, 65_536)},
+     "one sample of 4,294,967,296 input values (16 GiB) is more than one batch may hold on cpu: at most "
+     "1,073,741,824 input values a batch"),
+    ({"inputs": "tokens:32000:65536:mask", "batch_size": 16_384},
+     "batch_size 16384 is more than this run can use: at most 8192 (1,073,741,824 input values a batch: 8192 "
+     "inputs of 131,072 values (1 MiB))"),
+])
+def test_a_size_beyond_the_limits_is_refused_before_any_model_is_built(options, message, monkeypatch):
+    from optlab.studies.tune import inputs as tune_inputs
+
+    monkeypatch.setattr(tune_inputs, "device_memory_bytes", lambda device: 2**40)  # memory is not the bound here
+    with pytest.raises(OptlabError) as refused:
+        quick_tune(Unbuilt, num_classes=4, **options)
+    assert str(refused.value) == message
+
+
+def test_a_batch_beyond_the_devices_memory_is_refused_with_that_limit(monkeypatch):
+    from optlab.studies.tune import inputs as tune_inputs
+
+    monkeypatch.setattr(tune_inputs, "device_memory_bytes", lambda device: 2**20)  # a device of 1 MiB
+    with pytest.raises(OptlabError) as refused:
+        quick_tune(Unbuilt, input_shape=(1024,), num_classes=4, batch_size=512)
+    assert str(refused.value) == ("batch_size 512 is more than this run can use: at most 256 (the 1 MiB of memory of "
+                                  "cpu: 256 inputs of 1,024 values (4 KiB))")
+    with pytest.raises(OptlabError, match=r"one sample of 524,288 input values \(2 MiB\) is more than one batch may "
+                                          r"hold on cpu: at most the 1 MiB of memory of cpu"):
+        quick_tune(Unbuilt, input_shape=(512, 1024), num_classes=4)
 
 
 def test_a_compile_that_fails_is_one_line_and_the_run_goes_on(monkeypatch):

@@ -16,7 +16,7 @@ from optlab.commands.cli import main
 from optlab.core import compiler, machine_load
 from optlab.core.errors import OptlabError
 from optlab.core.store import load_samples
-from optlab.studies.tune import batch_sweep, inference, training as tune_module
+from optlab.studies.tune import batch_sweep, inference, inputs, training as tune_module
 from optlab.core.memory import is_out_of_memory
 from optlab.studies.tune.batch_sweep import SweepTarget, doubling_series, sweep
 from optlab.studies.tune.output_check import output_change, within_tolerance
@@ -212,6 +212,95 @@ def test_out_of_memory_is_the_sweeps_end_not_a_crash():
         assert result.sweep_ends["starting point"] == "out of memory at batch 16"
     assert is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 GB"))
     assert not is_out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+
+
+CPU_OUT_OF_MEMORY = "[enforce fail at alloc_cpu.cpp:118] DefaultCPUAllocator: can't allocate memory"
+
+
+@pytest.mark.parametrize("error", [torch.OutOfMemoryError, RuntimeError], ids=["cuda", "cpu"])
+def test_a_batch_that_does_not_fit_ends_the_tune_in_one_line_with_the_limit(error, tmp_path):
+    with pytest.raises(OptlabError) as ended:
+        quick(lambda: OutOfMemoryAbove8(error), batch_size=16, out=tmp_path)
+    message = str(ended.value)
+    assert message.startswith("the starting point runs out of memory at batch 16 on cpu (") and "\n" not in message
+    assert "GiB): pass a smaller batch size" in message
+    assert not list(tmp_path.iterdir()), "a record was written"
+
+
+def test_the_cli_ends_a_batch_that_does_not_fit_in_one_line_not_a_traceback(capsys):
+    argv = [*CLI, "--model", "tests.test_tune_inference:OutOfMemoryOnTheCpuAbove8", "--batch-size", "16"]
+    assert cli(argv) == 2
+    err = capsys.readouterr().err
+    assert err.strip().startswith("optlab: error: the starting point runs out of memory at batch 16 on cpu")
+    assert "\n" not in err.strip() and "Traceback" not in err
+
+
+class OutOfMemoryOnTheCpuAbove8(OutOfMemoryAbove8):
+    def __init__(self) -> None:
+        super().__init__(RuntimeError)
+
+
+class FailsAbove8(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(12, 4)
+
+    def forward(self, x):
+        if len(x) > 8:
+            raise ValueError("this model takes 8 samples at most\nand a second line")
+        return self.body(x)
+
+
+def test_a_model_that_fails_at_the_batch_size_ends_the_tune_in_one_line():
+    with pytest.raises(OptlabError) as ended:
+        quick(FailsAbove8, batch_size=16)
+    assert str(ended.value) == "the starting point failed at batch 16: ValueError: this model takes 8 samples at most"
+
+
+class OutOfMemoryInInferenceMode(nn.Module):
+    """Runs out of memory (the CPU allocator's error) under inference_mode only, past the probe's two samples."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(12, 4)
+
+    def forward(self, x):
+        if torch.is_inference_mode_enabled() and len(x) > 2:
+            raise RuntimeError(CPU_OUT_OF_MEMORY)
+        return self.body(x)
+
+
+def test_a_step_that_runs_out_of_memory_is_recorded_and_the_tune_goes_on():
+    result = quick(OutOfMemoryInInferenceMode, techniques=[INFERENCE_MODE], max_batch=2)
+    row = result.steps.set_index("step").loc[INFERENCE_MODE]
+    assert (row["decision"], row["verdict"], row["reason"]) == ("failed", "out of memory", "out of memory")
+    assert list(result.sweep["batch"]) == [1, 2] and (result.sweep["status"] == "ok").all()
+
+
+class Unbuilt(nn.Module):
+    def __init__(self) -> None:
+        raise AssertionError("the model was built before the sizes were checked")
+
+
+def test_a_size_beyond_the_limits_is_refused_before_any_model_is_built(monkeypatch):
+    monkeypatch.setattr(inputs, "device_memory_bytes", lambda device: 2**40)
+    with pytest.raises(OptlabError) as refused:  # not "math domain error"
+        quick(Unbuilt, input_shape=(65_536, 65_536))
+    assert str(refused.value) == ("one sample of 4,294,967,296 input values (16 GiB) is more than one batch may hold "
+                                  "on cpu: at most 1,073,741,824 input values a batch")
+    monkeypatch.setattr(inputs, "device_memory_bytes", lambda device: 2**20)  # a device of 1 MiB
+    with pytest.raises(OptlabError) as refused:
+        quick(Unbuilt, input_shape=(1024,), max_batch=512)
+    assert str(refused.value) == ("max_batch 512 is more than this run can use: at most 256 (the 1 MiB of memory of "
+                                  "cpu: 256 inputs of 1,024 values (4 KiB))")
+    with pytest.raises(OptlabError, match="each request batch size 512 is more than this run can use: at most 256"):
+        quick(Unbuilt, input_shape=(1024,), max_batch=1, request_batches=[512])
+
+
+def test_the_largest_batch_by_default_is_the_largest_power_of_two_within_the_limits(monkeypatch, capsys):
+    monkeypatch.setattr(inputs, "device_memory_bytes", lambda device: 300 * 4 * 16)  # 300 inputs of 16 values
+    quick(lambda: nn.Linear(16, 4), input_shape=(16,), max_batch=None, techniques=[])
+    assert "at batch sizes 1, 2, 4, ... up to 256, until memory runs out" in capsys.readouterr().out
 
 
 def test_the_sweep_stops_after_two_doublings_without_a_gain(monkeypatch):

@@ -10,10 +10,11 @@ import sys
 
 from . import batch_sweep, inference, inputs, output_check
 from .inference import InferenceResult
+from .recommendation import NothingRecommended
 from .training import TuneResult, stack_steps, tune
 
 for _old, _module in {"tune_inference": inference, "tune_inputs": inputs, "output_check": output_check,
                       "batch_sweep": batch_sweep}.items():
     sys.modules[f"{__name__.rsplit('.', 1)[0]}.{_old}"] = _module
 
-__all__ = ["InferenceResult", "TuneResult", "stack_steps", "tune"]
+__all__ = ["InferenceResult", "NothingRecommended", "TuneResult", "stack_steps", "tune"]
