@@ -8,7 +8,7 @@ import torch
 
 from .config import RunConfig
 from .errors import OptlabError, choice_error
-from .fp8 import fp8_support
+from .fp8 import backend_note, fp8_support
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 TORCH_DTYPES = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -123,6 +123,8 @@ def effective_config(config: RunConfig, info: DeviceInfo) -> tuple[RunConfig, li
     if config.fp8 and (why := fp8_support(info.device)):
         changes["fp8"] = False
         notes.append(f"fp8: skipped on {info.device.type} ({why})")
+    elif config.fp8:
+        notes.append(backend_note())  # the record names the FP8 layers that ran
     if info.is_cuda:
         return replace(config, **changes), notes
     for knob, reason in CUDA_ONLY_KNOBS.items():

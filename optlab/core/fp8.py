@@ -1,8 +1,9 @@
 """FP8 linear layers for training: torchao's float8 training where it is installed, else a torch-only layer.
 
 The torch-only layer quantizes per tensor with an amax-based scale: weights and activations to ``float8_e4m3fn``,
-gradients to ``float8_e5m2`` (more range, less precision), and multiplies with ``torch._scaled_mm`` into bf16, in the
-forward pass and in both matmuls of the backward pass. FP8 pays only on GPUs of compute capability 8.9 or newer; on a
+gradients to ``float8_e5m2`` (more range, less precision), and multiplies with ``torch._scaled_mm`` in the forward pass
+and in both matmuls of the backward pass. Its output has the dtype ``nn.Linear``'s would have: the autocast dtype under
+autocast, else the input's. FP8 pays only on GPUs of compute capability 8.9 or newer; on a
 CPU ``torch._scaled_mm`` runs too, so the numerics can be checked there (not the speed): ask for ``backend="torch"``.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ from .errors import OptlabError, choice_error
 BACKENDS = ("auto", "torchao", "torch")
 WEIGHT_DTYPE = ACTIVATION_DTYPE = torch.float8_e4m3fn
 GRADIENT_DTYPE = torch.float8_e5m2
-OUT_DTYPE = torch.bfloat16
+OUT_DTYPE = torch.bfloat16  # the output of a bare FP8 product (scaled_mm_runs, a measured peak)
 MIN_CAPABILITY = (8, 9)
 ALIGN = 16  # torch._scaled_mm on a GPU wants every matrix dimension a multiple of 16
 
@@ -41,6 +42,18 @@ def fp8_support(device: torch.device | str) -> str | None:
 def torchao_available() -> bool:
     """Whether torchao's float8 training can be imported."""
     return importlib.util.find_spec("torchao") is not None and importlib.util.find_spec("torchao.float8") is not None
+
+
+def auto_backend() -> str:
+    """The backend ``swap_linears_to_fp8(model)`` takes here: "torchao" where torchao is installed, else "torch"."""
+    return "torchao" if torchao_available() else "torch"
+
+
+def backend_note() -> str:
+    """One line for a run's record: which FP8 layers its ``fp8`` variants run."""
+    if auto_backend() == "torchao":
+        return "fp8: linear layers by torchao's float8 training (backend torchao)"
+    return "fp8: linear layers by optlab's torch-only FP8Linear (backend torch; torchao is not installed)"
 
 
 def scaled_mm_runs(device: torch.device | str) -> str | None:
@@ -69,37 +82,47 @@ def column_major(matrix: torch.Tensor) -> torch.Tensor:
     return matrix.t().contiguous().t()
 
 
-def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor) -> torch.Tensor:
-    return torch._scaled_mm(a.contiguous(), column_major(b), scale_a=scale_a, scale_b=scale_b, out_dtype=OUT_DTYPE)
+def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+              out_dtype: torch.dtype = OUT_DTYPE) -> torch.Tensor:
+    """``a @ b`` of two FP8 matrices times their inverse scales, accumulated in fp32 and returned in ``out_dtype``."""
+    return torch._scaled_mm(a.contiguous(), column_major(b), scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
+
+
+def output_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype ``nn.Linear`` would return for ``x``: the autocast dtype where autocast is on, else ``x``'s."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
 
 
 class FP8Matmul(torch.autograd.Function):
-    """``x @ weight.T`` with both operands in e4m3 and, in the backward pass, the gradient in e5m2."""
+    """``x @ weight.T`` in ``out_dtype``, with both operands in e4m3 and, in the backward pass, the gradient in e5m2."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
         x8, x_scale = to_fp8(x, ACTIVATION_DTYPE)
         w8, w_scale = to_fp8(weight, WEIGHT_DTYPE)
         ctx.save_for_backward(x8, x_scale, w8, w_scale)
         ctx.dtypes = (x.dtype, weight.dtype)
-        return scaled_mm(x8, w8.t(), x_scale, w_scale).to(x.dtype)
+        return scaled_mm(x8, w8.t(), x_scale, w_scale, out_dtype)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
         x8, x_scale, w8, w_scale = ctx.saved_tensors
         g8, g_scale = to_fp8(grad, GRADIENT_DTYPE)
-        grad_x = scaled_mm(g8, w8, g_scale, w_scale)  # [M, N] @ [N, K]
-        grad_w = scaled_mm(g8.t(), x8, g_scale, x_scale)  # [N, M] @ [M, K]
-        return grad_x.to(ctx.dtypes[0]), grad_w.to(ctx.dtypes[1])
+        grad_x = scaled_mm(g8, w8, g_scale, w_scale, ctx.dtypes[0])  # [M, N] @ [N, K]
+        grad_w = scaled_mm(g8.t(), x8, g_scale, x_scale, ctx.dtypes[1])  # [N, M] @ [M, K]
+        return grad_x, grad_w, None
 
 
 class FP8Linear(nn.Linear):
-    """An ``nn.Linear`` whose matmuls run in FP8 (``FP8Matmul``); weights and bias stay in their own dtype."""
+    """An ``nn.Linear`` whose matmuls run in FP8 (``FP8Matmul``); weights and bias stay in their own dtype, and the
+    output's dtype is ``nn.Linear``'s (:func:`output_dtype`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
         pad = -rows.shape[0] % ALIGN
-        out = FP8Matmul.apply(F.pad(rows, (0, 0, 0, pad)) if pad else rows, self.weight)[:rows.shape[0]]
+        padded = F.pad(rows, (0, 0, 0, pad)) if pad else rows
+        out = FP8Matmul.apply(padded, self.weight, output_dtype(x))[:rows.shape[0]]
         if self.bias is not None:
             out = out + self.bias.to(out.dtype)
         return out.reshape(*x.shape[:-1], self.out_features)
@@ -136,7 +159,7 @@ def swap_linears_to_fp8(model: nn.Module, backend: str = "auto") -> str:
         raise OptlabError(reason)
     elif backend == "torchao" and not torchao_available():
         raise OptlabError("the torchao FP8 backend needs torchao installed; choose 'torch' for the torch-only layer")
-    elif torchao_available():
+    elif auto_backend() == "torchao":
         from torchao.float8 import convert_to_float8_training
         convert_to_float8_training(model, module_filter_fn=lambda module, fqn: convertible(module, tied))
         return "torchao"

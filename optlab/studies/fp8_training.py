@@ -5,9 +5,15 @@ weights on the same batches.
 The FP8 run keeps everything else in fp32, so its distance from fp32 is FP8's own rounding. ``backend="torch"`` runs
 the torch-only layer on ``torch._scaled_mm``, which runs on a CPU too: there the numerics can be checked, not the
 speed (FP8 pays only on GPUs of compute capability 8.9 or newer).
+
+A few steps of a small GPT cannot tell a scaled cast from an unscaled one (its weights and activations sit inside
+e4m3's range either way), so :func:`layer_errors` checks every FP8 linear layer on its own: its output and both
+gradients against float64, on operands whose magnitude spans what training meets, against the rounding bound of the
+formats; :func:`cast_errors` shows where a cast without a scale flushes to zero or saturates.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import pandas as pd
@@ -15,18 +21,35 @@ import torch
 from torch import nn
 
 from ..core.device import effective_config, resolve_device
-from ..core.fp8 import ACTIVATION_DTYPE, OUT_DTYPE, column_major, swap_linears_to_fp8, to_fp8
+from ..core.fp8 import (ACTIVATION_DTYPE, GRADIENT_DTYPE, WEIGHT_DTYPE, FP8Linear, column_major, convertible,
+                        swap_linears_to_fp8, to_fp8)
 from ..core.limits import check_count
 from ..core.loops import train_step
 from ..core.quiet import fix_threads
 from ..core.profiles import Profile, get_profile
 from ..core.registry import get_experiment
+from ..core.transformer import GPT, GPT_SIZES
 from ..core.variants import build_state
 from ..core.workload import get_workload
 
 MAX_STEPS = 200  # a numerics check, not a training run
 LOSS_RTOL = 0.01  # FP8's mean loss over the steps against fp32's: e4m3 keeps 3 mantissa bits; a loss averages them
 VARIANTS = {"fp32": ("none", False), "bf16 autocast": ("bf16", False), "FP8 linears": ("none", True)}  # amp, fp8
+# operand RMS values a layer meets in training: activations around 1 with outliers to 1e3, weights 1e-3 to 1 (a deep or
+# wide model's init is 0.02 / sqrt(2 x layers)), gradients down to 1e-6 (tiny per-token losses, no loss scaling)
+MAGNITUDES = (1e-6, 1e-3, 1.0, 1e3)
+PASSES = ("output", "input grad", "weight grad")
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """Half the gap between 1 and the next number: a normal number's largest relative rounding error."""
+    return torch.finfo(dtype).eps / 2
+
+
+# RMS bound of each product's error (see layer_errors): the two operands' formats, fp32 accumulation
+BOUNDS = {"output": math.hypot(unit_roundoff(ACTIVATION_DTYPE), unit_roundoff(WEIGHT_DTYPE)),
+          "input grad": math.hypot(unit_roundoff(GRADIENT_DTYPE), unit_roundoff(WEIGHT_DTYPE)),
+          "weight grad": math.hypot(unit_roundoff(GRADIENT_DTYPE), unit_roundoff(ACTIVATION_DTYPE))}
 
 
 @dataclass(frozen=True)
@@ -75,18 +98,75 @@ def fp8_losses(model: str = "gpt_tiny", steps: int = 10, backend: str = "torch",
     return FP8Run(pd.DataFrame(rows), used, swapped, linears)
 
 
-def scaled_mm_error(rows: int = 64, cols: int = 64, inner: int = 64, seed: int = 0) -> dict[str, float]:
-    """One FP8 matmul against fp32: the relative error of ``torch._scaled_mm`` with per-tensor scales, and of the same
-    product without its scales (the inputs cast straight to e4m3, where small values underflow and large ones clip)."""
+def _product_scale(a: torch.Tensor, b: torch.Tensor) -> float:
+    """sqrt(sum_k |a[:, k]|^2 |b[k, :]|^2) for ``a @ b``: the error of ``a @ b`` when each operand element carries an
+    independent relative error of RMS 1 (the yardstick a rounding bound multiplies)."""
+    return float((a.double().pow(2).sum(0) * b.double().pow(2).sum(1)).sum().sqrt())
+
+
+def layer_errors(model: str = "gpt_tiny", magnitudes: tuple[float, ...] = MAGNITUDES, rows: int = 256,
+                 seed: int = 0) -> pd.DataFrame:
+    """Every FP8 linear layer of ``model`` (the torch-only :class:`~optlab.core.fp8.FP8Linear`), one forward and
+    backward pass per operand magnitude: its weight rescaled to RMS ``m``, an input and an upstream gradient of RMS
+    ``m``. Each product (output, input gradient, weight gradient) is compared with float64, and its error with the
+    rounding bound: with every operand element rounded to nearest in its format (relative error at most ``u``, half
+    the format's epsilon: 2^-4 for e4m3, 2^-3 for e5m2), the error of ``a @ b`` has an RMS of at most
+    ``hypot(u_a, u_b) * sqrt(sum_k |a[:, k]|^2 |b[k, :]|^2)``. A per-tensor scale keeps every operand in range at any
+    magnitude; a cast without one flushes small values to zero and saturates large ones, far past the bound."""
+    sizes = GPT_SIZES[model]
     generator = torch.Generator().manual_seed(seed)
-    a = torch.randn(rows, inner, generator=generator) * 1e-3  # activations far below e4m3's normal range
-    b = torch.randn(cols, inner, generator=generator) * 1e-3
-    exact = a @ b.t()
-    (a8, sa), (b8, sb) = to_fp8(a, ACTIVATION_DTYPE), to_fp8(b, ACTIVATION_DTYPE)
-    scaled = torch._scaled_mm(a8, column_major(b8.t()), scale_a=sa, scale_b=sb, out_dtype=OUT_DTYPE).float()
-    one = torch.ones(())
-    raw = torch._scaled_mm(a.to(ACTIVATION_DTYPE), column_major(b.to(ACTIVATION_DTYPE).t()), scale_a=one,
-                           scale_b=one, out_dtype=OUT_DTYPE).float()
-    norm = float(exact.norm())
-    return {"scaled_rel_err": float((scaled - exact).norm()) / norm,
-            "unscaled_rel_err": float((raw - exact).norm()) / norm}
+    net = GPT(sizes)
+    layers = [(name, m) for name, m in net.named_modules() if isinstance(m, nn.Linear)]
+    table = []
+    for name, linear in layers:
+        if not convertible(linear, {id(net.token_embedding.weight)}):
+            continue
+        for magnitude in magnitudes:
+            weight = linear.weight.detach() * (magnitude / linear.weight.detach().pow(2).mean().sqrt())
+            x = torch.randn(rows, linear.in_features, generator=generator) * magnitude
+            upstream = torch.randn(rows, linear.out_features, generator=generator) * magnitude
+            errors = _pass_errors(weight, x, upstream)
+            table += [{"layer": name, "magnitude": magnitude, "pass": key, "rel_err": value, "bound": BOUNDS[key]}
+                      for key, value in errors.items()]
+    frame = pd.DataFrame(table)
+    frame["within"] = frame["rel_err"] <= frame["bound"]
+    return frame
+
+
+def _pass_errors(weight: torch.Tensor, x: torch.Tensor, upstream: torch.Tensor) -> dict[str, float]:
+    """The three products of one FP8 linear layer (no bias) against float64, each over its rounding yardstick."""
+    layer = FP8Linear(weight.shape[1], weight.shape[0], bias=False)
+    layer.weight = nn.Parameter(weight.clone())
+    x = x.clone().requires_grad_()
+    out = layer(x)
+    out.backward(upstream)
+    out = out.detach()
+    w, x64, g = weight.double(), x.detach().double(), upstream.double()
+    exact = {"output": (out, x64 @ w.t(), _product_scale(x64, w.t())),
+             "input grad": (x.grad, g @ w, _product_scale(g, w)),
+             "weight grad": (layer.weight.grad, g.t() @ x64, _product_scale(g.t(), x64))}
+    return {key: float((value.double() - reference).norm()) / scale if scale > 0 else float("nan")
+            for key, (value, reference, scale) in exact.items()}
+
+
+def cast_errors(magnitudes: tuple[float, ...] = MAGNITUDES, size: int = 64, seed: int = 0) -> pd.DataFrame:
+    """One FP8 matmul of two e4m3 operands of RMS ``m`` against fp32, with per-tensor scales and without (the operands
+    cast as they are), per magnitude: the relative error of each, and the share of the unscaled operands' nonzero
+    elements that the cast flushed to zero or saturated at e4m3's largest value (448)."""
+    generator = torch.Generator().manual_seed(seed)
+    limit = torch.finfo(ACTIVATION_DTYPE).max
+    one, rows = torch.ones(()), []
+    for magnitude in magnitudes:
+        a, b = (torch.randn(size, size, generator=generator) * magnitude for _ in range(2))
+        exact = a @ b.t()
+        (a8, sa), (b8, sb) = to_fp8(a, ACTIVATION_DTYPE), to_fp8(b, ACTIVATION_DTYPE)
+        scaled = torch._scaled_mm(a8, column_major(b8.t()), scale_a=sa, scale_b=sb, out_dtype=torch.float32)
+        raw_a, raw_b = a.to(ACTIVATION_DTYPE), b.to(ACTIVATION_DTYPE)
+        raw = torch._scaled_mm(raw_a, column_major(raw_b.t()), scale_a=one, scale_b=one, out_dtype=torch.float32)
+        cast = torch.cat([raw_a.float().flatten(), raw_b.float().flatten()])
+        norm = float(exact.norm())
+        rows.append({"magnitude": magnitude, "scaled_rel_err": float((scaled - exact).norm()) / norm,
+                     "unscaled_rel_err": float((raw - exact).norm()) / norm,
+                     "unscaled_flushed": float((cast == 0).float().mean()),
+                     "unscaled_saturated": float((cast.abs() >= limit).float().mean())})
+    return pd.DataFrame(rows)
