@@ -95,8 +95,9 @@ def sequential_outcomes(rng: np.random.Generator, speed_ups: dict[str, float], r
                         round_s: float = 1.0) -> dict[str, np.ndarray]:
     """``draws`` simulated runs of every variant against the first (the baseline) under ``rule``, vectorised: each
     comparison is closed at the first look where its verdict is clear, or, before the last look and from
-    ``FUTILE_AFTER`` rounds on, where it is out of reach of the rounds possible while another open one is not (as the
-    rule does; variants leaving, which makes the real rounds cheaper, is not simulated); the last look closes the
+    ``FUTILE_AFTER`` rounds on, where it is out of reach of the rounds possible (on the scale the interval sees) while
+    another open one is not (as the rule does: with one phase, closing a comparison always lets its variant leave;
+    variants leaving, which makes the real rounds cheaper, is not simulated); the last look closes the
     rest, and a run stops once every comparison is closed. Returns the ``verdict``, ``ratio``, ``low`` and ``high``
     each comparison was closed with (draws x comparisons), whether it was closed out of reach (``given_up``) and the
     ``repeats`` each run took (draws)."""
@@ -116,17 +117,18 @@ def sequential_outcomes(rng: np.random.Generator, speed_ups: dict[str, float], r
             continue
         n = look.repeats
         now = {"verdict": np.empty(shape, dtype=object), "ratio": np.empty(shape), "low": np.empty(shape),
-               "high": np.empty(shape), "noise": np.empty(shape)}
+               "high": np.empty(shape), "scale": np.empty(shape)}
         for column, label in enumerate(others):
             log_ratios = np.log(times[base][:, :n]) - np.log(times[label][:, :n])
-            ratio, low, high, noise = timing.intervals(log_ratios, slots[label][:n] - slots[base][:n], look.confidence)
+            centre, error, _, df = timing.log_ratio_fit(log_ratios, slots[label][:n] - slots[base][:n])
+            ratio, low, high = timing.fit_interval(centre, error, df, look.confidence)
             now["ratio"][:, column], now["low"][:, column], now["high"][:, column] = ratio, low, high
-            now["noise"][:, column], now["verdict"][:, column] = noise, timing.verdicts(ratio, low, high)
+            now["scale"][:, column], now["verdict"][:, column] = error * np.sqrt(n), timing.verdicts(ratio, low, high)
         answering = open_ & (np.isin(now["verdict"], timing.CLEAR) | look.final)
         still = open_ & ~answering
         given_up = np.zeros(shape, dtype=bool)
         if n >= FUTILE_AFTER and not look.final:
-            beyond = still & beyond_reach(now["ratio"], now["noise"], n, rounds_possible)
+            beyond = still & beyond_reach(now["ratio"], now["scale"], n, rounds_possible)
             given_up = beyond & (still & ~beyond).any(axis=1, keepdims=True)  # only while another is within reach
         answering |= given_up
         out["given_up"] |= given_up

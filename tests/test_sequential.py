@@ -96,20 +96,22 @@ def test_an_a_a_comparison_beside_one_answered_early_keeps_the_stated_rate(budge
     assert np.mean(outcome["verdict"][:, 0] == timing.FASTER) > 0.99 and copy <= A_A_ALLOWED
 
 
-@pytest.mark.parametrize("sd,budget", [(0.05, 24), (0.08, 24), (0.08, 48)])
-def test_giving_up_what_is_out_of_reach_costs_a_real_gain_beside_it_almost_nothing(sd, budget):
+@pytest.mark.parametrize("sd,budget,hit", [(0.05, 24, False), (0.08, 24, False), (0.08, 48, False), (0.04, 24, True),
+                                           (0.04, 48, True)])
+def test_giving_up_what_is_out_of_reach_costs_a_real_gain_beside_it_almost_nothing(sd, budget, hit):
     """A comparison out of reach of the rounds left is closed as can't tell yet while another could still answer: a
-    true 5 % gain beside a true 1.003 is called faster about as often as alone (within 3 points of 4,000 runs), and the
-    1.003 is given up in most runs. (The rounds growing cheaper once a variant leaves is not simulated: that gain is
-    measured live.)"""
-    noise = Noise(sd, **POWER)
+    true 5 % gain beside a true 1.003 is called faster about as often as alone (within a point of 4,000 runs), also
+    where rounds are hit by other work (read on the trimmed interval's scale, the gain is not given up for a hit), and
+    the 1.003 is given up in many runs. (The rounds growing cheaper once a variant leaves is not simulated: that gain
+    is measured live.)"""
+    noise = Noise(sd, **(HIT if hit else POWER))
     both = sequential_outcomes(np.random.default_rng(5), {"A": 1.0, "gain": 1.05, "near": 1.003}, rule_for(budget),
                                noise, 4000)
     alone = sequential_outcomes(np.random.default_rng(5), {"A": 1.0, "gain": 1.05}, rule_for(budget), noise, 4000)
     beside, by_itself = (np.mean(o["verdict"][:, 0] == timing.FASTER) for o in (both, alone))
-    print(f"1.05 at {sd:.0%} noise, {budget} rounds: faster {beside:.3f} beside a 1.003 given up in "
-          f"{both['given_up'][:, 1].mean():.3f} of runs, {by_itself:.3f} alone")
-    assert beside >= by_itself - 0.03 and both["given_up"][:, 1].mean() > 0.2
+    print(f"1.05 at {sd:.0%} noise{' with hit rounds' if hit else ''}, {budget} rounds: faster {beside:.3f} beside a "
+          f"1.003 given up in {both['given_up'][:, 1].mean():.3f} of runs, {by_itself:.3f} alone")
+    assert beside >= by_itself - 0.01 and both["given_up"][:, 1].mean() > 0.1
     assert not (both["verdict"][:, 0] == timing.SLOWER).any()
 
 

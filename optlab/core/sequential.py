@@ -10,8 +10,9 @@ After the minimum number of rounds, and then after every pair, the run *looks*: 
 (:func:`optlab.core.timing.speed_up`) of every comparison still open. A comparison whose answer is clear (faster,
 slower, same within 2 %) is *answered* and closed there: it keeps that look's verdict, interval and rounds. From
 ``FUTILE_AFTER`` rounds on, a comparison that even twice the rounds the budget has left could not answer
-(:func:`optlab.core.timing.out_of_reach`) is closed too, as *can't tell yet* at that look, while another open comparison
-could still be answered; where none could, all go on to the end. A variant that no open comparison waits for (as the
+(:func:`optlab.core.timing.out_of_reach`, on the round noise the trimmed interval sees) is closed too, as *can't tell
+yet* at that look, where that lets a variant leave the later rounds and another open comparison (not an A/A control)
+could still be answered; otherwise all go on to the end. A variant that no open comparison waits for (as the
 variant or as its reference) leaves the later rounds (:meth:`StoppingRule.needed`), so that the rounds left are cheaper
 and the budget goes where an answer is still possible. The run stops when every comparison is closed, at the hard cap on
 rounds, or at the last look that fits the time budget: for cheap comparisons the budget, not the cap, ends the run. How
@@ -63,7 +64,7 @@ def look_points(min_repeats: int, max_repeats: int) -> list[int]:
 
 ANSWERED = "answered"  # a comparison closed at a look where its verdict was clear
 OUT_OF_REACH = "out of the budget's reach"  # closed where the rounds left could not answer it and others' could
-FUTILE_AFTER = 8  # rounds before a comparison may be found out of reach: its noise means something by then
+FUTILE_AFTER = 10  # rounds before a comparison may be found out of reach: its noise means something by then
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ class StoppingRule:
     share of the error rate. ``comparisons`` maps each variant to its reference, waited for in ``phases``.
     ``clock`` is where the seconds come from (a simulation passes its own); ``look_every``: rounds between looks.
     ``deadline`` (on :func:`optlab.core.shutdown.now`'s clock) is hard: no round starts that would end past it,
-    the minimum of repeats notwithstanding."""
+    the minimum of repeats notwithstanding. ``controls``: the phases that are A/A controls."""
 
     min_repeats: int
     max_repeats: int
@@ -130,6 +131,7 @@ class StoppingRule:
     clock: Callable[[], float] = time.perf_counter
     look_every: int = LOOK_EVERY
     deadline: float = math.inf
+    controls: tuple[str, ...] = ()  # A/A control phases: never the comparison within reach that another gives way to
     past_deadline: bool = field(init=False, default=False)
     _mark: float = field(init=False, default=0.0)  # the deadline clock at the last round's end
     _longest: float = field(init=False, default=0.0)  # the longest round so far, on that clock
@@ -207,8 +209,9 @@ class StoppingRule:
     def close(self, open_results: dict[tuple, SpeedUp], repeats: int, confidence: float) -> None:
         """Close the open comparisons whose verdict is clear at this look (answered), and, before the last look and
         after :data:`FUTILE_AFTER` rounds, those that even the rounds left could not answer
-        (:func:`optlab.core.timing.out_of_reach` at :meth:`rounds_possible`), as long as another open comparison
-        could still be answered: those leave the rounds to it. Where none could, all stay to the end, and their
+        (:func:`optlab.core.timing.out_of_reach` of their :attr:`SpeedUp.scale` at :meth:`rounds_possible`), where
+        closing them lets a variant leave the later rounds (:meth:`freeing`) and another open comparison, not an A/A
+        control, could still be answered: those leave the rounds to it. Otherwise all stay to the end, and their
         intervals narrow with every round."""
         for key, result in open_results.items():
             if result.verdict in CLEAR:
@@ -217,10 +220,24 @@ class StoppingRule:
         if repeats < FUTILE_AFTER or (self.looks and self.looks[-1].final):
             return
         possible = self.rounds_possible(repeats)
-        beyond = {key for key, result in still.items() if out_of_reach(result.ratio, result.noise, repeats, possible)}
-        if beyond and len(beyond) < len(still):
-            for key in beyond:
-                self.closed[key] = Closed(repeats, confidence, still[key].verdict, OUT_OF_REACH)
+        beyond = {key for key, result in still.items() if out_of_reach(result.ratio, result.scale, repeats, possible)}
+        if not any(key not in beyond and key[1] not in self.controls for key in still):
+            return
+        for key in self.freeing(beyond, set(still)):
+            self.closed[key] = Closed(repeats, confidence, still[key].verdict, OUT_OF_REACH)
+
+    def freeing(self, beyond: set[tuple], still: set[tuple]) -> set[tuple]:
+        """The comparisons of ``beyond`` whose closing lets a variant leave the later rounds: closed together, each
+        leaves its variant or its reference needed by no comparison of ``still`` that stays open (a variant runs every
+        phase of a round, so a claim out of reach in training frees nothing while its test phase is open)."""
+        closing = set(beyond)
+        while True:
+            staying = still - closing
+            needed = {label for key in staying for label in (key[2], self.comparisons[key[2]])}
+            freeing = {key for key in closing if {key[2], self.comparisons[key[2]]} - needed}
+            if freeing == closing:
+                return closing
+            closing = freeing
 
     def rounds_possible(self, repeats: int) -> float:
         """The most rounds an open comparison could still reach: those done and twice the rounds the budget has left

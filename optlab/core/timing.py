@@ -35,6 +35,7 @@ MIN_EFFECT = 0.02  # run-to-run variance floor (MLPerf sees about +-2.5 %): the 
 ERROR_RATE = 0.005  # two-sided, over all the looks of a run: at most 1 in 200 A/A comparisons says faster or slower
 CONFIDENCE = 1 - ERROR_RATE  # what a comparison's intervals guarantee together, over all its looks: 99.5 %
 SMALLEST_LOOK_ERROR = 1e-9  # a look whose share of the error rate is smaller reads no verdict (its share is kept)
+REACH_ERRORS = 2.0  # out of reach only if the estimate this many standard errors further its way could not be answered
 TOO_WIDE = 4.0  # an interval whose high end is this many times its low end is shown as "too wide", not as digits
 FASTER, SLOWER = "faster", "slower"
 SAME = "same within 2 %"  # the whole interval inside the band of no practical difference
@@ -156,8 +157,9 @@ def epoch_equivalent(startup_s: float, step_times: "list[float] | np.ndarray", i
 @dataclass(frozen=True)
 class SpeedUp:
     """baseline time / optimized time over paired repeats, with its interval, a verdict, the round-level noise (the
-    standard deviation of one round's log ratio about the fit) and, where the verdict is not read off the interval,
-    why."""
+    standard deviation of one round's log ratio about the fit), where the verdict is not read off the interval, why,
+    and ``scale``: the round noise the trimmed interval sees (its standard error times the square root of the rounds;
+    a round hit by other work raises ``noise`` but hardly this)."""
 
     ratio: float
     low: float
@@ -165,6 +167,7 @@ class SpeedUp:
     verdict: str
     noise: float = float("nan")
     reason: str = ""
+    scale: float = float("nan")
 
 
 @functools.lru_cache(maxsize=None)
@@ -314,15 +317,23 @@ def log_ratio_fit(log_ratios: np.ndarray, slot_shifts: "np.ndarray | list | None
     return centre, scale * math.sqrt(leverage), noise, df
 
 
+def fit_interval(centre: np.ndarray, standard_error: np.ndarray, df: float, confidence: float = CONFIDENCE
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The speed-up and the low and high ends of its ``confidence`` interval from :func:`log_ratio_fit`'s centre,
+    standard error and degrees of freedom. A zero standard error gives NaN ends; an interval too wide for a float
+    ends at 0 and infinity."""
+    half_width = t_quantile((1 + confidence) / 2, df) * np.where(standard_error > 0, standard_error, np.nan)
+    with np.errstate(over="ignore"):
+        return np.exp(centre), np.exp(centre - half_width), np.exp(centre + half_width)
+
+
 def intervals(log_ratios: np.ndarray, slot_shifts: "np.ndarray | list | None" = None,
               confidence: float = CONFIDENCE) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The speed-up, the low and high ends of its ``confidence`` interval and the round-level noise, along the last
     axis of ``log_ratios`` (at least two pairs). A zero-width interval (no spread at all) has NaN ends; one too wide
     for a float (a look at a few rounds, read at a level near 1) ends at 0 and infinity."""
     centre, standard_error, noise, df = log_ratio_fit(log_ratios, slot_shifts)
-    half_width = t_quantile((1 + confidence) / 2, df) * np.where(standard_error > 0, standard_error, np.nan)
-    with np.errstate(over="ignore"):
-        return np.exp(centre), np.exp(centre - half_width), np.exp(centre + half_width), noise
+    return (*fit_interval(centre, standard_error, df, confidence), noise)
 
 
 def speed_up(
@@ -363,22 +374,26 @@ def speed_up(
     if n < 2:
         return SpeedUp(float(np.exp(log_ratios.mean())), float("nan"), float("nan"), UNCLEAR,
                        reason="one pair: no interval")
-    ratio, low, high, noise = (float(value) for value in intervals(log_ratios, slot_shifts, confidence))
+    centre, standard_error, noise, df = log_ratio_fit(log_ratios, slot_shifts)
+    ratio, low, high = (float(value) for value in fit_interval(centre, standard_error, df, confidence))
+    scale, noise = float(standard_error) * math.sqrt(n), float(noise)
     if math.isnan(low):
-        return SpeedUp(ratio, float("nan"), float("nan"), UNCLEAR, noise, ZERO_WIDTH)
-    return SpeedUp(ratio, low, high, verdict(ratio, low, high, min_effect), noise)
+        return SpeedUp(ratio, float("nan"), float("nan"), UNCLEAR, noise, ZERO_WIDTH, scale)
+    return SpeedUp(ratio, low, high, verdict(ratio, low, high, min_effect), noise, scale=scale)
 
 
 def out_of_reach(ratio: float, noise: float, rounds: int, possible_rounds: float, error_rate: float = ERROR_RATE,
                  min_effect: float = MIN_EFFECT) -> bool:
     """Whether a comparison read at ``ratio`` with round noise ``noise`` after ``rounds`` could not be answered in
-    ``possible_rounds``, even with its estimate one standard error further its way: the interval it would have there
-    (normal, at the whole ``error_rate``: narrower than any look's) would neither clear 1 and the band of no practical
-    difference nor fit inside that band. False where the noise is unknown."""
+    ``possible_rounds``, even with its estimate ``REACH_ERRORS`` standard errors further its way: the interval it would
+    have there (normal, at the whole ``error_rate``: narrower than any look's) would neither clear 1 and the band of no
+    practical difference nor fit inside that band. ``noise`` is the scale the trimmed interval sees
+    (:attr:`SpeedUp.scale`), so that a round hit by other work does not make a real difference look out of reach.
+    False where the noise is unknown."""
     if not (math.isfinite(noise) and noise > 0 and ratio > 0 and rounds > 0 and possible_rounds > 0):
         return False
     band = math.log1p(min_effect)
-    centre, error = abs(math.log(ratio)), noise / math.sqrt(rounds)
+    centre, error = abs(math.log(ratio)), REACH_ERRORS * noise / math.sqrt(rounds)
     half = normal_quantile(1 - error_rate / 2) * noise / math.sqrt(possible_rounds)
     could_differ = centre + error > max(half, band)
     could_match = max(centre - error, 0.0) + half < band
