@@ -4,6 +4,8 @@ every part, the checks before the first part and the deadline are caught in the 
 import io
 import os
 import signal
+import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -245,3 +247,28 @@ def test_the_budget_is_a_deadline_from_the_process_start_not_from_the_runs_start
     out = capfd.readouterr().out
     assert "left for a later run (over --budget 1015 s)" in out
     assert 0 < len(calls) < len(reference.plan("seed", reference.reference_profile("smoke", False)))
+
+
+SWALLOWED = """
+import os, signal, time
+from optlab.core import shutdown
+
+class Finalized:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # the handler raises here, inside __del__, where Python can only report it
+
+with shutdown.signals_interrupt():
+    Finalized()
+    try:
+        shutdown.check()
+    except shutdown.Interrupted as stop:
+        print("raised again:", stop)
+"""
+
+
+def test_a_raise_python_cannot_pass_on_prints_nothing_and_is_raised_at_the_next_check():
+    done = subprocess.run([sys.executable, "-c", SWALLOWED], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.stdout.strip() == "raised again: SIGTERM"
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr

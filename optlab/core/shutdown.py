@@ -3,8 +3,9 @@ time limit or a terminal sends (SIGTERM, SIGINT, SIGHUP), to the run's process o
 into one exception the run can clean up after.
 
 A signal is never lost. The handler records it, then raises :class:`Interrupted` at once (the fast path); where that
-raise lands in code that swallows exceptions (an at-fork hook, a ``__del__``), the record stays, and :func:`check`,
-called at every round, part and pack, raises it again, as does every later signal. Clean-up code runs inside
+raise lands in code that swallows exceptions (an at-fork hook, a ``__del__``: Python would print it as "Exception
+ignored", which the run keeps quiet), the record stays, and :func:`check`, called at every round, part and pack,
+raises it again, as does every later signal. Clean-up code runs inside
 :func:`held`, where signals are recorded but raise nothing, so a second signal cannot cut a pack short.
 
 Children leave the clean-up to the run: a process forked while the handler is installed (a loader worker) ignores the
@@ -16,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Iterator
@@ -140,9 +142,19 @@ def signals_interrupt() -> Iterator[list[int]]:
         return
     _State.received, _State.owner, _State.installs, _State.holding = [], os.getpid(), 1, 0
     previous = {signum: signal.signal(signum, _handler) for signum in ENDING_SIGNALS}
+    previous_hook = sys.unraisablehook
+
+    def quiet_swallowed_signal(unraisable: "sys.UnraisableHookArgs") -> None:
+        """A raise that Python could not pass on (an at-fork hook, a ``__del__``) prints nothing: it is on record,
+        and :func:`check` raises it again."""
+        if not isinstance(unraisable.exc_value, Interrupted):
+            previous_hook(unraisable)
+
+    sys.unraisablehook = quiet_swallowed_signal
     try:
         yield _State.received
     finally:
         _State.installs = 0
+        sys.unraisablehook = previous_hook
         for signum, old in previous.items():
             signal.signal(signum, old)
