@@ -432,9 +432,9 @@ def plot_waterfall(steps: pd.DataFrame, labels: "list[str] | tuple[str, ...]", p
             after = level / float(ours.loc[label, "vs previous"])
             ax.bar(x, after - level, bottom=level, width=0.7,
                    color=VERDICT_COLOURS.get(ours.loc[label, "verdict"], UNCLEAR_COLOUR))
-            ax.text(x, after, f"{after:.3g}", ha="center", va="bottom", fontsize=8)
+            ax.text(x, after, f"{after:.3g}", ha="center", va="top" if after < level else "bottom", fontsize=8)
             level = after
-        ax.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=8)
+        ax.set_xticks(range(len(labels)), wrapped, rotation=0, ha="center", fontsize=8)
         ax.set_title(f"{model} ({phase})")
         ax.set_ylabel("seconds per epoch-equivalent")
     figure.legend(handles=[Patch(color=colour, label=verdict) for verdict, colour in
