@@ -1,12 +1,14 @@
 """What ``tune --inference`` keeps, and where a kept step goes: only a "faster" verdict keeps a step, whatever its
 outputs; a kept step is the configuration the next step is timed against, and it is in the recommendation, its
-record and its lines of code. The verdicts are set here, not measured (a timing outcome is noise, not a test)."""
+record and its lines of code; a tune whose measured steps all failed recommends nothing. The verdicts are set here,
+not measured (a timing outcome is noise, not a test)."""
 import pytest
 from torch import nn
 
 import optlab
 from optlab.core.timing import FASTER, SAME, SLOWER, UNCLEAR
 from optlab.studies import tune_inference as inference
+from optlab.studies.tune.recommendation import NothingRecommended, check_something_measured
 from optlab.studies.tune_inference import CHANNELS_LAST, FINAL, INFERENCE_MODE, START, decide
 from tests.helpers import TINY
 
@@ -83,3 +85,39 @@ def test_the_verdict_decides_and_a_kept_step_is_carried_into_the_recommendation(
     assert ("with torch.inference_mode():" in result.code) == (INFERENCE_MODE in kept)
     assert ("model = model.to(memory_format=torch.channels_last)" in result.code) == (CHANNELS_LAST in kept)
     assert compared_with(result, FINAL) == ({START, FINAL} if kept else set())
+
+
+def recommendation(decisions: dict[str, str], failures: dict[str, str]):
+    """A tune's result with these step ``decisions`` and these configurations' ``failures`` in its samples."""
+    import pandas as pd
+    from optlab.core.config import RunConfig
+    from optlab.studies.tune.recommendation import Recommendation
+
+    samples = pd.DataFrame([{"variant": label, "status": status} for label, status in failures.items()] +
+                           [{"variant": "ran", "status": "ok"}])
+    return Recommendation(model="m", steps=pd.DataFrame({"step": list(decisions), "decision": list(decisions.values())}),
+                          samples=samples, summary=pd.DataFrame(), kept=[], start=RunConfig(),
+                          recommended=RunConfig(), speedup=1.0, ci_low=1.0, ci_high=1.0, verdict="baseline", code=[])
+
+
+@pytest.mark.parametrize("decisions", [
+    {"a": "skipped", "b": "skipped"},  # nothing measured: nothing failed
+    {"a": "failed", "b": "not kept"},  # one step decided
+    {"a": "not decided", "b": "kept"},
+    {"a": "failed", "b": "not kept: loss changed"},
+])
+def test_a_tune_with_a_decided_step_or_none_measured_recommends(decisions):
+    check_something_measured(recommendation(decisions, {"a": "out of memory"}), 8)
+
+
+def test_a_tune_whose_measured_steps_all_failed_names_each_failure_once():
+    result = recommendation({"a": "failed", "b": "not decided", "c": "skipped"},
+                            {START: "out of memory", "a": "out of memory", "b": "failed: RuntimeError: no"})
+    with pytest.raises(NothingRecommended) as ended:
+        check_something_measured(result, 64)
+    assert str(ended.value) == ("every step tried failed, so nothing is recommended (starting point, a: out of memory; "
+                                "b: failed: RuntimeError: no); batch 64 does not fit: pass a smaller batch size "
+                                "(--batch-size)")
+    assert ended.value.result is result
+    with pytest.raises(NothingRecommended, match=r"\(b: failed: RuntimeError: no\)$"):
+        check_something_measured(recommendation({"b": "failed"}, {"b": "failed: RuntimeError: no"}), 64)
