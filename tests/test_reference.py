@@ -61,31 +61,76 @@ def test_the_estimate_follows_the_step_time_table():
     assert half == pytest.approx(reference.TRAIN_STEP_S["resnet50"] / 2)
 
 
-def test_a_gpt_step_is_estimated_per_token_and_tensor_cores_cut_it():
-    """The transformer set's parts come from the per-token table: the same tokens per step cost the same, however they
-    are split into sequences; bf16 autocast and checkpointing scale it."""
+def test_a_gpt_step_is_estimated_per_token_by_what_its_configuration_changes():
+    """The transformer set's parts come from the per-token costs: the same tokens per step cost the same in the
+    matmuls however they are split into sequences, and attention's share falls with the length; the precision, the
+    attention kernel, compilation and checkpointing each change the estimate in the direction they change the work."""
     shapes = get_experiment("gpt_shapes").configs("gpt2_small", QUICK)
-    per_token = {label: reference.step_seconds(config, "train") / (config.samples_per_step * (config.seq_len or 1024))
-                 for label, config in shapes.items()}
-    assert max(per_token.values()) == pytest.approx(min(per_token.values()))
+    costs = {label: reference.token_costs(config) for label, config in shapes.items()}
+    assert len({round(cost["matmul"], 15) for cost in costs.values()}) == 1
+    attention = [cost["attention"] for cost in costs.values()][1:]  # padded vocabulary, 1024, 512 and 256 tokens
+    assert attention == sorted(attention, reverse=True) and attention[0] == pytest.approx(4 * attention[-1])
     config = shapes[next(iter(shapes))]
     assert config.amp_dtype == "bf16"  # the GPU profiles train the GPT in bf16
-    fp32 = reference.step_seconds(replace(config, amp_dtype="none"), "train")
-    assert reference.step_seconds(config, "train") == pytest.approx(fp32 * reference.TENSOR_CORE_FACTOR)
-    full = reference.step_seconds(replace(config, checkpointing="full"), "train")
-    assert full == pytest.approx(reference.step_seconds(config, "train") * reference.CHECKPOINT_FACTOR)
+
+    def per_token(**knobs) -> float:
+        return sum(reference.token_costs(replace(config, **knobs)).values())
+
+    assert per_token(amp_dtype="none") > per_token(amp_dtype="none", matmul_tf32=True) > per_token() > per_token(fp8=True)
+    assert per_token(attention="manual") > per_token(attention="sdpa_efficient") > per_token(attention="sdpa")
+    assert per_token(attention="flex") > per_token(attention="sdpa")
+    assert per_token(checkpointing="full") > per_token(checkpointing="selective") > per_token()
+    assert per_token(compile_mode="default") < per_token()
+    assert reference.compile_seconds(replace(config, attention="flex"), "train") == reference.FLEX_COMPILE_S > 0
+    assert reference.compile_seconds(replace(config, compile_mode="max-autotune-no-cudagraphs"), "train") > \
+        reference.compile_seconds(replace(config, compile_mode="default"), "train") > 0
+    for_loop, fused = (reference.step_seconds(replace(config, optimizer_impl=impl), "train")
+                       for impl in ("for_loop", "fused"))
+    assert for_loop > fused
+
+
+def test_every_timed_gpt_configuration_that_changes_the_work_changes_the_estimate():
+    for technique in ("gpt_all_together", "attention", "gpt_precision", "checkpointing", "gpt_optimizers",
+                      "gpt_shapes", "gpt_compile", "gpt_compile_max_autotune"):
+        configs = get_experiment(technique).configs("gpt2_small", QUICK)
+        seconds = {label: (reference.step_seconds(config, "train"), reference.compile_seconds(config, "train"))
+                   for label, config in configs.items()}
+        same_work = [{"SDPA (PyTorch picks)", "SDPA flash"},  # PyTorch picks flash in bf16 on an H200
+                     {"hand-written attention", "SDPA math"}]  # both write the scores out, kernel by kernel
+        alike = sum(len(group) - 1 for group in same_work if group <= set(seconds))
+        assert len(set(seconds.values())) == len(seconds) - alike, (technique, seconds)
+
+
+def test_max_autotune_keeps_a_margin_inside_its_part_and_the_plan_says_what_it_assumes(capsys):
+    parts = {part.name: part for part in reference.plan("transformer", QUICK)}
+    autotune = parts["gpt_compile_max_autotune gpt2_small"]
+    assert reference.GPT_COMPILE_S["max-autotune-no-cudagraphs"] < autotune.estimate_s
+    assert autotune.estimate_s <= (1 - reference.PART_MARGIN) * reference.PART_LIMIT_S
+    assert main(["reference", "--plan", "--set", "transformer", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assumed = out[out.index("assumptions per part"):]
+    for name, part in parts.items():
+        lines = assumed[assumed.index(f"{name}:\n"):].split("\n")[1:]
+        for label in get_experiment(part.technique).labels:
+            assert any(line.startswith(f"  {label}: ") and "us a token" in line for line in lines), (name, label)
+    assert "flex, compile none, checkpointing none) + 3 ms AdamW foreach + 20 s compile" in assumed
+    assert "warning" not in out
 
 
 def test_the_estimate_stops_at_the_time_budget():
-    """Repeats past the minimum start only while they fit the profile's time budget: the plan counts no more."""
+    """Repeats past the minimum start only while they fit the profile's time budget, which the rounds' compilation
+    counts in: the plan counts the set-up and the budget, or the fewest repeats where they take longer."""
     from optlab.core.registry import Experiment
 
     one = Experiment("one", "one", "", phases=("train",), variants=(("A", {}), ("B", {})))
-    slow = QUICK.with_sizes(time_budget_s=1.0)
-    configs = {"A": one.configs("resnet101", slow)["A"]}
-    _, at_minimum = reference.estimate(one, configs, slow, slow.repeats)
-    _, planned = reference.estimate(one, configs, slow)
-    assert planned == pytest.approx(at_minimum + 1.0)
+    configs = {"A": one.configs("resnet101", QUICK)["A"]}
+    _, at_minimum = reference.estimate(one, configs, QUICK, QUICK.warmup_repeats + QUICK.repeats)
+    _, unbounded = reference.estimate(one, configs, QUICK.with_sizes(time_budget_s=float("inf")))
+    setup = reference.PART_SETUP_S + reference.VARIANT_SETUP_S
+    assert unbounded > at_minimum + setup + 1
+    for budget in (1.0, (at_minimum + unbounded) / 2 - setup):
+        planned = reference.estimate(one, configs, QUICK.with_sizes(time_budget_s=budget))[1]
+        assert planned == pytest.approx(max(at_minimum, setup + budget))
 
 
 def test_the_seed_set_fits_a_nine_minute_command_at_three_repeats():
