@@ -44,13 +44,17 @@ class Noise:
     """Per-repeat timing noise for a simulated run: ``sd`` of the log of each repeat's paired ratio (the "1 %, 2 %,
     5 % noise" of the power table), a random-walk ``drift`` of the machine's speed between rounds (shared by the
     variants of a round), a ``slot_effect`` (each later slot of a round runs that much faster), and ``outlier_rate``
-    of repeats in which one of ``steps`` timed steps takes 2-5 times longer."""
+    of repeats in which one of ``steps`` timed steps takes 2-5 times longer. Dependent rounds: ``rho``, each variant's
+    own noise carried from round to round (AR(1), the same variance), and ``burst`` rounds in a row, at a random
+    place, in which one variant (drawn per run) is slowed by 10-30 % by other work."""
 
     sd: float
     drift: float = 0.05
     slot_effect: float = 0.015
     outlier_rate: float = 0.05
     steps: int = 10
+    rho: float = 0.0
+    burst: int = 0
 
 
 def simulated_round_times(rng: np.random.Generator, speed_ups: dict[str, float], rounds: int, noise: Noise,
@@ -64,10 +68,37 @@ def simulated_round_times(rng: np.random.Generator, speed_ups: dict[str, float],
     times = {}
     for label in labels:
         time = level * (1 - noise.slot_effect) ** slots[label] / speed_ups[label]
-        time = time * np.exp(rng.normal(0, noise.sd / np.sqrt(2), (draws, rounds)))
+        time = time * np.exp(own_noise(rng, noise, draws, rounds))
         outlier = rng.random((draws, rounds)) < noise.outlier_rate
         times[label] = np.where(outlier, time * (1 + (rng.uniform(2, 5, (draws, rounds)) - 1) / noise.steps), time)
+    if noise.burst:
+        add_bursts(rng, times, noise.burst, draws, rounds)
     return times, slots
+
+
+def own_noise(rng: np.random.Generator, noise: Noise, draws: int, rounds: int) -> np.ndarray:
+    """One variant's log noise in each round (draws x rounds): independent, or AR(1) with ``noise.rho``, each of
+    standard deviation ``noise.sd / sqrt(2)`` (so that a paired ratio's is ``noise.sd``)."""
+    shocks = rng.normal(0, noise.sd / np.sqrt(2), (draws, rounds))
+    if not noise.rho:
+        return shocks
+    carried = np.empty_like(shocks)
+    carried[:, 0] = shocks[:, 0]
+    for index in range(1, rounds):
+        carried[:, index] = noise.rho * carried[:, index - 1] + np.sqrt(1 - noise.rho ** 2) * shocks[:, index]
+    return carried
+
+
+def add_bursts(rng: np.random.Generator, times: dict[str, np.ndarray], length: int, draws: int, rounds: int) -> None:
+    """Slow one variant of each run (drawn per run) by 10-30 % in ``length`` rounds in a row at a random place."""
+    labels = list(times)
+    victim = rng.integers(0, len(labels), draws)
+    start = rng.integers(0, max(1, rounds - length + 1), draws)
+    factor = rng.uniform(1.1, 1.3, draws)
+    index = np.arange(rounds)
+    hit = (index[None, :] >= start[:, None]) & (index[None, :] < start[:, None] + length)
+    for position, label in enumerate(labels):
+        times[label] = np.where(hit & (victim == position)[:, None], times[label] * factor[:, None], times[label])
 
 
 def look_plan(rule, round_s: float = 1.0, possible: "list | None" = None) -> list:
@@ -99,8 +130,9 @@ def sequential_outcomes(rng: np.random.Generator, speed_ups: dict[str, float], r
     another open one is not (as the rule does: with one phase, closing a comparison always lets its variant leave;
     variants leaving, which makes the real rounds cheaper, is not simulated); the last look closes the
     rest, and a run stops once every comparison is closed. Returns the ``verdict``, ``ratio``, ``low`` and ``high``
-    each comparison was closed with (draws x comparisons), whether it was closed out of reach (``given_up``) and the
-    ``repeats`` each run took (draws)."""
+    each comparison was closed with (draws x comparisons), whether it was closed out of reach (``given_up``), the
+    lag-1 ``autocorrelation`` of its rounds and their number (``rounds``) there, and the ``repeats`` each run took
+    (draws)."""
     labels = list(speed_ups)
     possible: list = []
     looks = look_plan(rule, round_s, possible)
@@ -110,6 +142,7 @@ def sequential_outcomes(rng: np.random.Generator, speed_ups: dict[str, float], r
     out = {"verdict": np.full(shape, timing.UNCLEAR, dtype=object), "ratio": np.full(shape, np.nan),
            "low": np.full(shape, np.nan), "high": np.full(shape, np.nan), "repeats": np.zeros(draws, dtype=int)}
     out["given_up"] = np.zeros(shape, dtype=bool)
+    out["autocorrelation"], out["rounds"] = np.full(shape, np.nan), np.zeros(shape, dtype=int)
     running, open_ = np.ones(draws, dtype=bool), np.ones(shape, dtype=bool)
     beyond_reach = np.vectorize(timing.out_of_reach)
     for look, rounds_possible in zip(looks, possible):
@@ -134,6 +167,13 @@ def sequential_outcomes(rng: np.random.Generator, speed_ups: dict[str, float], r
         out["given_up"] |= given_up
         for key in ("verdict", "ratio", "low", "high"):
             out[key][answering] = now[key][answering]
+        for column, label in enumerate(others):
+            rows = answering[:, column]
+            if rows.any():
+                log_ratios = np.log(times[base][rows, :n]) - np.log(times[label][rows, :n])
+                out["autocorrelation"][rows, column] = timing.round_autocorrelation(log_ratios, slots[label][:n]
+                                                                                    - slots[base][:n])
+                out["rounds"][rows, column] = n
         open_ &= ~answering
         stop = running & ~open_.any(axis=1)
         out["repeats"][stop] = n

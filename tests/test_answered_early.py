@@ -177,3 +177,19 @@ def test_a_real_gain_whose_rounds_were_hit_is_not_given_up():
     hit = timing.SpeedUp(1.03, 0.99, 1.07, timing.UNCLEAR, noise=0.3, scale=0.03)
     rule.close({key("near"): unclear(1.004), key("hit"): hit}, 12, 0.999)
     assert set(rule.closed) == {key("near")}
+
+
+def test_a_run_stopped_at_its_deadline_reads_its_open_comparisons_at_its_last_look():
+    """The rounds after the last look were never looked at: an open comparison is read on the rounds and at the
+    level of the last look that read (that look's share of the error rate), not once more, unspent, on every round."""
+    from optlab.core.experiments import answer_columns
+    from optlab.core.sequential import Look
+    from optlab.core.summary import LOOK_CONFIDENCE, LOOK_ROUNDS
+
+    rule = StoppingRule(4, 96, comparisons={"B": "A"})
+    rule.start()
+    rule.looks = [Look(4, 0.1, False, float("nan")), Look(6, 0.2, False, 0.9999)]
+    row = {"phase": "train", "variant": "B"}
+    assert answer_columns(rule, "m", row) == {LOOK_CONFIDENCE: 0.9999, LOOK_ROUNDS: None}  # read at the last look
+    rule.past_deadline = True
+    assert answer_columns(rule, "m", row) == {LOOK_CONFIDENCE: 0.9999, LOOK_ROUNDS: 6}

@@ -158,3 +158,33 @@ def test_rounds_the_slot_fit_is_pinned_to_cost_degrees_of_freedom():
     plain_df = timing.log_ratio_fit(logs, [1.0, -1.0] * 5)[3]
     pinned_df = timing.log_ratio_fit(logs, [7.0, -7.0] + [-1.0, 1.0] * 4)[3]
     assert pinned_df < plain_df == pytest.approx(10 - 2 - 2)  # two rounds cut, one slope fitted
+
+
+def test_the_lag_one_autocorrelation_tells_carried_noise_from_independent_rounds():
+    """Rounds whose noise carries over (AR(1), rho 0.6) read a lag-1 autocorrelation well above 0; independent rounds
+    read about 0, and neither is flagged below 10 rounds or by a slot effect the fit takes out."""
+    rng = np.random.default_rng(0)
+    shocks = rng.normal(0, 0.05, (2000, 48))
+    carried = shocks.copy()
+    for index in range(1, 48):
+        carried[:, index] = 0.6 * carried[:, index - 1] + 0.8 * shocks[:, index]
+    shifts = np.array([1.0, -1.0] * 24)
+    independent = timing.round_autocorrelation(shocks + 0.03 * shifts, shifts)
+    dependent = timing.round_autocorrelation(carried, shifts)
+    assert abs(np.median(independent)) < 0.05 and np.median(dependent) > 0.4
+    flagged = [np.mean([timing.dependent_rounds(a, 48) for a in values]) for values in (independent, dependent)]
+    assert flagged[0] < 0.05 and flagged[1] > 0.9
+    assert not timing.dependent_rounds(0.9, 8)
+    assert timing.speed_up(np.exp(carried[0]), np.ones(48), shifts).autocorrelation == pytest.approx(dependent[0])
+
+
+def test_a_comparison_with_dependent_rounds_says_so_beside_its_verdict_in_the_table():
+    from optlab.book.report import comparison_table
+
+    summary = pd.DataFrame([
+        {"model": "m", "phase": "train", "variant": "B", "n": 48, "speedup": 1.05, "ci_low": 1.03, "ci_high": 1.07,
+         "verdict": timing.FASTER, "autocorrelation": 0.45, "peak_mem_mb": 1.0},
+        {"model": "m", "phase": "train", "variant": "C", "n": 48, "speedup": 1.05, "ci_low": 1.03, "ci_high": 1.07,
+         "verdict": timing.FASTER, "autocorrelation": 0.05, "peak_mem_mb": 1.0}])
+    verdicts = list(comparison_table(summary)["verdict"])
+    assert "may be too narrow" in verdicts[0] and "0.45" in verdicts[0] and verdicts[1] == timing.FASTER

@@ -30,8 +30,8 @@ from ..core.registry import PHASES, Experiment, get_experiment
 from ..core.seed import SEED_MACHINE, seed_speedups
 from ..core.summary import CLAIM, CONTROL, NOT_WAITED
 from ..core.techniques import SET_NAMES, technique_set
-from ..core.timing import (ERROR_RATE, FASTER, INTERVAL, SAME, SLOWER, UNCLEAR, VERDICTS, page_bound, percent,
-                           too_wide)
+from ..core.timing import (DEPENDENT, ERROR_RATE, FASTER, INTERVAL, SAME, SLOWER, UNCLEAR, VERDICTS,
+                           dependent_rounds, page_bound, percent, too_wide)
 from ..studies import compile_cost, cuda_graphs
 
 MISSING = "—"
@@ -131,6 +131,14 @@ def verdict_text(verdict: object, role: object = CLAIM) -> str:
     return f"{verdict} ({CONTROL})" if marked else str(verdict)
 
 
+def dependence_warning(verdict: str, autocorrelation: object, rounds: object) -> str:
+    """The verdict, with a warning where its comparison's rounds look dependent (:func:`timing.dependent_rounds`):
+    its interval assumed independent rounds and may be too narrow."""
+    if pd.isna(autocorrelation) or pd.isna(rounds) or not dependent_rounds(float(autocorrelation), int(rounds)):
+        return verdict
+    return f"{verdict} ({DEPENDENT.format(autocorrelation=float(autocorrelation))})"
+
+
 def html_table(frame: pd.DataFrame) -> str:
     """``frame`` as a page shows it: named index levels as columns (an unnamed index is dropped), every value through
     :func:`number`, and the columns named in ``frame.attrs["details"]`` in a collapsed "all columns" block that
@@ -221,7 +229,9 @@ def comparison_table(summary: pd.DataFrame, variants: "list[str] | tuple[str, ..
     roles = rows["role"] if "role" in rows else pd.Series(CLAIM, index=rows.index)
     references = rows["reference"] if "reference" in rows else pd.Series(np.nan, index=rows.index)
     skipped = graphs_skipped(samples)
-    verdicts = [verdict_text(v, r) for v, r in zip(rows["verdict"], roles)]
+    verdicts = [dependence_warning(verdict_text(v, r), a, n) for v, r, a, n in
+                zip(rows["verdict"], roles, rows.get("autocorrelation", pd.Series(np.nan, index=rows.index)),
+                    rows["n"] if "n" in rows else [0] * len(rows))]
     details = throughput_details(rows)
     table = pd.DataFrame({
         "model": rows["model"], "phase": rows["phase"], "variant": rows["variant"],

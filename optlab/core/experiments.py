@@ -478,10 +478,12 @@ def interleave(runners: dict[str, PhaseRunner], configs: dict[str, RunConfig], p
 
 def answer_columns(rule: StoppingRule, model: str, row: dict[str, Any]) -> dict[str, Any]:
     """The look a sample's comparison (its variant against its reference, in its phase) is read at: the level and
-    rounds of the look that closed it, else the last look's level over every round (rounds None)."""
+    rounds of the look that closed it, else the last look's level over every round (rounds None), or, where the run
+    stopped at its deadline, over the rounds that look read (the rounds after it were never looked at: reading them
+    at a level already spent would be a look the error spending did not count)."""
     closed = rule.closed.get((model, row["phase"], row["variant"]))
     if closed is None:
-        return {LOOK_CONFIDENCE: rule.confidence, LOOK_ROUNDS: None}
+        return {LOOK_CONFIDENCE: rule.confidence, LOOK_ROUNDS: rule.read_rounds if rule.past_deadline else None}
     return {LOOK_CONFIDENCE: closed.confidence, LOOK_ROUNDS: closed.repeats}
 
 

@@ -173,6 +173,13 @@ class StoppingRule:
         read = [look.confidence for look in self.looks if look.reads]
         return read[-1] if read else CONFIDENCE
 
+    @property
+    def read_rounds(self) -> int | None:
+        """The rounds of the last look that read its intervals (None before any): a run stopped at its deadline after
+        more rounds reads its open comparisons there, at that look's level, so that no read goes unspent."""
+        read = [look.repeats for look in self.looks if look.reads]
+        return read[-1] if read else None
+
     def look(self, repeats: int) -> Look | None:
         """The look after ``repeats`` rounds (None where the run does not look), with its share of the error rate
         spent; call once per round count, in order."""

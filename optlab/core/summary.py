@@ -9,7 +9,7 @@ from .timing import VERDICTS, speed_up, summarize
 SUMMARY_COLUMNS = [
     "model", "phase", "variant", "n", "epoch_s", "epoch_iqr_s", "epoch_min_s", "step_ms", "startup_s",
     "images_per_s", "items_per_s", "unit", "peak_mem_mb", "first_peak_mem_mb", "tflops", "reference", "speedup",
-    "ci_low", "ci_high", "verdict", "noise", "role",
+    "ci_low", "ci_high", "verdict", "noise", "role", "autocorrelation",
 ]
 CLAIM, CONTROL = "claim", "A/A control"
 LOOK_CONFIDENCE = "look_confidence"  # samples' column: the level of the look their comparison is read at
@@ -100,7 +100,8 @@ def summarize_runs(samples: pd.DataFrame, baseline: str, controls: "tuple[str, .
                 base, other, shifts = paired_epoch_times(by_variant[reference], runs, rounds)
                 result = speed_up(base, other, shifts, confidence=level)
                 row.update(reference=reference, n=len(base), speedup=result.ratio, ci_low=result.low,
-                           ci_high=result.high, verdict=result.verdict, noise=result.noise)
+                           ci_high=result.high, verdict=result.verdict, noise=result.noise,
+                           autocorrelation=result.autocorrelation)
             rows.append(row)
     for (model, variant), status in failed.items():  # once per phase, with the rounds it had
         for phase in samples.loc[samples["model"] == model, "phase"].unique():

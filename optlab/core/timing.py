@@ -35,6 +35,9 @@ MIN_EFFECT = 0.02  # run-to-run variance floor (MLPerf sees about +-2.5 %): the 
 ERROR_RATE = 0.005  # two-sided, over all the looks of a run: at most 1 in 200 A/A comparisons says faster or slower
 CONFIDENCE = 1 - ERROR_RATE  # what a comparison's intervals guarantee together, over all its looks: 99.5 %
 SMALLEST_LOOK_ERROR = 1e-9  # a look whose share of the error rate is smaller reads no verdict (its share is kept)
+DEPENDENT_Z, DEPENDENT_FROM = 2.0, 10  # a lag-1 autocorrelation above 2 / sqrt(rounds), from 10 rounds: dependent
+DEPENDENT = ("rounds not independent (lag-1 autocorrelation {autocorrelation:.2f}): the interval may be too narrow, "
+             "the machine's state carried from round to round")
 REACH_ERRORS = 2.0  # out of reach only if the estimate this many standard errors further its way could not be answered
 TOO_WIDE = 4.0  # an interval whose high end is this many times its low end is shown as "too wide", not as digits
 FASTER, SLOWER = "faster", "slower"
@@ -158,8 +161,8 @@ def epoch_equivalent(startup_s: float, step_times: "list[float] | np.ndarray", i
 class SpeedUp:
     """baseline time / optimized time over paired repeats, with its interval, a verdict, the round-level noise (the
     standard deviation of one round's log ratio about the fit), where the verdict is not read off the interval, why,
-    and ``scale``: the round noise the trimmed interval sees (its standard error times the square root of the rounds;
-    a round hit by other work raises ``noise`` but hardly this)."""
+    ``scale``: the round noise the trimmed interval sees (its standard error times the square root of the rounds;
+    a round hit by other work raises ``noise`` but hardly this), and the lag-1 ``autocorrelation`` of the rounds."""
 
     ratio: float
     low: float
@@ -168,6 +171,7 @@ class SpeedUp:
     noise: float = float("nan")
     reason: str = ""
     scale: float = float("nan")
+    autocorrelation: float = float("nan")  # lag-1, of its rounds in the order they ran (:func:`round_autocorrelation`)
 
 
 @functools.lru_cache(maxsize=None)
@@ -267,6 +271,44 @@ def slot_fit_df(shifts: tuple[float, ...]) -> float:
     return float(np.trace(gram) ** 2 / (gram ** 2).sum())
 
 
+def at_shift_zero(logs: np.ndarray, shifts: "np.ndarray | None") -> tuple[np.ndarray, bool]:
+    """Each round's log ratio at a slot shift of 0 (less the least-squares slope times its shift, along the last axis)
+    and whether a slope was fitted: only where the shifts vary and leave a degree of freedom."""
+    n = logs.shape[-1]
+    if shifts is not None and shifts.shape != (n,):
+        raise ValueError(f"one slot shift per pair needed: {shifts.size} shifts for {n} pairs")
+    centred = None if shifts is None else shifts - shifts.mean()
+    spread = 0.0 if centred is None else float((centred ** 2).sum())
+    if n < 3 or spread == 0.0:
+        return logs, False
+    slope = ((logs - logs.mean(axis=-1, keepdims=True)) @ centred) / spread
+    return logs - slope[..., None] * shifts, True
+
+
+def round_autocorrelation(log_ratios: np.ndarray, slot_shifts: "np.ndarray | list | None" = None) -> np.ndarray:
+    """The lag-1 autocorrelation of a comparison's rounds in the order they ran, along the last axis: of the log
+    ratios at a shift of 0, winsorized as the interval's scale is (a round hit by other work counts no more than the
+    rounds kept). Near 0 (a little below) for independent rounds; NaN below 3 rounds or with no spread."""
+    logs = np.asarray(log_ratios, dtype=float)
+    n = logs.shape[-1]
+    if n < 3:
+        return np.full(logs.shape[:-1], np.nan)
+    at_zero, _ = at_shift_zero(logs, None if slot_shifts is None else np.asarray(slot_shifts, dtype=float))
+    cut = int(TRIM * n) if n >= 10 else 0
+    ordered = np.sort(at_zero, axis=-1)
+    kept = np.clip(at_zero, ordered[..., cut:cut + 1], ordered[..., n - cut - 1:n - cut])
+    deviations = kept - kept.mean(axis=-1, keepdims=True)
+    squares = (deviations ** 2).sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(squares > 0, (deviations[..., 1:] * deviations[..., :-1]).sum(axis=-1) / squares, np.nan)
+
+
+def dependent_rounds(autocorrelation: float, rounds: int) -> bool:
+    """Whether a comparison's rounds look dependent: from ``DEPENDENT_FROM`` rounds on, a lag-1 autocorrelation above
+    ``DEPENDENT_Z`` / sqrt(rounds) (chosen by simulation: ``book/methodology.md``)."""
+    return bool(rounds >= DEPENDENT_FROM and autocorrelation > DEPENDENT_Z / math.sqrt(rounds))
+
+
 def log_ratio_fit(log_ratios: np.ndarray, slot_shifts: "np.ndarray | list | None" = None
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
     """The log speed-up at a slot shift of 0, its standard error, the round-level noise (the standard deviation of one
@@ -287,13 +329,8 @@ def log_ratio_fit(log_ratios: np.ndarray, slot_shifts: "np.ndarray | list | None
     n = logs.shape[-1]
     mean = logs.mean(axis=-1)
     shifts = None if slot_shifts is None else np.asarray(slot_shifts, dtype=float)
-    if shifts is not None and shifts.shape != (n,):
-        raise ValueError(f"one slot shift per pair needed: {shifts.size} shifts for {n} pairs")
-    centred = None if shifts is None else shifts - shifts.mean()
-    spread = 0.0 if centred is None else float((centred ** 2).sum())
-    fitted = n >= 3 and spread > 0.0
-    slope = ((logs - mean[..., None]) @ centred) / spread if fitted else np.zeros_like(mean)
-    at_zero = logs - slope[..., None] * shifts if fitted else logs
+    at_zero, fitted = at_shift_zero(logs, shifts)
+    spread = float(((shifts - shifts.mean()) ** 2).sum()) if fitted else 0.0
     residuals = at_zero - at_zero.mean(axis=-1, keepdims=True)
     residual_df = n - 1 - int(fitted)
     noise = np.sqrt((residuals ** 2).sum(axis=-1) / residual_df) if residual_df > 0 else np.full_like(mean, np.nan)
@@ -377,9 +414,11 @@ def speed_up(
     centre, standard_error, noise, df = log_ratio_fit(log_ratios, slot_shifts)
     ratio, low, high = (float(value) for value in fit_interval(centre, standard_error, df, confidence))
     scale, noise = float(standard_error) * math.sqrt(n), float(noise)
+    autocorrelation = float(round_autocorrelation(log_ratios, slot_shifts))
     if math.isnan(low):
-        return SpeedUp(ratio, float("nan"), float("nan"), UNCLEAR, noise, ZERO_WIDTH, scale)
-    return SpeedUp(ratio, low, high, verdict(ratio, low, high, min_effect), noise, scale=scale)
+        return SpeedUp(ratio, float("nan"), float("nan"), UNCLEAR, noise, ZERO_WIDTH, scale, autocorrelation)
+    return SpeedUp(ratio, low, high, verdict(ratio, low, high, min_effect), noise, scale=scale,
+                   autocorrelation=autocorrelation)
 
 
 def out_of_reach(ratio: float, noise: float, rounds: int, possible_rounds: float, error_rate: float = ERROR_RATE,
