@@ -15,7 +15,7 @@ from optlab.core.errors import OptlabError
 from optlab.core.fp8 import scaled_mm_runs
 from optlab.core.profiles import get_profile
 from optlab.core.registry import get_experiment
-from optlab.studies import compile_block, compile_cost, fp8_training, learning, optimizer_memory
+from optlab.studies import compile_block, compile_cost, fp8_training, learning, numerics, optimizer_memory
 
 
 @pytest.mark.skipif(scaled_mm_runs("cpu") is not None, reason="torch._scaled_mm does not run here")
@@ -163,3 +163,14 @@ def test_adamw_decays_the_2d_weights_only_as_nanogpt_groups_them():
     assert decayed == {name for name, parameter in named.items() if parameter.dim() >= 2}, sorted(decayed)
     assert any(name.endswith("bias") for name in named) and any("ln" in name or "norm" in name for name in named)
     assert [group["weight_decay"] for group in optimizer.param_groups] == [0.1, 0.0]
+
+
+def test_fp8s_distance_is_measured_from_bf16_autocast_as_well_as_fp32():
+    losses = pd.DataFrame({"variant": ["fp32"] * 2 + ["bf16 autocast"] * 2 + ["FP8 linears"] * 2, "step": [1, 2] * 3,
+                           "loss": [4.0, 4.0, 4.04, 4.04, 4.04, 4.04]})
+    table = numerics.loss_distances(losses).set_index("variant")
+    assert table.loc["FP8 linears", "rel_diff_vs_fp32"] == pytest.approx(0.01)
+    assert table.loc["FP8 linears", "rel_diff_vs_bf16"] == pytest.approx(0)  # all of it bf16's rounding
+    assert table.loc["bf16 autocast", "rel_diff_vs_bf16"] == 0 and table.loc["fp32", "rel_diff_vs_fp32"] == 0
+    with pytest.raises(OptlabError, match="a distance needs its reference"):
+        numerics.loss_distances(losses[losses["variant"] != "bf16 autocast"])

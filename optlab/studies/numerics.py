@@ -194,3 +194,19 @@ def run_reference(out: "str | Path", device: str = "cuda") -> list[Path]:
     """The GPU reference: the numerics of every model of the quick profile, saved as precision_numerics.csv."""
     result = precision_numerics(profile="quick", device=device, steps=10)
     return [store.save_table(result.table, out, "precision_numerics")]
+
+
+def loss_distances(losses: pd.DataFrame, references: "tuple[str, ...]" = ("fp32", "bf16 autocast")) -> pd.DataFrame:
+    """Per variant of a loss record (rows of variant, step, loss: ``fp8_training.FP8Run.losses``), the relative
+    distance of its mean loss over the steps from each reference variant's (``rel_diff_vs_<reference>``): against
+    bf16 autocast as well as fp32, so that a variant whose outputs are rounded to bf16 (an FP8 matmul's) is measured
+    against that rounding too, and its own share shows."""
+    means = losses.groupby("variant", sort=False)["loss"].mean()
+    missing = [reference for reference in references if reference not in means.index]
+    if missing:
+        raise OptlabError(f"no {missing} among the variants {list(means.index)}: a distance needs its reference")
+    table = pd.DataFrame({"variant": means.index})
+    for reference in references:
+        column = f"rel_diff_vs_{reference.split()[0]}"
+        table[column] = ((means - means[reference]).abs() / means[reference]).to_numpy()
+    return table
