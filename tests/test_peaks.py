@@ -90,3 +90,7 @@ def test_training_mfu_counts_forward_and_backward_flops(monkeypatch):
     tokens = config.samples_per_step * sizes.block_size
     assert table["achieved TFLOP/s"].iloc[0] * 1e12 * step_s / tokens == pytest.approx(per_token, rel=0.05)
     assert table["MFU %"].iloc[0] == pytest.approx(100 * per_token * tokens / step_s / 1e12, rel=0.05)
+
+
+def test_a_device_without_a_datasheet_fp8_peak_gets_a_measured_fp8_matmul_rate():
+    assert peaks.fp8_matmul_tflops(torch.device("cpu"), 32) > 0
