@@ -51,12 +51,31 @@ def read(times: dict, slots: dict, variant: str, reference: str, rounds: np.ndar
     return verdict
 
 
+def needed_by(pairs: list[tuple[str, str]], labels: list[str], open_: np.ndarray) -> dict[str, np.ndarray]:
+    """Per variant, the draws in which an open comparison (a column of ``open_``) still waits for it."""
+    return {label: (open_ & np.array([label in pair for pair in pairs])).any(axis=1) for label in labels}
+
+
+def freeing(pairs: list[tuple[str, str]], labels: list[str], beyond: np.ndarray, still: np.ndarray) -> np.ndarray:
+    """``StoppingRule.freeing`` per draw: of the comparisons ``beyond`` reach, those whose closing (together) lets their
+    variant or their reference leave, needed by none of ``still`` that stays open."""
+    closing = beyond
+    while True:
+        needed = needed_by(pairs, labels, still & ~closing)
+        frees = np.stack([~needed[variant] | ~needed[reference] for variant, reference in pairs], axis=1)
+        if (closing & frees == closing).all():
+            return closing
+        closing = closing & frees
+
+
 def step_before_verdicts(comparisons: dict[str, str], labels: list[str], noise: Noise, draws: int, budget: int,
                          seed: int = 0) -> np.ndarray:
     """Seeded runs of a stack whose steps have the true speed-ups ``STEPS`` over the step before, under the rule that
     waits for ``comparisons`` with a budget of ``budget`` one-second rounds: each step's verdict against the step before
     as ``step_by_step`` reads it (at the look that closed the step's own comparison, on that look's rounds that both
-    sides ran), draws x steps. A variant that no open comparison needs leaves the later rounds."""
+    sides ran), draws x steps. As the rule does, a comparison is closed at its first clear look, or given up out of
+    reach where another is within reach and closing it lets a variant leave; a variant that no open comparison needs
+    leaves the later rounds (which the simulated clock does not make cheaper)."""
     prof = get_profile("smoke")
     rule = StoppingRule(prof.repeats, prof.max_repeats, budget + 0.5)
     possible: list = []
@@ -74,20 +93,21 @@ def step_before_verdicts(comparisons: dict[str, str], labels: list[str], noise: 
         n, now = look.repeats, np.empty((4, draws, len(pairs)))
         for column, (variant, reference) in enumerate(pairs):
             logs = np.log(times[reference][:, :n]) - np.log(times[variant][:, :n])
-            now[:, :, column] = timing.intervals(logs, slots[variant][:n] - slots[reference][:n], look.confidence)
+            centre, error, _, df = timing.log_ratio_fit(logs, slots[variant][:n] - slots[reference][:n])
+            now[:3, :, column] = timing.fit_interval(centre, error, df, look.confidence)
+            now[3, :, column] = error * np.sqrt(n)  # the scale the trimmed interval sees
         answering = open_ & (np.isin(timing.verdicts(*now[:3]), timing.CLEAR) | look.final)
         still = open_ & ~answering
         if n >= FUTILE_AFTER and not look.final and still.any():
             beyond = np.zeros_like(still)
             beyond[still] = beyond_reach(now[0][still], now[3][still], n, reach)
-            answering |= beyond & (still & ~beyond).any(axis=1, keepdims=True)  # only while another is within reach
+            beyond &= (still & ~beyond).any(axis=1, keepdims=True)  # only while another is within reach
+            answering |= freeing(pairs, labels, beyond, still)
         levels[answering], closed_at[answering] = look.confidence, n
         open_ &= ~answering
+        needed = needed_by(pairs, labels, open_)
         for label in labels:
-            needed = np.zeros(draws, dtype=bool)
-            for column, pair in enumerate(pairs):
-                needed |= open_[:, column] & (label in pair)
-            ran[label] = np.where(~needed & (ran[label] > n), n, ran[label])
+            ran[label] = np.where(~needed[label] & (ran[label] > n), n, ran[label])
     verdicts = []
     for before, after in zip(labels, labels[1:]):
         column = [variant for variant, _ in pairs].index(after)
@@ -100,7 +120,7 @@ def step_before_verdicts(comparisons: dict[str, str], labels: list[str], noise: 
 def test_a_no_effect_step_is_called_faster_or_slower_at_most_at_the_stated_rate(stack):
     """Against the step before, a step with no effect is answered "same within 2 %" or "can't tell yet": a false
     "faster" or "slower" in at most 0.5 % of comparisons (the count bounded as a binomial at that rate)."""
-    verdicts = step_before_verdicts(stack.comparisons, stack.labels, HEAVY, 6000, budget=48)
+    verdicts = step_before_verdicts(stack.comparisons, stack.labels, HEAVY, 4000, budget=48)
     steps = [i for i in NO_EFFECT if i < verdicts.shape[1]]
     false = int(np.isin(verdicts[:, steps], [timing.FASTER, timing.SLOWER]).sum())
     assert false <= upper_count(verdicts[:, steps].size)
