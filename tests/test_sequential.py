@@ -169,16 +169,19 @@ def test_the_reported_interval_holds_the_true_speed_up_at_its_stated_level(sd):
 
 
 def test_an_early_stop_leans_toward_its_answer_by_what_the_docs_say():
-    """Runs of a true 1.05 called faster read high: 1-4 % at 5-8 % noise in 12 rounds, under 1 % in 48; all runs
-    together hardly at all (timing.EARLY_STOP_BIAS, the methodology page)."""
+    """Runs of a true 1.05 called faster read high: about 1 % at 5 % noise and 3.5 % at 8 % in 12 rounds, about 1 %
+    at 8 % and 2.7 % at 12 % in 48; all runs together hardly at all (timing.EARLY_STOP_BIAS, the methodology
+    page)."""
     def bias(sd, budget):
         found = outcomes(1.05, sd, budget, draws=20_000, seed=3)
         faster = found["verdict"][:, 0] == timing.FASTER
         return (np.exp(np.log(found["ratio"][faster, 0] / 1.05).mean()) - 1,
                 np.exp(np.log(found["ratio"][:, 0] / 1.05).mean()) - 1)
-    (at_5, all_5), (at_8, _), (long_8, _) = bias(0.05, 12), bias(0.08, 12), bias(0.08, 48)
-    print(f"bias among 'faster': {at_5:+.4f} (5 %, 12 rounds), {at_8:+.4f} (8 %, 12), {long_8:+.4f} (8 %, 48)")
-    assert 0.01 <= at_5 <= at_8 <= 0.04 and 0 < long_8 < 0.01 and abs(all_5) < 0.003
+    (at_5, all_5), (at_8, _) = bias(0.05, 12), bias(0.08, 12)
+    (long_8, _), (long_12, _) = bias(0.08, 48), bias(0.12, 48)
+    print(f"bias among 'faster': {at_5:+.4f} (5 %, 12 rounds), {at_8:+.4f} (8 %, 12), {long_8:+.4f} (8 %, 48), "
+          f"{long_12:+.4f} (12 %, 48)")
+    assert 0.01 <= at_5 <= at_8 <= 0.04 and 0 < long_8 < 0.012 and 0.02 <= long_12 <= 0.035 and abs(all_5) < 0.003
 
 
 def test_looks_are_the_minimum_then_every_second_repeat_and_the_cap():
@@ -309,3 +312,18 @@ def test_the_trim_finds_a_real_gain_through_rounds_hit_by_other_work(monkeypatch
     plain, plain_slower = faster_share()
     print(f"5 % gain through hit rounds: faster in {trimmed:.3f} trimmed, {plain:.3f} plain")
     assert trimmed >= 0.6 and trimmed > plain + 0.3 and not (trimmed_slower or plain_slower)
+
+
+@pytest.mark.parametrize("dependence", [dict(rho=0.3), dict(burst=5)], ids=["AR(1) 0.3", "a burst of 5 rounds"])
+def test_dependent_rounds_are_flagged_far_more_often_than_independent_ones(dependence):
+    """The rule assumes independent rounds. Where each variant's noise carries from round to round, or one variant is
+    slowed by other work for 5 rounds in a row, an A/A comparison's lag-1 autocorrelation is flagged
+    (timing.dependent_rounds) several times as often as under independent rounds, where it is flagged in at most 3 %
+    of comparisons (the threshold is about the 99th percentile there); the methodology page states the A/A rates."""
+    def flagged(noise: Noise) -> float:
+        found = sequential_outcomes(np.random.default_rng(0), {"A": 1.0, "B": 1.0}, rule_for(48), noise, 4000)
+        return float(np.mean([timing.dependent_rounds(a, n) for a, n in zip(found["autocorrelation"][:, 0],
+                                                                              found["rounds"][:, 0])]))
+    independent, dependent = flagged(Noise(0.05, **HEAVY)), flagged(Noise(0.05, **HEAVY, **dependence))
+    print(f"flagged: {dependent:.3f} with {dependence}, {independent:.3f} independent")
+    assert independent <= 0.03 and dependent >= 5 * independent

@@ -48,8 +48,9 @@ CLEAR = (FASTER, SLOWER, SAME)  # the answers that end a run's repeats
 BAD_TIME = "failed: a time that is not a positive number"  # NaN, infinite, zero or negative: the comparison fails
 ZERO_WIDTH = "no spread between rounds: a zero-width interval says nothing"  # why such an interval is not read
 EARLY_STOP_BIAS = ("an estimate read where a run stopped early leans toward the answer it stopped on: in simulation, "
-                   "a true 1.05 called faster reads 1-4 % high at 5-8 % noise when 12 rounds fit the budget, under "
-                   "1 % when 48 do; a speed-up to copy comes from a fresh measurement")
+                   "a true 1.05 called faster reads about 1 %, 3.5 % and 6 % high at 5, 8 and 12 % round noise when "
+                   "12 rounds fit the budget, and about 0.2 %, 1 % and 2.7 % when 48 do; a speed-up to copy comes "
+                   "from a fresh measurement")
 
 
 def percent(fraction: float) -> str:
