@@ -73,7 +73,8 @@ def convolution_precision(config: RunConfig, tf32: bool) -> str:
 
 def matmul_precision(config: RunConfig, tf32: bool) -> str:
     """What the linear layers' matmuls run in: FP8 where ``fp8`` swapped them, else the autocast dtype, else TF32
-    where the GPU has it and ``matmul_tf32`` allows it, else fp32."""
+    where the GPU has it and ``matmul_tf32`` allows it, else fp32. (Under ``fp8`` attention's matmuls and a tied head
+    keep the autocast dtype, so MFU against the FP8 peak is a lower bound.)"""
     if config.fp8:
         return "fp8"
     if config.amp_dtype != "none":
