@@ -1,5 +1,9 @@
 """What the transformer chapters' pages show: published sources as links, each peak's provenance once under an MFU
 table, waterfalls whose long labels stay readable, and the code changes of knobs read inside the model."""
+import json
+import re
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -9,6 +13,8 @@ from optlab.core.errors import OptlabError
 from optlab.core.registry import get_experiment
 from optlab.core.timing import FASTER
 from optlab.studies import learning, token_costs
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_published_sources_are_links_and_no_raw_address_is_shown():
@@ -70,3 +76,31 @@ def test_every_changed_knob_shows_the_lines_that_read_it(experiment, stacked):
         assert i + 1 < len(lines) and lines[i + 1].startswith("    optlab/"), f"nothing under {lines[i]!r}:\n{text}"
     if "attention: " in text:
         assert "config.attention is read inside the model: the gpt workload builds the model with it" in text
+
+
+OUR_GPT_CHAPTERS = ("20_attention", "21_checkpointing", "23_gpt_optimizers", "24_gpt_compile", "25_gpt_shapes",
+                    "26_gpt_all_together")
+
+
+def chapter_cells(stem: str, kind: str) -> list[str]:
+    notebook = json.loads((ROOT / "notebooks" / f"{stem}.ipynb").read_text())
+    return ["".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == kind]
+
+
+@pytest.mark.parametrize("stem", OUR_GPT_CHAPTERS)
+def test_a_chapter_counts_its_variants_from_the_run_and_names_each_devices_precision(stem):
+    prose = "\n".join(chapter_cells(stem, "markdown"))
+    typed = re.findall(r"\b(?:two|three|four|five|six|seven|eight)\s+variants\b", prose, flags=re.IGNORECASE)
+    assert not typed, f"{stem} types a count of variants: {typed}"
+    assert not re.search(r"\b(?:fp32|bf16)\b[^.]{0,12}\bas here\b", prose), f"{stem} says one precision for every device"
+
+
+def test_chapter_20_reads_the_precision_of_its_kernel_check_from_the_comparison():
+    prose, code = "\n".join(chapter_cells("20_attention", "markdown")), "\n".join(chapter_cells("20_attention", "code"))
+    assert "fp32 on a CPU, bf16 autocast on a GPU" in prose and "in the comparison's precision (fp32)" not in prose
+    assert ".amp_dtype" in code
+
+
+def test_chapter_24_prints_its_counts_from_the_registry_and_the_record():
+    code = "\n".join(chapter_cells("24_gpt_compile", "code"))
+    assert "len(labels)" in code and "len(timed)" in code
