@@ -119,6 +119,7 @@ FIXED_DRAWS = 200_000
 FIXED_ALLOWED = timing.ERROR_RATE + 2 * np.sqrt(timing.ERROR_RATE * (1 - timing.ERROR_RATE) / FIXED_DRAWS)
 
 
+@pytest.mark.beside_the_book_build  # slow (200,000 runs a cell): it fills the wait for the book
 @pytest.mark.parametrize("variants", [2, 5, 8])
 def test_a_fixed_run_keeps_the_level_whatever_the_number_of_variants(variants):
     """A fixed run of 10 rounds (``--repeats 10 --max-repeats 10``: one look, at 99.5 %) of copies of the baseline
@@ -314,6 +315,7 @@ def test_the_trim_finds_a_real_gain_through_rounds_hit_by_other_work(monkeypatch
     assert trimmed >= 0.6 and trimmed > plain + 0.3 and not (trimmed_slower or plain_slower)
 
 
+@pytest.mark.beside_the_book_build  # slow: it fills the wait for the book
 @pytest.mark.parametrize("dependence", [dict(rho=0.3), dict(burst=5)], ids=["AR(1) 0.3", "a burst of 5 rounds"])
 def test_dependent_rounds_are_flagged_far_more_often_than_independent_ones(dependence):
     """The rule assumes independent rounds. Where each variant's noise carries from round to round, or one variant is

@@ -36,8 +36,8 @@ ERROR_RATE = 0.005  # two-sided, over all the looks of a run: at most 1 in 200 A
 CONFIDENCE = 1 - ERROR_RATE  # what a comparison's intervals guarantee together, over all its looks: 99.5 %
 SMALLEST_LOOK_ERROR = 1e-9  # a look whose share of the error rate is smaller reads no verdict (its share is kept)
 DEPENDENT_Z, DEPENDENT_FROM = 2.0, 10  # a lag-1 autocorrelation above 2 / sqrt(rounds), from 10 rounds: dependent
-DEPENDENT = ("rounds not independent (lag-1 autocorrelation {autocorrelation:.2f}): the interval may be too narrow, "
-             "the machine's state carried from round to round")
+DEPENDENT = ("rounds not independent (lag-1 autocorrelation {autocorrelation:.2f}): the interval assumes they are "
+             "and may be too narrow")
 REACH_ERRORS = 2.0  # out of reach only if the estimate this many standard errors further its way could not be answered
 TOO_WIDE = 4.0  # an interval whose high end is this many times its low end is shown as "too wide", not as digits
 FASTER, SLOWER = "faster", "slower"
