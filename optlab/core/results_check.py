@@ -135,7 +135,8 @@ def _row_problem(row: dict[str, Any]) -> str | None:
     if not row["part"].isprintable():
         return f"has part {row['part']!r} (allowed: a name of printable characters)"
     if pd.isna(row["status"]) or not STATUS.fullmatch(row["status"]):
-        return f"has status {row['status']!r} (allowed: {STATUSES})"
+        given = "no status" if pd.isna(row["status"]) else f"status {row['status']!r}"
+        return f"has {given} (allowed: {STATUSES})"
     if _number(row["seconds"]) is None:
         return f"has seconds {row['seconds']!r} (allowed: a number from 0)"
     empty = [key for key in ("device_name", "torch", "git_commit", "profile") if pd.isna(row[key])]
