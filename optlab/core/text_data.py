@@ -138,7 +138,8 @@ def fetch(path: Path) -> str | None:
 
 def load_corpus(download: bool = False) -> CharCorpus:
     """Tiny Shakespeare from ``$OPTLAB_DATA/tinyshakespeare/input.txt``, fetched first when ``download`` is asked
-    for and it is missing; else the stand-in (:func:`standin_text`). The corpus's ``description`` says which."""
+    for and it is missing; else the stand-in (``standin_text``: Python's own help text). The corpus's ``description``
+    says which."""
     path = corpus_path()
     failure = None
     if download and not path.is_file():

@@ -63,7 +63,7 @@ def stack_throughput(summary: pd.DataFrame, mfu: pd.DataFrame, labels: "list[str
                      phase: str = "train") -> pd.DataFrame:
     """A stack's steps in order (``labels``), each with its median throughput in the workload's unit, its MFU
     (rows of ``optlab.studies.peaks.mfu_table``), the precision and peak it is measured against (where each peak comes
-    from is said once, by :func:`peak_sources`) and its peak memory."""
+    from is said once, by ``peak_sources``) and its peak memory."""
     rows = summary[summary["phase"] == phase].drop_duplicates(["model", "variant"]).set_index(["model", "variant"])
     mfu = mfu.set_index(["model", "variant"])
     out = []
