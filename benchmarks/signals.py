@@ -50,6 +50,7 @@ class Run:
     process: subprocess.Popen | None = None
     sent: bool = False
     finished: set[str] = field(default_factory=set)
+    archived: set[str] = field(default_factory=set)
     seen: dict[int, float] = field(default_factory=dict)
 
     @property
@@ -88,6 +89,7 @@ class Run:
 
     def send(self) -> None:
         self.finished = {p.name for p in self.out.glob("*.json")}  # records whole on disk now
+        self.archived = archived_records(self)
         if self.target == "group":
             os.killpg(self.process.pid, self.signum)
         else:
@@ -123,6 +125,14 @@ class Run:
         return found
 
 
+def archived_records(run: Run) -> set[str]:
+    """The records the run's archive holds now (none where it is missing or being replaced)."""
+    try:
+        return {name for name in members(run.archive) if name.endswith(".json")}
+    except (OSError, tarfile.TarError, EOFError):
+        return set()
+
+
 def _mid_part_with_workers(run: Run) -> bool:
     """In the first part (loader workers: data_loading) while its workers run, a little after they started."""
     if run.parts_started() != 1 or run.parts_noted() or not run.has_children():
@@ -135,6 +145,8 @@ MOMENTS: dict[str, Callable[[Run], bool]] = {
     "mid-part with workers": _mid_part_with_workers,
     "between parts": lambda run: run.parts_noted() >= 1,
 }
+AFTER_A_PACK = "after a pack"  # for SIGKILL, which no run can answer: once the archive holds a record
+READY = {**MOMENTS, AFTER_A_PACK: lambda run: bool(archived_records(run))}
 
 
 def run_all(runs: list[Run], parallel: int, limit_s: float = RUN_LIMIT_S) -> dict[int, int]:
@@ -150,7 +162,7 @@ def run_all(runs: list[Run], parallel: int, limit_s: float = RUN_LIMIT_S) -> dic
                 run.start(env)
                 active[index] = (run, time.monotonic())
             for index, (run, started) in list(active.items()):
-                if not run.sent and run.process.poll() is None and MOMENTS[run.moment](run):
+                if not run.sent and run.process.poll() is None and READY[run.moment](run):
                     run.send()
                 if run.process.poll() is not None or time.monotonic() - started > limit_s:
                     if run.process.poll() is None:

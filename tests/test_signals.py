@@ -96,8 +96,8 @@ class _Pids(Dataset):
         return torch.tensor(os.getpid())
 
 
-@pytest.mark.parametrize("signum", ENDING, ids=lambda s: signal.Signals(s).name)
-def test_loader_workers_of_a_run_outlive_a_signal_sent_to_them(signum):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP], ids=lambda s: signal.Signals(s).name)
+def test_loader_workers_of_a_run_outlive_a_ctrl_c_or_a_hang_up_sent_to_them(signum):
     config = RunConfig(num_workers=1, batch_size=1, persistent_workers=False, pin_memory=False)
     with signals_interrupt():
         loader = make_loader(_Pids(), config, train=False)
@@ -106,9 +106,22 @@ def test_loader_workers_of_a_run_outlive_a_signal_sent_to_them(signum):
         assert worker != os.getpid()
         os.kill(worker, signum)  # as a signal to the process group reaches each worker
         time.sleep(0.2)
-        rest = [int(batch[0]) for batch in batches]  # torch's worker handler would have ended it: an error here
+        rest = [int(batch[0]) for batch in batches]  # a worker that died would be an error here
     assert rest and set(rest) == {worker}
     assert make_loader(_Pids(), config, train=False).worker_init_fn is None  # outside a run: torch's own handling
+
+
+def test_a_loader_worker_of_a_run_exits_quietly_on_sigterm_leaving_no_error_to_its_parent():
+    config = RunConfig(num_workers=1, batch_size=1, persistent_workers=False, pin_memory=False)
+    with signals_interrupt():
+        batches = iter(make_loader(_Pids(), config, train=False))
+        worker = int(next(batches)[0])
+        process = next(p for p in batches._workers if p.pid == worker)
+        os.kill(worker, signal.SIGTERM)
+        process.join(timeout=30)
+        assert process.exitcode == 0  # killed by the signal, it would read -15, and torch's SIGCHLD handler would raise
+        time.sleep(0.2)  # the parent's SIGCHLD handler has run: nothing raised
+        del batches
 
 
 # The reference run with its parts faked: each call gets the part and may act as a signal or a failure would.
@@ -272,3 +285,22 @@ def test_a_raise_python_cannot_pass_on_prints_nothing_and_is_raised_at_the_next_
                           cwd=Path(__file__).resolve().parent.parent)
     assert done.stdout.strip() == "raised again: SIGTERM"
     assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_signal_while_the_loader_workers_start_waits_until_they_have(monkeypatch):
+    config = RunConfig(num_workers=2, batch_size=1, persistent_workers=False, pin_memory=False)
+    real_start = torch.multiprocessing.get_context("fork").Process.start
+    starts = []
+
+    def start(process):  # the signal lands between the two workers' starts
+        starts.append(process)
+        if len(starts) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+        return real_start(process)
+
+    monkeypatch.setattr(type(torch.multiprocessing.get_context("fork").Process()), "start", start)
+    with signals_interrupt(), pytest.raises(Interrupted):
+        iter(make_loader(_Pids(), config, train=False, multiprocessing_context="fork"))
+        pytest.fail("the signal was not raised once the iterator was built")
+    assert len(starts) == 2  # both workers started: the iterator was built whole, then the signal raised

@@ -8,9 +8,9 @@ ignored", which the run keeps quiet), the record stays, and :func:`check`, calle
 raises it again, as does every later signal. Clean-up code runs inside
 :func:`held`, where signals are recorded but raise nothing, so a second signal cannot cut a pack short.
 
-Children leave the clean-up to the run: a process forked while the handler is installed (a loader worker) ignores the
-ending signals from its first instruction, and :func:`ignore_in_child` is the ``worker_init_fn`` / initializer that
-keeps them ignored where a library sets its own handlers (torch's loader workers) or the child is spawned.
+Children leave the clean-up to the run: a process forked while the handler is installed ignores the ending signals
+from its first instruction; :func:`ignore_in_child` is the initializer that does the same in a spawned child, and
+:func:`leave_to_the_run` the loader workers' ``worker_init_fn`` (torch sets their SIGTERM handler after the fork).
 """
 from __future__ import annotations
 
@@ -108,6 +108,19 @@ def ignore_in_child(*_: object) -> None:
     _State.ignoring = True
     for signum in ENDING_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
+
+
+def _exit_quietly(signum: int, frame: object) -> None:
+    os._exit(0)
+
+
+def leave_to_the_run(*_: object) -> None:
+    """In a loader worker of the run: ignore Ctrl-C and hang-ups, and exit at once, quietly, on SIGTERM, the way its
+    parent ends it (a process-group SIGTERM reaches it too, and the run cleans up; a worker that exits 0 raises no error
+    in the parent, where one killed by the signal would). Takes and ignores any arguments: a DataLoader's
+    ``worker_init_fn``."""
+    ignore_in_child()
+    signal.signal(signal.SIGTERM, _exit_quietly)
 
 
 def _after_fork_in_child() -> None:
