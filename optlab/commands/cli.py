@@ -286,8 +286,8 @@ def _print_tune_tables(result, inference: bool) -> None:
 
 
 def _interruptible(command: "Callable[[], None]") -> "Callable[[], None]":
-    """``command`` with SIGTERM, SIGINT and SIGHUP raising :class:`Interrupted` (the reference run handles them
-    itself)."""
+    """``command`` with SIGTERM, SIGINT and SIGHUP raising :class:`Interrupted` from its first line to its last (the
+    reference run's own handling nests inside, and packs before the signal reaches here)."""
     def run() -> None:
         with signals_interrupt():
             command()
@@ -308,7 +308,7 @@ def _stopped(stop: Interrupted, bar_shown: bool) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {"list": _list, "run": _interruptible(lambda: _run(args)), "reference": lambda: _reference(args),
+    commands = {"list": _list, "run": _interruptible(lambda: _run(args)), "reference": _interruptible(lambda: _reference(args)),
                 "tune": _interruptible(lambda: _tune(args))}
     try:
         commands[args.command]()
