@@ -84,3 +84,9 @@ def test_gpu_check_runs_a_chapters_cells_with_its_magics_made_pass():
     install = gpu_check.check_cells("20_attention")[0]
     compile(install, "install cell", "exec")
     assert "    pass" in install and "%pip" not in install
+
+
+def test_a_chapters_cells_get_display_without_importing_it_as_in_jupyter(capsys):
+    """Chapters 14, 15 and 18 call ``display`` as a Jupyter kernel's builtin; plain Python has none."""
+    exec("display('shown')", gpu_check.chapter_namespace())
+    assert "shown" in capsys.readouterr().out

@@ -89,9 +89,17 @@ def _without_jupyter() -> None:
         sys.modules["IPython"], sys.modules["IPython.display"] = types.ModuleType("IPython"), display
 
 
+def chapter_namespace() -> dict:
+    """A fresh namespace for a chapter's cells with what a Jupyter kernel gives them: ``display`` without an import."""
+    _without_jupyter()
+    from IPython.display import display
+
+    return {"__name__": "__main__", "display": display}
+
+
 def run_chapter(chapter: str) -> None:
     """Every code cell of ``chapter``, in one namespace, as Jupyter would run them; raises what a cell raises."""
-    namespace: dict = {"__name__": "__main__"}
+    namespace = chapter_namespace()
     with contextlib.chdir(ROOT / "notebooks"):  # where Jupyter runs a notebook
         for index, source in enumerate(check_cells(chapter)):
             exec(compile(source, f"{chapter}.ipynb cell {index}", "exec"), namespace)
@@ -126,7 +134,6 @@ def main(argv: list[str]) -> int:
     tests_code = pytest.main([*options, *map(str, files)], plugins=[plugin])
     print(f"CUDA-only tests: {len(plugin.kept)} run, exit status {int(tests_code)}")
     failed = [] if tests_code == 0 else ["tests"]
-    _without_jupyter()
     for chapter in CHAPTERS:
         began = time.monotonic()
         try:
