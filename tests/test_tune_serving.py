@@ -15,8 +15,9 @@ from optlab.commands.cli import main
 from optlab.core import compiler, loops, memory
 from optlab.core.config import RunConfig
 from optlab.core.errors import OptlabError
+from optlab.core.memory import is_out_of_memory
 from optlab.studies.tune import batch_sweep, inference, training
-from optlab.studies.tune.batch_sweep import Served, SweepTarget, is_out_of_memory, request_latency, sweep
+from optlab.studies.tune.batch_sweep import Served, SweepTarget, request_latency, sweep
 from optlab.studies.tune.examples import IGNORE, examples_from, next_tokens, parse_input
 from optlab.studies.tune.output_check import output_change
 from tests.helpers import TINY
