@@ -2,13 +2,15 @@
 outputs; a kept step is the configuration the next step is timed against, and it is in the recommendation, its
 record and its lines of code; a tune whose measured steps all failed recommends nothing. The verdicts are set here,
 not measured (a timing outcome is noise, not a test)."""
+import pandas as pd
 import pytest
 from torch import nn
 
 import optlab
+from optlab.core.config import RunConfig
 from optlab.core.timing import FASTER, SAME, SLOWER, UNCLEAR
 from optlab.studies import tune_inference as inference
-from optlab.studies.tune.recommendation import NothingRecommended, check_something_measured
+from optlab.studies.tune.recommendation import NothingRecommended, Recommendation, check_something_measured
 from optlab.studies.tune_inference import CHANNELS_LAST, FINAL, INFERENCE_MODE, START, decide
 from tests.helpers import TINY
 
@@ -89,14 +91,10 @@ def test_the_verdict_decides_and_a_kept_step_is_carried_into_the_recommendation(
 
 def recommendation(decisions: dict[str, str], failures: dict[str, str]):
     """A tune's result with these step ``decisions`` and these configurations' ``failures`` in its samples."""
-    import pandas as pd
-    from optlab.core.config import RunConfig
-    from optlab.studies.tune.recommendation import Recommendation
-
     samples = pd.DataFrame([{"variant": label, "status": status} for label, status in failures.items()] +
                            [{"variant": "ran", "status": "ok"}])
-    return Recommendation(model="m", steps=pd.DataFrame({"step": list(decisions), "decision": list(decisions.values())}),
-                          samples=samples, summary=pd.DataFrame(), kept=[], start=RunConfig(),
+    steps = pd.DataFrame({"step": list(decisions), "decision": list(decisions.values())})
+    return Recommendation(model="m", steps=steps, samples=samples, summary=pd.DataFrame(), kept=[], start=RunConfig(),
                           recommended=RunConfig(), speedup=1.0, ci_low=1.0, ci_high=1.0, verdict="baseline", code=[])
 
 

@@ -308,8 +308,8 @@ def _stopped(stop: Interrupted, bar_shown: bool) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {"list": _list, "run": _interruptible(lambda: _run(args)), "reference": _interruptible(lambda: _reference(args)),
-                "tune": _interruptible(lambda: _tune(args))}
+    commands = {"list": _list, "run": _interruptible(lambda: _run(args)),
+                "reference": _interruptible(lambda: _reference(args)), "tune": _interruptible(lambda: _tune(args))}
     try:
         commands[args.command]()
     except OptlabError as error:
