@@ -105,15 +105,17 @@ def _parts_list(*rows):
     return pd.DataFrame([{**PART_ROW, **row} for row in rows]).to_csv(index=False).encode()
 
 
-def _tar(path, members, links=()):
+def _tar(path, members, specials=()):
+    """``members`` (name: bytes, or (name, bytes) pairs, a name twice included) as a tar.gz, then ``specials``: (name,
+    tar type, link target) members with no content."""
     with tarfile.open(path, "w:gz") as tar:
-        for name, content in members.items():
+        for name, content in members.items() if isinstance(members, dict) else members:
             info = tarfile.TarInfo(name)
             info.size = len(content)
             tar.addfile(info, io.BytesIO(content))
-        for name, target in links:
+        for name, kind, target in specials:
             info = tarfile.TarInfo(name)
-            info.type, info.linkname = tarfile.SYMTYPE, target
+            info.type, info.linkname = kind, target
             tar.addfile(info)
     return path
 
@@ -123,7 +125,7 @@ def _tar(path, members, links=()):
     ({"/etc/evil.json": _record("H200")}, ()),
     ({"h200/sub/deep.json": _record("H200")}, ()),
     ({"h200/run.sh": b"rm -rf /"}, ()),
-    ({"h200/a.json": _record("H200")}, [("h200/b.json", "/etc/passwd")]),
+    ({"h200/a.json": _record("H200")}, [("h200/b.json", tarfile.SYMTYPE, "/etc/passwd")]),
 ])
 def test_unsafe_members_are_refused_and_nothing_is_written(tmp_path, members, links, capsys):
     packed = _tar(tmp_path / "bad.tar.gz", members, links)
@@ -424,20 +426,6 @@ SPECIALS = {  # members no results folder holds: (tar type, link target)
 }
 
 
-def _packed(path, members, special=None):
-    """``members`` (name: bytes) as a tar.gz, and ``special`` (name, tar type, link target) after them."""
-    with tarfile.open(path, "w:gz") as tar:
-        for name, content in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(content)
-            tar.addfile(info, io.BytesIO(content))
-        if special:
-            info = tarfile.TarInfo(special[0])
-            info.type, info.linkname = special[1], special[2]
-            tar.addfile(info)
-    return path
-
-
 def _destinations(tmp_path, members):
     """A destination that does not exist, and one holding an earlier run of the same machine, which a good archive
     would change (its log gains the archive's lines)."""
@@ -467,7 +455,7 @@ def test_the_real_archive_unpacks_where_each_damaged_one_is_refused(real_run, tm
     """The control for the cases below: undamaged, the same archive unpacks into both destinations."""
     absent, present = _destinations(tmp_path, real_run)
     for destination in (absent, present):
-        assert main(["reference", "--unpack", str(_packed(tmp_path / "good.tar.gz", real_run)), "--out",
+        assert main(["reference", "--unpack", str(_tar(tmp_path / "good.tar.gz", real_run)), "--out",
                      str(destination)]) == 0
     assert _snapshot(absent) == {name.split("/")[1]: content for name, content in real_run.items()}
     assert _snapshot(present)["reference.log"] == b"an earlier run\n" + real_run[LOG]
@@ -479,7 +467,7 @@ def test_a_damaged_archive_is_refused_in_one_line_naming_the_member_and_writes_n
     damage, named, wrong = DAMAGES[case]
     members = dict(real_run)
     damage(members)
-    packed = _packed(tmp_path / "damaged.tar.gz", members)
+    packed = _tar(tmp_path / "damaged.tar.gz", members)
     absent, present = _destinations(tmp_path, real_run)
     before = _snapshot(present)
     for destination in (absent, present):
@@ -491,7 +479,7 @@ def test_a_damaged_archive_is_refused_in_one_line_naming_the_member_and_writes_n
 
 @pytest.mark.parametrize("kind", SPECIALS)
 def test_links_and_devices_are_refused_and_nothing_is_written(real_run, tmp_path, capsys, kind):
-    packed = _packed(tmp_path / "special.tar.gz", real_run, (f"{FOLDER}/extra.json", *SPECIALS[kind]))
+    packed = _tar(tmp_path / "special.tar.gz", real_run, [(f"{FOLDER}/extra.json", *SPECIALS[kind])])
     absent, present = _destinations(tmp_path, real_run)
     before = _snapshot(present)
     for destination in (absent, present):
@@ -503,13 +491,8 @@ def test_links_and_devices_are_refused_and_nothing_is_written(real_run, tmp_path
 def test_a_member_twice_or_a_cut_archive_is_refused_and_nothing_is_written(real_run, tmp_path, capsys):
     absent, present = _destinations(tmp_path, real_run)
     before = _snapshot(present)
-    twice = tmp_path / "twice.tar.gz"
-    with tarfile.open(twice, "w:gz") as tar:
-        for name, content in [*real_run.items(), (TABLE, b"size_mb\n1\n")]:
-            info = tarfile.TarInfo(name)
-            info.size = len(content)
-            tar.addfile(info, io.BytesIO(content))
-    good = _packed(tmp_path / "good.tar.gz", real_run).read_bytes()
+    twice = _tar(tmp_path / "twice.tar.gz", [*real_run.items(), (TABLE, b"size_mb\n1\n")])
+    good = _tar(tmp_path / "good.tar.gz", real_run).read_bytes()
     cut = tmp_path / "cut.tar.gz"
     cut.write_bytes(good[:len(good) * 2 // 3])
     for packed, says in ((twice, f"member {TABLE!r} appears twice"), (cut, "it is damaged (")):
@@ -522,7 +505,7 @@ def test_a_malformed_file_already_in_the_folder_is_named_and_nothing_is_written(
     _, present = _destinations(tmp_path, real_run)
     (present / "reference-parts.csv").write_bytes(_parts_list({"part": ""}))
     before = _snapshot(present)
-    line = _unpack_refused(_packed(tmp_path / "good.tar.gz", real_run), present, capsys)
+    line = _unpack_refused(_tar(tmp_path / "good.tar.gz", real_run), present, capsys)
     assert f"{store.display_path(present / 'reference-parts.csv')}, already there, line 2 has an empty part" in line
     assert _snapshot(present) == before
 
