@@ -18,6 +18,7 @@ from ..core.timing import TIMES_BESIDE
 
 if TYPE_CHECKING:
     from ..core.experiments import ExperimentResult
+    from ..studies.tune import InferenceResult, TuneResult
 
 DEFAULT_RUN_DIR = Path("results") / "runs"
 REFERENCE_OUT = Path("results") / "reference" / "this-machine"
@@ -275,7 +276,7 @@ def _tune(args: argparse.Namespace) -> None:
     print(result.describe())
 
 
-def _print_tune_tables(result, inference: bool) -> None:
+def _print_tune_tables(result: "TuneResult | InferenceResult", inference: bool) -> None:
     """The steps' table and, for ``--inference``, the batch sizes' throughput and the request latency."""
     with pd.option_context("display.width", 250, "display.max_columns", 20, "display.max_colwidth", 70):
         print(result.table().to_string(index=False))

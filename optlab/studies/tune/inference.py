@@ -565,7 +565,8 @@ def tune_inference(
     The sweep runs the recommendation without ``torch.compile`` unless ``sweep_compile``: a compiled model compiles
     every new batch size again (tens of seconds each on a CPU). Request latency (one request at a time, at batch 1
     and each of ``request_batches``) is timed for at least ``request_seconds`` and 30 requests. ``out``: a folder
-    for the record.
+    for the record. A batch the starting point runs out of memory on, or fails on, ends the tune in one
+    :class:`~optlab.OptlabError`; a step, or a point of the sweep, that runs out of memory is recorded as such.
     """
     info = resolve_device(device)
     prof = get_profile(profile, info.is_cuda)

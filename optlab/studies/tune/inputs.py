@@ -24,12 +24,12 @@ from torch.utils.data.dataloader import default_collate
 from torch.utils.flop_counter import FlopCounterMode
 
 from ...core import data, loops
-from ...core.memory import device_memory_bytes
 from ...core.loops import Inputs
 from ...core.config import RunConfig
 from ...core.errors import OptlabError
 from ...core.experiments import failure_status
 from ...core.limits import check_count
+from ...core.memory import device_memory_bytes
 from .examples import Examples, checked_example, describe_inputs
 
 MAX_BATCH_SIZE = 65_536
@@ -180,7 +180,7 @@ def batch_limit(examples: Examples, device: torch.device) -> tuple[int, str]:
     refused here, with the limit, before any model is built."""
     values, size = examples.values_per_sample, examples.bytes_per_sample
     bounds = [(MAX_BATCH_SIZE, f"{MAX_BATCH_SIZE:,} samples a batch"),
-              (MAX_BATCH_ELEMENTS // values, f"{MAX_BATCH_ELEMENTS:,} input values a batch"),]
+              (MAX_BATCH_ELEMENTS // values, f"{MAX_BATCH_ELEMENTS:,} input values a batch")]
     memory = device_memory_bytes(device)
     if memory:
         bounds.append((memory // size, f"the {gib(memory)} of memory of {device}"))

@@ -28,7 +28,7 @@ from ...core.errors import OptlabError, choice_error
 from ...core.experiments import failure_status, interleave, stopping_rule
 from ...core.flops import TRAIN_TO_FORWARD
 from ...core.limits import MAX_STEPS, check_count, cpu_cores
-from ...core.memory import memory_kind
+from ...core.memory import is_out_of_memory, memory_kind
 from ...core.profiles import Profile, get_profile
 from ...core.samples import failed_row
 from ...core.summary import summarize_runs
@@ -42,7 +42,6 @@ from .recommendation import (AFRESH, FINAL, START, Recommendation, check_somethi
                              decision_before_the_check, json_rows, recommendation_record)
 from .inputs import (MAX_BATCH_SIZE, Batches, LossFn, ModelFn, Probe, batch_does_not_fit, batch_limit, build_model,
                      check_batch, cross_entropy, dataset_batches, loader_batches, model_name, probe, synthetic_batches)
-from ...core.memory import is_out_of_memory
 
 TECHNIQUE = "tune"
 STEP_COLUMNS = ["step", "decision", "speedup", "ci_low", "ci_high", "verdict", "loss_change", "loss_tolerance",
@@ -444,6 +443,12 @@ def tune(
     profile's; ``techniques`` names the stack's steps to try (default: all of them); ``optimizer`` is ``sgd`` or
     ``adam``. A faster step is kept only if its first two training losses are within ``loss_tolerance`` (relative;
     default 0.1 % in fp32, 5 % in fp16 or bf16) of the configuration's before it. ``out``: a folder for the record.
+
+    A batch beyond what the device can hold (:func:`~optlab.studies.tune.inputs.batch_limit`) is refused before the
+    model is built, and one the starting point runs out of memory on ends the tune: each with an
+    :class:`~optlab.OptlabError` that names the limit. A step that runs out of memory is recorded as such, and the
+    tune goes on; where every step measured failed, :class:`~optlab.studies.tune.NothingRecommended` is raised, its
+    ``result`` holding the table.
 
     ``inference=True`` tries the inference stack instead, then sweeps batch sizes, and returns an
     :class:`~optlab.InferenceResult`; ``output_fn``, ``max_batch``, ``amp_dtype``, ``sweep_compile``,
