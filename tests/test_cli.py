@@ -76,6 +76,7 @@ def cheapest_technique(workload: str) -> str:
 PACKAGE_WORKLOADS = sorted(name for name, workload in WORKLOADS.items() if workload.module.startswith("optlab."))
 
 
+@pytest.mark.beside_the_book_build  # slow, in processes of its own: it fills the wait for the book
 @pytest.mark.parametrize("workload", PACKAGE_WORKLOADS)
 def test_a_technique_of_every_workload_runs_and_prints_its_unit(workload, tmp_path):
     technique = cheapest_technique(workload)
@@ -103,6 +104,7 @@ class SlowMLP(nn.Module):
         return self.body(x)
 
 
+@pytest.mark.beside_the_book_build  # slow, in a process of its own: it fills the wait for the book
 def test_ctrl_c_ends_a_tune_in_flight_in_one_line_with_exit_130(tmp_path):
     """A real process and signal; the progress bar is shown (no --quiet): the last line must be a line of its own."""
     signum = signal.SIGINT
