@@ -304,3 +304,16 @@ def test_a_signal_while_the_loader_workers_start_waits_until_they_have(monkeypat
         iter(make_loader(_Pids(), config, train=False, multiprocessing_context="fork"))
         pytest.fail("the signal was not raised once the iterator was built")
     assert len(starts) == 2  # both workers started: the iterator was built whole, then the signal raised
+
+
+def test_a_parts_list_edited_by_hand_stops_the_run_before_anything_is_written(tmp_path, monkeypatch, capfd):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "reference-parts.csv").write_text("set,status\nseed,ok\n")  # no part column
+    before = {path: path.read_bytes() for path in out.iterdir()}
+    calls = _fake_parts(monkeypatch, lambda *_: None)
+    assert _reference(tmp_path) == 2
+    assert {path: path.read_bytes() for path in out.iterdir()} == before and not calls
+    assert not (tmp_path / "run.tar.gz").exists()
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "reference-parts.csv" in err[0]

@@ -666,21 +666,25 @@ def run_reference(out: str | Path, set_name: str = "seed", profile: str | Profil
         info = resolve_device(device)
         prof = reference_profile(profile, info.is_cuda, repeats)
         check_outputs(out, archive)
+        parts = plan(set_name, prof, measured_seconds(target_gpu(info), prof, reference_folders(out)))
+        if Path(out).is_dir():
+            _manifest(Path(out))  # a parts list edited by hand stops the run here, in one line, before any write
         deadline = None if budget_s is None else shutdown.PROCESS_START + budget_s
         folder = store.writable_dir(out)
         log = RunLog(folder, archive)
-        yield from _logged_run(log, folder, set_name, prof, info, progress, download, budget_s, deadline)
+        yield from _logged_run(log, folder, set_name, parts, prof, info, progress, download, budget_s, deadline)
 
 
-def _logged_run(log: RunLog, folder: Path, set_name: str, prof: Profile, info: DeviceInfo, progress: bool,
-                download: bool, budget_s: float | None, deadline: float | None) -> Iterator[ExperimentResult]:
+def _logged_run(log: RunLog, folder: Path, set_name: str, parts: list[Part], prof: Profile, info: DeviceInfo,
+                progress: bool, download: bool, budget_s: float | None,
+                deadline: float | None) -> Iterator[ExperimentResult]:
     """The parts, with what they print kept in ``log``, and the last pack however the run ends."""
     ended, why = False, None
     try:
         with contextlib.redirect_stdout(_Tee(sys.stdout, log.buffer)):
             print(f"optlab reference --set {set_name}, into {store.display_path(folder)}, started "
                   f"{dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}")
-            yield from _run_parts(folder, set_name, prof, info, progress, download, budget_s, deadline, log)
+            yield from _run_parts(folder, parts, prof, info, progress, download, budget_s, deadline, log)
         ended = True
     except PackFailed:
         raise  # the last pack would fail the same way
@@ -732,10 +736,9 @@ def _signalled_run_part(part: Part, folder: Path, prof: Profile, device: str, pr
         raise
 
 
-def _run_parts(folder: Path, set_name: str, prof: Profile, info: DeviceInfo, progress: bool, download: bool,
+def _run_parts(folder: Path, parts: list[Part], prof: Profile, info: DeviceInfo, progress: bool, download: bool,
                budget_s: float | None, deadline: float | None, log: RunLog) -> Iterator[ExperimentResult]:
     device = str(info.device)
-    parts = plan(set_name, prof, measured_seconds(target_gpu(info), prof, reference_folders(folder)))
     key = run_key(info)
     done = recorded(parts, folder, key, prof)
     failures, left, skipped, finished = [], [], [], 0
