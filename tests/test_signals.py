@@ -317,3 +317,25 @@ def test_a_parts_list_edited_by_hand_stops_the_run_before_anything_is_written(tm
     assert not (tmp_path / "run.tar.gz").exists()
     err = capfd.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "reference-parts.csv" in err[0]
+
+
+def test_after_a_signal_a_child_that_it_ended_raises_nothing_in_the_run(capfd):
+    def child_error(signum, frame):  # as torch's loader does for a worker killed by a signal
+        raise RuntimeError("DataLoader worker (pid 1234) is killed by signal: Terminated")
+
+    previous = signal.signal(signal.SIGCHLD, child_error)
+    try:
+        with signals_interrupt():
+            with pytest.raises(Interrupted):
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(1)
+            with shutdown.held(then_raise=False):  # the clean-up, while the group's signal ends a child
+                pid = os.fork()
+                if pid == 0:
+                    os._exit(0)
+                os.waitpid(pid, 0)
+                os.kill(os.getpid(), signal.SIGCHLD)
+                time.sleep(0.05)
+        assert signal.getsignal(signal.SIGCHLD) is child_error  # the loader's handler is back for the next run
+    finally:
+        signal.signal(signal.SIGCHLD, previous)

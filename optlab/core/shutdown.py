@@ -68,11 +68,14 @@ class _State:
     installs = 0
     holding = 0
     ignoring = False  # a child of a run, ignoring the ending signals
+    child_handler: object = None  # the SIGCHLD handler the first signal set aside
 
 
 def _handler(signum: int, frame: object) -> None:
     if os.getpid() != _State.owner:  # a child forked before it could ignore the signal: the run cleans up
         return
+    if not _State.received:  # children a group signal ended are expected now: no error from their exit (torch's
+        _State.child_handler = signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # loader raises one), until the end
     _State.received.append(signum)
     if not _State.holding:
         raise Interrupted(_State.received[0])
@@ -154,6 +157,7 @@ def signals_interrupt() -> Iterator[list[int]]:
             _State.installs -= 1
         return
     _State.received, _State.owner, _State.installs, _State.holding = [], os.getpid(), 1, 0
+    _State.child_handler = None
     previous = {signum: signal.signal(signum, _handler) for signum in ENDING_SIGNALS}
     previous_hook = sys.unraisablehook
 
@@ -171,3 +175,5 @@ def signals_interrupt() -> Iterator[list[int]]:
         sys.unraisablehook = previous_hook
         for signum, old in previous.items():
             signal.signal(signum, old)
+        if _State.child_handler is not None:
+            signal.signal(signal.SIGCHLD, _State.child_handler)
