@@ -339,3 +339,11 @@ def test_after_a_signal_a_child_that_it_ended_raises_nothing_in_the_run(capfd):
         assert signal.getsignal(signal.SIGCHLD) is child_error  # the loader's handler is back for the next run
     finally:
         signal.signal(signal.SIGCHLD, previous)
+
+
+def test_a_signal_of_a_run_that_ended_is_not_raised_in_the_next_code():
+    with pytest.raises(Interrupted), signals_interrupt():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)
+    shutdown.check()  # outside a run: the signal ended that run, not this code
+    assert shutdown.received() == [] and not shutdown.active()

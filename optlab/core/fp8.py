@@ -116,7 +116,7 @@ class FP8Matmul(torch.autograd.Function):
 
 class FP8Linear(nn.Linear):
     """An ``nn.Linear`` whose matmuls run in FP8 (``FP8Matmul``); weights and bias stay in their own dtype, and the
-    output's dtype is ``nn.Linear``'s (:func:`output_dtype`)."""
+    output's dtype is ``nn.Linear``'s (``output_dtype``)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])

@@ -147,7 +147,7 @@ def gpt_stack(model: str = "gpt2_small") -> list[tuple[str, dict]]:
 
 def gpt_all_together(model: str = "gpt2_small", skip: tuple[str, ...] = ()) -> Experiment:
     """The GPT stack on ``model`` as an experiment: each variant adds one step to the one before and is compared with
-    it (:func:`~optlab.core.registry.chained`); ``skip`` leaves steps out (a device where a step does not pay), and
+    it (``registry.chained``); ``skip`` leaves steps out (a device where a step does not pay), and
     the variants after it are built without it and compared with the step kept before them."""
     if model not in VOCABS:
         raise choice_error("GPT size", model, tuple(VOCABS))

@@ -82,8 +82,9 @@ def _handler(signum: int, frame: object) -> None:
 
 
 def received() -> list[int]:
-    """The ending signals received since the outermost :func:`signals_interrupt` began, first first."""
-    return list(_State.received)
+    """The ending signals received since the outermost :func:`signals_interrupt` began, first first (none outside
+    one)."""
+    return list(_State.received) if _State.owner == os.getpid() else []
 
 
 def check() -> None:
@@ -171,7 +172,7 @@ def signals_interrupt() -> Iterator[list[int]]:
     try:
         yield _State.received
     finally:
-        _State.installs = 0
+        _State.installs, _State.owner, _State.received = 0, None, []  # what the caller was given stays as it was
         sys.unraisablehook = previous_hook
         for signum, old in previous.items():
             signal.signal(signum, old)
