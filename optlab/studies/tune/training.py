@@ -444,7 +444,7 @@ def tune(
     ``adam``. A faster step is kept only if its first two training losses are within ``loss_tolerance`` (relative;
     default 0.1 % in fp32, 5 % in fp16 or bf16) of the configuration's before it. ``out``: a folder for the record.
 
-    A batch beyond what the device can hold (:func:`~optlab.studies.tune.inputs.batch_limit`) is refused before the
+    A batch beyond what the device can hold (``inputs.batch_limit``) is refused before the
     model is built, and one the starting point runs out of memory on ends the tune: each with an
     :class:`~optlab.OptlabError` that names the limit. A step that runs out of memory is recorded as such, and the
     tune goes on; where every step measured failed, :class:`~optlab.studies.tune.NothingRecommended` is raised, its
