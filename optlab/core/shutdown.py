@@ -68,14 +68,13 @@ class _State:
     installs = 0
     holding = 0
     ignoring = False  # a child of a run, ignoring the ending signals
-    child_handler: object = None  # the SIGCHLD handler the first signal set aside
 
 
 def _handler(signum: int, frame: object) -> None:
     if os.getpid() != _State.owner:  # a child forked before it could ignore the signal: the run cleans up
         return
     if not _State.received:  # children a group signal ended are expected now: no error from their exit (torch's
-        _State.child_handler = signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # loader raises one), until the end
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # loader raises one), to the process's end: a late one too
     _State.received.append(signum)
     if not _State.holding:
         raise Interrupted(_State.received[0])
@@ -158,7 +157,6 @@ def signals_interrupt() -> Iterator[list[int]]:
             _State.installs -= 1
         return
     _State.received, _State.owner, _State.installs, _State.holding = [], os.getpid(), 1, 0
-    _State.child_handler = None
     previous = {signum: signal.signal(signum, _handler) for signum in ENDING_SIGNALS}
     previous_hook = sys.unraisablehook
 
@@ -176,5 +174,4 @@ def signals_interrupt() -> Iterator[list[int]]:
         sys.unraisablehook = previous_hook
         for signum, old in previous.items():
             signal.signal(signum, old)
-        if _State.child_handler is not None:
-            signal.signal(signal.SIGCHLD, _State.child_handler)
+

@@ -108,13 +108,14 @@ def record_filename(technique: str) -> str:
 
 
 def display_path(path: str | Path) -> str:
-    """``path`` as a message shows it: relative to the repository or the working folder where it lies in either, else
-    whole, so that the reader can find it."""
+    """``path`` as a message shows it: relative to the repository or the working folder where it lies in either, by
+    its name alone in a temporary folder (a page must not show the machine's own), else whole, so that the reader can
+    find it."""
     path = Path(path).resolve()
     for root in (REPO_ROOT, Path.cwd()):
         if path.is_relative_to(root):
             return str(path.relative_to(root))
-    return str(path)
+    return path.name if path.is_relative_to(Path(tempfile.gettempdir()).resolve()) else str(path)
 
 
 def save_record(record: dict[str, Any], folder: str | Path, filename: str | None = None) -> Path:
