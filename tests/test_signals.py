@@ -359,3 +359,15 @@ def test_a_message_shows_a_folder_outside_the_repository_whole_and_a_temporary_o
     assert store.display_path(outside) == str(outside)
     monkeypatch.chdir(Path(__file__).resolve().parent)
     assert store.display_path(Path(tempfile.gettempdir()) / "job" / "r05") == "r05"
+
+
+def test_a_loader_worker_of_a_run_is_quiet_when_the_run_closes_its_connection_and_reports_anything_else(capfd):
+    pid = os.fork()
+    if pid == 0:  # as a worker: its resource-sharing thread reports through sys.excepthook
+        shutdown.leave_to_the_run(0)
+        for error in (EOFError(), ConnectionResetError(), ValueError("a real fault")):
+            sys.excepthook(type(error), error, None)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    err = capfd.readouterr().err
+    assert "EOFError" not in err and "ConnectionResetError" not in err and "ValueError: a real fault" in err

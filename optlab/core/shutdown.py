@@ -120,10 +120,18 @@ def _exit_quietly(signum: int, frame: object) -> None:
 def leave_to_the_run(*_: object) -> None:
     """In a loader worker of the run: ignore Ctrl-C and hang-ups, and exit at once, quietly, on SIGTERM, the way its
     parent ends it (a process-group SIGTERM reaches it too, and the run cleans up; a worker that exits 0 raises no error
-    in the parent, where one killed by the signal would). Takes and ignores any arguments: a DataLoader's
+    in the parent, where one killed by the signal would); a connection the ending run closed prints nothing. Takes and ignores any arguments: a DataLoader's
     ``worker_init_fn``."""
     ignore_in_child()
     signal.signal(signal.SIGTERM, _exit_quietly)
+    sys.excepthook = _quiet_when_the_run_left
+
+
+def _quiet_when_the_run_left(kind: type, error: BaseException, trace: object) -> None:
+    """A worker's thread that lost its connection to the run (the run ended while it handed over a batch: EOFError,
+    a reset connection) prints nothing; anything else is reported as Python would."""
+    if not isinstance(error, (EOFError, ConnectionError)):
+        sys.__excepthook__(kind, error, trace)
 
 
 def _after_fork_in_child() -> None:
