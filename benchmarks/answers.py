@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from optlab.core import store
-from optlab.core.timing import FASTER, SAME, SLOWER, UNCLEAR
+from optlab.core.results import store
+from optlab.core.measuring.timing import FASTER, SAME, SLOWER, UNCLEAR
 
 ANSWERS = (FASTER, SLOWER, SAME)
 

@@ -31,16 +31,17 @@ import torch.nn.functional as F
 from torchvision.datasets import CIFAR10
 from tqdm import tqdm
 
-from optlab.core import data, quiet
-from optlab.core.config import RunConfig
-from optlab.core.device import resolve_device
-from optlab.core.experiments import run_experiment
-from optlab.core.sequential import visit_order
-from optlab.core.registry import Experiment
-from optlab.core.loops import make_optimizer, make_scaler, prepare_model, train_phase
-from optlab.core.models import build_model
-from optlab.core.profiles import get_profile
-from optlab.core.timing import FASTER, INTERVAL, SLOWER, VERDICTS, page_bound, percent, speed_up
+from optlab.core.cifar import data
+from optlab.core.process import quiet
+from optlab.core.knobs.config import RunConfig
+from optlab.core.machine.device import resolve_device
+from optlab.core.run.experiments import run_experiment
+from optlab.core.stats.sequential import visit_order
+from optlab.core.techniques.registry import Experiment
+from optlab.core.measuring.loops import make_optimizer, make_scaler, prepare_model, train_phase
+from optlab.core.cifar.models import build_model
+from optlab.core.knobs.profiles import get_profile
+from optlab.core.measuring.timing import FASTER, INTERVAL, SLOWER, VERDICTS, page_bound, percent, speed_up
 from optlab.core.workload import WORKLOADS
 
 ROUNDS = 20  # mirrored rounds for the two ratios

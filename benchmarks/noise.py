@@ -33,11 +33,12 @@ from typing import Callable, Iterator
 import numpy as np
 import pandas as pd
 
-from optlab.core import loops, quiet
-from optlab.core.experiments import run_experiment
-from optlab.core.limits import MAX_STEPS, cpu_cores
-from optlab.core.profiles import get_profile
-from optlab.core.registry import Experiment
+from optlab.core.measuring import loops
+from optlab.core.process import quiet
+from optlab.core.run.experiments import run_experiment
+from optlab.core.knobs.limits import MAX_STEPS, cpu_cores
+from optlab.core.knobs.profiles import get_profile
+from optlab.core.techniques.registry import Experiment
 from optlab.core.workload import WORKLOADS
 
 A_A_VARIANTS = (("A", {}), ("A again", {}))

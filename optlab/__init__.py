@@ -8,14 +8,14 @@ Four layers, imports running downward only:
 - ``optlab.book``: tables, plots and the helpers a chapter calls;
 - ``optlab.commands``: the entry points (``python -m optlab``, the reference run).
 """
-from .core.config import RunConfig, changed_knobs
-from .core.device import resolve_device
-from .core.environment import capture as capture_environment, report as environment_report
+from .core.knobs.config import RunConfig, changed_knobs
+from .core.machine.device import resolve_device
+from .core.machine.environment import capture as capture_environment, report as environment_report
 from .core.errors import OptlabError
-from .core.experiments import ExperimentResult, run_experiment
-from .core.registry import Experiment, get_experiment, list_experiments
-from .core.profiles import get_profile
-from .core.store import load_record, load_samples, load_summaries
+from .core.run.experiments import ExperimentResult, run_experiment
+from .core.techniques.registry import Experiment, get_experiment, list_experiments
+from .core.knobs.profiles import get_profile
+from .core.results.store import load_record, load_samples, load_summaries
 from .core.workload import Workload, get_workload, register_workload
 from .studies.tune import InferenceResult, TuneResult, tune
 

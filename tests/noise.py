@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from optlab.core import timing
-from optlab.core.sequential import FUTILE_AFTER, visit_order
+from optlab.core.measuring import timing
+from optlab.core.stats.sequential import FUTILE_AFTER, visit_order
 
 
 def simulated_samples(rng: np.random.Generator, speed_ups: dict[str, float], repeats: int = 5, steps: int = 2,

@@ -6,14 +6,14 @@ import pandas as pd
 import pytest
 
 from optlab.studies import peaks
-from optlab.core.config import RunConfig
-from optlab.core.device import resolve_device
+from optlab.core.knobs.config import RunConfig
+from optlab.core.machine.device import resolve_device
 from optlab.core.errors import OptlabError
-from optlab.core.profiles import get_profile
-from optlab.core.registry import get_experiment
+from optlab.core.knobs.profiles import get_profile
+from optlab.core.techniques.registry import get_experiment
 from optlab.studies.learning import learning_curves
 from optlab.book.report import plot_waterfall
-from optlab.core.summary import NOT_WAITED, step_by_step
+from optlab.core.stats.summary import NOT_WAITED, step_by_step
 from tests.helpers import TINY
 
 matplotlib.use("Agg")
@@ -125,7 +125,7 @@ def test_learning_curves_refuse_zero_steps():
 
 
 def test_reference_mfu_uses_the_datasheet_peak_of_the_stored_machine(tmp_path, monkeypatch):
-    from optlab.core import store
+    from optlab.core.results import store
     record = {"schema_version": store.SCHEMA_VERSION, "technique": "all_together",
               "environment": {"gpu_name": "NVIDIA H200"},
               "effective_configs": {"resnet18": {"v": RunConfig(amp_dtype="bf16").to_dict()}},
@@ -138,7 +138,7 @@ def test_reference_mfu_uses_the_datasheet_peak_of_the_stored_machine(tmp_path, m
 
 
 def test_a_skipped_stack_step_is_left_out_of_every_later_variant():
-    from optlab.core.techniques import all_together
+    from optlab.core.techniques.cnn import all_together
 
     stack = all_together(skip=("+ bf16 autocast",))
     assert "+ bf16 autocast" not in stack.labels and len(stack.labels) == len(all_together().labels) - 1
@@ -148,8 +148,8 @@ def test_a_skipped_stack_step_is_left_out_of_every_later_variant():
 
 
 def test_without_its_workers_step_the_cpu_stack_runs_in_lockstep_rounds():
-    from optlab.core import experiments
-    from optlab.core.techniques import COMPILE_STEP, WORKERS_STEP, all_together
+    from optlab.core.run import experiments
+    from optlab.core.techniques.cnn import COMPILE_STEP, WORKERS_STEP, all_together
 
     stack = all_together(skip=(WORKERS_STEP, COMPILE_STEP))
     configs = stack.configs("resnet18", TINY)

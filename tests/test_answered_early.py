@@ -5,13 +5,13 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from optlab.core import timing
-from optlab.core.config import RunConfig
-from optlab.core.device import resolve_device
-from optlab.core.experiments import interleave, stopping_rule
-from optlab.core.sequential import ANSWERED, FUTILE_AFTER, OUT_OF_REACH, StoppingRule
-from optlab.core.summary import summarize_runs
-from optlab.core.timing import out_of_reach, speed_up
+from optlab.core.measuring import timing
+from optlab.core.knobs.config import RunConfig
+from optlab.core.machine.device import resolve_device
+from optlab.core.run.experiments import interleave, stopping_rule
+from optlab.core.stats.sequential import ANSWERED, FUTILE_AFTER, OUT_OF_REACH, StoppingRule
+from optlab.core.stats.summary import summarize_runs
+from optlab.core.measuring.timing import out_of_reach, speed_up
 from tests.test_stopping_failures import PHASES, PROFILE, runner
 
 
@@ -182,9 +182,9 @@ def test_a_real_gain_whose_rounds_were_hit_is_not_given_up():
 def test_a_run_stopped_at_its_deadline_reads_its_open_comparisons_at_its_last_look():
     """The rounds after the last look were never looked at: an open comparison is read on the rounds and at the
     level of the last look that read (that look's share of the error rate), not once more, unspent, on every round."""
-    from optlab.core.experiments import answer_columns
-    from optlab.core.sequential import Look
-    from optlab.core.summary import LOOK_CONFIDENCE, LOOK_ROUNDS
+    from optlab.core.run.experiments import answer_columns
+    from optlab.core.stats.sequential import Look
+    from optlab.core.stats.summary import LOOK_CONFIDENCE, LOOK_ROUNDS
 
     rule = StoppingRule(4, 96, comparisons={"B": "A"})
     rule.start()

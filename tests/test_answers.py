@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from optlab.core import store
+from optlab.core.results import store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from answers import answer_table, main  # noqa: E402

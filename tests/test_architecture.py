@@ -8,6 +8,10 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "optlab"
 LAYERS = ("core", "studies", "book", "commands")  # bottom to top
+# The core's own floors, bottom to top: its two shared modules, then its sub-packages; parts on one floor are peers.
+CORE_FLOORS = (("errors", "workload"), ("results", "knobs"), ("process",), ("cifar", "gpt"), ("machine",),
+               ("measuring",), ("stats", "techniques"), ("run",))
+MAX_MODULES = 12  # no folder holds more modules than this: more, and it wants sub-packages
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:
@@ -54,12 +58,24 @@ def layer(module: str) -> int | None:
     return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else None
 
 
+def core_floor(module: str) -> int | None:
+    """The floor of a core module by its part (``optlab.core.measuring.timing``: measuring's); None for the core's
+    face (``optlab.core`` itself, which imports the workloads and techniques to register them) and outside it."""
+    parts = module.split(".")
+    if parts[:2] != ["optlab", "core"] or len(parts) < 3:
+        return None
+    return next((floor for floor, names in enumerate(CORE_FLOORS) if parts[2] in names), None)
+
+
 def faults(module: str, package: Path = PACKAGE) -> list[str]:
     """What ``module`` of ``package`` does wrong: imports from a layer above it, private names it takes."""
     found, own, paths = [], layer(module), modules(package)
     for target, names in imports(paths[module], package):
         if own is not None and layer(target) is not None and layer(target) > own:
             found.append(f"{module} imports {target}, a layer above it")
+        mine, theirs = core_floor(module), core_floor(target)
+        if mine is not None and theirs is not None and theirs > mine:
+            found.append(f"{module} imports {target}, a part of the core above its own")
         private = [n for n in names if n.startswith("_") and n != "__version__"]
         if private:
             found.append(f"{module} imports private names {private} from {target}")
@@ -93,6 +109,44 @@ def import_circle(package: Path) -> list[str] | None:
         if module not in state and (circle := visit(module, [module])):
             return circle
     return None
+
+
+def test_every_core_part_has_a_floor_and_says_its_job():
+    core = PACKAGE / "core"
+    parts = {p.stem for p in core.glob("*.py") if p.stem != "__init__"} | {
+        p.name for p in core.iterdir() if (p / "__init__.py").exists()}
+    assert parts == {name for floor in CORE_FLOORS for name in floor}
+    for part in (p for p in core.iterdir() if (p / "__init__.py").exists()):
+        assert ast.get_docstring(ast.parse((part / "__init__.py").read_text())), f"core/{part.name} has no docstring"
+
+
+def folders_over(package: Path, limit: int = MAX_MODULES) -> list[str]:
+    """Every folder of ``package`` that holds more than ``limit`` modules, with its count."""
+    return [f"{folder.relative_to(package.parent)}: {count} modules"
+            for folder in (package, *(p.parent for p in package.rglob("__init__.py")))
+            if (count := len([p for p in folder.glob("*.py") if p.stem not in ("__init__", "__main__")])) > limit]
+
+
+def test_no_folder_holds_more_than_a_dozen_modules():
+    assert not folders_over(PACKAGE)
+
+
+def test_the_core_walk_sees_a_part_importing_a_part_above_it(tmp_path):
+    """The floors can fail: a measuring module that imports the run's experiments is named, and so is a crowded folder."""
+    fake = tmp_path / "optlab"
+    for folder in ("core", "core/measuring", "core/run"):
+        (fake / folder).mkdir(parents=True)
+        (fake / folder / "__init__.py").write_text('"""x"""\n')
+    (fake / "__init__.py").write_text("")
+    (fake / "core" / "measuring" / "timing.py").write_text("from ..run import experiments\n")
+    (fake / "core" / "run" / "experiments.py").write_text("from ..measuring import timing\n")
+    assert faults("optlab.core.measuring.timing", fake) == [
+        f"optlab.core.measuring.timing imports {m}, a part of the core above its own"
+        for m in ("optlab.core.run.experiments", "optlab.core.run")]
+    assert faults("optlab.core.run.experiments", fake) == []
+    for n in range(3):
+        (fake / "core" / "run" / f"m{n}.py").write_text("")
+    assert folders_over(fake, limit=3) == ["optlab/core/run: 4 modules"]
 
 
 def test_the_folders_are_the_layers():

@@ -2,9 +2,9 @@
 not run on the device gets its reason instead of numbers."""
 import pytest
 
-from optlab.core import transformer
+from optlab.core.gpt import transformer
 from optlab.core.errors import OptlabError
-from optlab.studies import attention_check
+from optlab.studies.transformer import attention_check
 
 SMALL = {"batch": 1, "heads": 2, "seq_len": 16, "head_dim": 8}
 

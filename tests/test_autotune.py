@@ -4,7 +4,7 @@ import os
 import pytest
 import torch
 
-from optlab.studies import autotune
+from optlab.studies.kernels import autotune
 from optlab.core.errors import OptlabError
 
 needs_cuda = pytest.mark.cuda

@@ -3,15 +3,15 @@ import pytest
 import torch
 from torch import nn
 
-from optlab.core.config import RunConfig
-from optlab.core.data import StandInCIFAR10
-from optlab.core.device import effective_config, resolve_device
-from optlab.core.device_data import DeviceResidentLoader, augment
+from optlab.core.knobs.config import RunConfig
+from optlab.core.cifar.data import StandInCIFAR10
+from optlab.core.machine.device import effective_config, resolve_device
+from optlab.core.cifar.device_data import DeviceResidentLoader, augment
 from optlab.core.errors import OptlabError
-from optlab.core.registry import get_experiment
-from optlab.core.experiments import run_experiment
-from optlab.core.loops import backend_flags, make_optimizer
-from optlab.core.techniques import BEYOND_TECHNIQUES
+from optlab.core.techniques.registry import get_experiment
+from optlab.core.run.experiments import run_experiment
+from optlab.core.measuring.loops import backend_flags, make_optimizer
+from optlab.core.techniques.cnn import BEYOND_TECHNIQUES
 from tests.helpers import TINY
 
 
@@ -92,7 +92,7 @@ def test_optimizer_and_device_data_variants_run():
 
 
 def test_compiling_techniques_default_to_the_launch_bound_models_of_a_profile():
-    from optlab.core.profiles import get_profile
+    from optlab.core.knobs.profiles import get_profile
 
     quick, smoke = get_profile("quick"), get_profile("smoke")
     assert get_experiment("compile").default_models(quick) == ("resnet18", "mobilenet_v2")

@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 
 from optlab.book import chapter, report
-from optlab.core import store
-from optlab.core.experiments import run_experiment
-from optlab.core.profiles import get_profile
+from optlab.core.results import store
+from optlab.core.run.experiments import run_experiment
+from optlab.core.knobs.profiles import get_profile
 from tests.helpers import TINY
 
 

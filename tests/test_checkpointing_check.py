@@ -1,9 +1,9 @@
 """Checkpointing trains the same model: the same losses and gradients as without it, from the same weights."""
 import pytest
 
-from optlab.core import transformer
+from optlab.core.gpt import transformer
 from optlab.core.errors import OptlabError
-from optlab.studies import checkpointing_check
+from optlab.studies.transformer import checkpointing_check
 
 
 def test_every_setting_gives_the_same_losses_and_gradients():

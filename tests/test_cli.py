@@ -11,10 +11,10 @@ from torch import nn
 
 import optlab
 from optlab.commands.cli import main
-from optlab.core.profiles import get_profile
-from optlab.core.registry import get_experiment
-from optlab.core.shutdown import ENDING_SIGNALS
-from optlab.core.techniques import SEED_TECHNIQUES
+from optlab.core.knobs.profiles import get_profile
+from optlab.core.techniques.registry import get_experiment
+from optlab.core.process.shutdown import ENDING_SIGNALS
+from optlab.core.techniques.cnn import SEED_TECHNIQUES
 from optlab.core.workload import WORKLOADS, get_workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,7 +66,7 @@ def test_run_prints_a_comparison_and_writes_a_record(tmp_path):
 def cheapest_technique(workload: str) -> str:
     """The registered technique of ``workload`` with the fewest variants x phases that runs on a CPU without
     compiling (the registry's order breaks ties)."""
-    from optlab.core.registry import REGISTRY
+    from optlab.core.techniques.registry import REGISTRY
 
     runnable = [e for e in REGISTRY.values() if e.workload == workload and not e.needs_cuda
                 and all(knobs.get("compile_mode", "none") == "none" for _, knobs in e.variants)]
@@ -162,14 +162,14 @@ def test_a_signal_during_a_tune_is_one_line_and_128_plus_the_signal(signum, sign
 @pytest.mark.parametrize("signum", ENDING_SIGNALS, ids=lambda signum: signal.Signals(signum).name)
 def test_a_signal_during_a_run_is_one_line_and_128_plus_the_signal(signum, signals_caught, monkeypatch, capsys,
                                                                    tmp_path):
-    monkeypatch.setattr(optlab.core.experiments, "run_experiment", signalled(signum))
+    monkeypatch.setattr(optlab.core.run.experiments, "run_experiment", signalled(signum))
     assert main(["run", "set_to_none", "--out", str(tmp_path), "--quiet"]) == 128 + signum
     assert capsys.readouterr().err == (f"optlab: stopped by {signal.Signals(signum).name}: every model finished "
                                        f"before it is kept in {tmp_path}\n")
 
 
 def test_the_last_line_starts_a_line_of_its_own_after_a_progress_bar(signals_caught, monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr(optlab.core.experiments, "run_experiment", signalled(signal.SIGINT))
+    monkeypatch.setattr(optlab.core.run.experiments, "run_experiment", signalled(signal.SIGINT))
     assert main(["run", "set_to_none", "--out", str(tmp_path)]) == 130  # the bar may be mid-line
     assert capsys.readouterr().err.startswith("\noptlab: stopped by SIGINT")
 
@@ -181,7 +181,7 @@ def test_ctrl_c_before_the_handler_is_one_line_and_exit_130(command, monkeypatch
         raise KeyboardInterrupt
 
     monkeypatch.setattr(optlab.studies.tune, "tune", interrupted)
-    monkeypatch.setattr(optlab.core.experiments, "run_experiment", interrupted)
+    monkeypatch.setattr(optlab.core.run.experiments, "run_experiment", interrupted)
     before = signal.getsignal(signal.SIGINT)  # Python's own, or SIG_IGN where a shell started this in the background
     try:
         status = main([*command, "--quiet"])

@@ -7,12 +7,13 @@ import pandas as pd
 import pytest
 import torch
 
-from optlab.studies import compile_cost
-from optlab.core import compiler, store
-from optlab.core.device import resolve_device
+from optlab.studies.kernels import compile_cost
+from optlab.core.machine import compiler
+from optlab.core.results import store
+from optlab.core.machine.device import resolve_device
 from optlab.core.errors import OptlabError
-from optlab.core.registry import get_experiment
-from optlab.core.experiments import run_experiment
+from optlab.core.techniques.registry import get_experiment
+from optlab.core.run.experiments import run_experiment
 from tests.helpers import TINY
 
 
@@ -87,8 +88,8 @@ def test_loss_agreement_of_a_test_phase_run_reads_the_first_evaluation_loss():
 
 
 def test_an_evaluation_pass_keeps_its_warm_up_losses_on_the_same_weights():
-    from optlab.core import loops
-    from optlab.core.config import RunConfig
+    from optlab.core.measuring import loops
+    from optlab.core.knobs.config import RunConfig
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
     batches = [(torch.randn(4, 3, 2, 2), torch.randint(0, 3, (4,))) for _ in range(3)]
@@ -107,7 +108,7 @@ def test_step_trace_orders_warmup_then_timed_steps_of_repeat_0():
 
 def test_missing_cpp_compiler_is_reported_before_any_work(monkeypatch):
     monkeypatch.setattr(compiler.shutil, "which", lambda name: None)
-    monkeypatch.setattr("optlab.core.experiments.cached_datasets", lambda *a: pytest.fail("work started"))
+    monkeypatch.setattr("optlab.core.run.experiments.cached_datasets", lambda *a: pytest.fail("work started"))
     with pytest.raises(OptlabError, match=r"needs a C\+\+ compiler.*g\+\+.*compile_mode 'none'"):
         run_experiment("compile", profile=TINY, device="cpu", progress=False)
     eager_only = get_experiment("compile").with_variants(("a", {}), ("b", {}))

@@ -1,6 +1,6 @@
 import pytest
 
-from optlab.core.config import KNOB_NAMES, RunConfig, apply_changes, changed_knobs
+from optlab.core.knobs.config import KNOB_NAMES, RunConfig, apply_changes, changed_knobs
 from optlab.core.errors import OptlabError
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from optlab.book import chapter, report
-from optlab.core import registry
+from optlab.core.techniques import registry
 from tests.helpers import TINY
 
 ROOT = Path(__file__).resolve().parent.parent

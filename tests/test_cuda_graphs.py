@@ -6,13 +6,13 @@ import pandas as pd
 import pytest
 import torch
 
-from optlab.studies import cuda_graphs
+from optlab.studies.kernels import cuda_graphs
 from optlab.book import report
-from optlab.core import store
-from optlab.core.device import DeviceInfo
+from optlab.core.results import store
+from optlab.core.machine.device import DeviceInfo
 from optlab.core.errors import OptlabError
-from optlab.core.loops import make_optimizer
-from optlab.core.models import build_model
+from optlab.core.measuring.loops import make_optimizer
+from optlab.core.cifar.models import build_model
 
 needs_cuda = pytest.mark.cuda
 FAKE_GPU = DeviceInfo(torch.device("cuda", 0), "fake gpu", ("none", "fp16", "bf16"))  # run_reference reads is_cuda

@@ -6,8 +6,9 @@ import torch
 from torch.utils.data import Dataset
 from torchvision.datasets import CIFAR10
 
-from optlab.core import data
-from optlab.core.config import RunConfig
+from optlab.core import workload
+from optlab.core.cifar import data
+from optlab.core.knobs.config import RunConfig
 from optlab.core.errors import OptlabError
 
 
@@ -47,7 +48,7 @@ def test_source_is_the_standin_without_cifar(tmp_path, monkeypatch):
     monkeypatch.setenv("OPTLAB_DATA", str(tmp_path))
     source = data.find_source()
     assert source.kind == "stand-in" and "$OPTLAB_DATA" in source.description and str(tmp_path) not in source.description
-    assert data.data_dir() == tmp_path
+    assert workload.data_dir() == tmp_path
 
 
 def _write_fake_cifar(root):

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from optlab.core.config import RunConfig
-from optlab.core.device import DeviceInfo, effective_config, resolve_device
+from optlab.core.knobs.config import RunConfig
+from optlab.core.machine.device import DeviceInfo, effective_config, resolve_device
 from optlab.core.errors import OptlabError
 
 

@@ -12,12 +12,12 @@ import torch
 
 import optlab
 from optlab.studies import distributed
-from optlab.core import store
+from optlab.core.results import store
 from optlab.commands.cli import main
 from optlab.core.errors import OptlabError
-from optlab.core.registry import get_experiment
-from optlab.core.loops import PhaseResult
-from optlab.core.profiles import get_profile
+from optlab.core.techniques.registry import get_experiment
+from optlab.core.measuring.loops import PhaseResult
+from optlab.core.knobs.profiles import get_profile
 
 TINY_DDP = get_profile("smoke").with_sizes(repeats=2)  # 2 rounds: enough to load a record back
 LAUNCH_TIMEOUT_S = 300  # the subprocess limit: a hang fails the test instead of stalling the suite
@@ -220,14 +220,14 @@ def test_each_rank_selects_its_local_rank_before_any_other_cuda_call(two_fake_gp
 
 
 def test_plain_cuda_under_torchrun_means_the_local_ranks_gpu(two_fake_gpus, monkeypatch):
-    from optlab.core.device import resolve_device
+    from optlab.core.machine.device import resolve_device
 
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert resolve_device("cuda").device == torch.device("cuda", 1) and two_fake_gpus == [1]
 
 
 def test_the_ddp_loop_rotates_the_variants_as_every_other_run_does():
-    from optlab.core.sequential import visit_order
+    from optlab.core.stats.sequential import visit_order
 
     order = list(distributed.training.visits(["A", "B", "C"], 4))
     assert order == [(0, "A"), (0, "B"), (0, "C"), (1, "C"), (1, "B"), (1, "A"), (2, "B"), (2, "C"), (2, "A"),

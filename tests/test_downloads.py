@@ -7,7 +7,7 @@ import pytest
 
 import optlab
 from optlab.book import chapter, downloads
-from optlab.core import store
+from optlab.core.results import store
 
 
 def record(technique: str, machine: str, gpu: "str | None" = None) -> dict:
@@ -109,7 +109,8 @@ def test_stored_tables_offer_each_machines_table_of_that_name_only(folders):
 
 def test_the_tables_chapters_offer_are_the_ones_run_reference_writes(folders, monkeypatch):
     """Chapters 11 and 15 name their stored tables by the constants that the GPU reference runs save them under."""
-    from optlab.studies import cuda_graphs, profiling
+    from optlab.studies.kernels import cuda_graphs
+    from optlab.studies import profiling
 
     _, reference, _ = folders
     monkeypatch.setattr(cuda_graphs, "resolve_device", lambda device: SimpleNamespace(is_cuda=True))  # a GPU's run

@@ -1,5 +1,5 @@
-from optlab.core.device import resolve_device
-from optlab.core.environment import capture, report
+from optlab.core.machine.device import resolve_device
+from optlab.core.machine.environment import capture, report
 
 
 def test_environment_has_every_promised_field():

@@ -1,13 +1,14 @@
 import pytest
 import torch
 
-from optlab.core import experiments, loops
-from optlab.core.store import load_samples
+from optlab.core.run import experiments
+from optlab.core.measuring import loops
+from optlab.core.results.store import load_samples
 from optlab.core.errors import OptlabError
-from optlab.core.registry import Experiment, get_experiment, list_experiments
-from optlab.core.experiments import run_experiment
-from optlab.core.seed import seed_results
-from optlab.core.techniques import SEED_TECHNIQUES
+from optlab.core.techniques.registry import Experiment, get_experiment, list_experiments
+from optlab.core.run.experiments import run_experiment
+from optlab.core.results.seed import seed_results
+from optlab.core.techniques.cnn import SEED_TECHNIQUES
 from tests.helpers import TINY
 
 AA = Experiment("a_a", "the same config twice", "", variants=(("A", {}), ("A again", {})))

@@ -9,13 +9,16 @@ import pytest
 import torch
 
 from optlab.book import report
-from optlab.core import loops, transformer
-from optlab.core.device import resolve_device
+from optlab.core.measuring import loops
+from optlab.core.gpt import transformer
+from optlab.core.machine.device import resolve_device
 from optlab.core.errors import OptlabError
-from optlab.core.fp8 import scaled_mm_runs
-from optlab.core.profiles import get_profile
-from optlab.core.registry import get_experiment
-from optlab.studies import compile_block, compile_cost, fp8_training, learning, numerics, optimizer_memory
+from optlab.core.gpt.fp8 import scaled_mm_runs
+from optlab.core.knobs.profiles import get_profile
+from optlab.core.techniques.registry import get_experiment
+from optlab.studies.kernels import compile_block, compile_cost, numerics
+from optlab.studies.transformer import fp8_training
+from optlab.studies import learning, optimizer_memory
 
 
 @pytest.mark.skipif(scaled_mm_runs("cpu") is not None, reason="torch._scaled_mm does not run here")

@@ -8,19 +8,19 @@ import pytest
 import torch
 from torch.utils.data import RandomSampler, TensorDataset
 
-from optlab.core import gpt_techniques
-from optlab.core.config import RunConfig
-from optlab.core.device import effective_config, resolve_device
+from optlab.core.techniques import gpt as gpt_techniques
+from optlab.core.knobs.config import RunConfig
+from optlab.core.machine.device import effective_config, resolve_device
 from optlab.core.errors import OptlabError
-from optlab.core.experiments import run_experiment
-from optlab.core.flops import config_step_flops, forward_flops_of
+from optlab.core.run.experiments import run_experiment
+from optlab.core.measuring.flops import config_step_flops, forward_flops_of
 from optlab.core.gpt import GPT_WORKLOAD, gpt_config, sequence_length
-from optlab.core.no_effect import NO_EFFECT
-from optlab.core.profiles import get_profile
-from optlab.core.techniques import technique_set
-from optlab.core.text_data import TokenWindows
-from optlab.core.transformer import GPT_SIZES, forward_flops
-from optlab.core.variants import build_state
+from optlab.core.techniques.no_effect import NO_EFFECT
+from optlab.core.knobs.profiles import get_profile
+from optlab.core.techniques.cnn import technique_set
+from optlab.core.gpt.text_data import TokenWindows
+from optlab.core.gpt.transformer import GPT_SIZES, forward_flops
+from optlab.core.run.variants import build_state
 from tests.helpers import TINY
 
 GPT_PROFILE = replace(TINY, name="smoke", models=("gpt_tiny",), steps=2, test_steps=1, repeats=2)

@@ -11,14 +11,17 @@ import pytest
 import torch
 
 from optlab.commands.cli import main
-from optlab.core import compiler, device, environment, experiments, loops, memory, store
-from optlab.core.config import RunConfig
-from optlab.core.device import DeviceInfo, effective_config, resolve_device
-from optlab.core.device_data import DeviceResidentLoader, augment
-from optlab.core.models import build_model
+from optlab.core.machine import compiler, device, environment
+from optlab.core.run import experiments
+from optlab.core.measuring import loops, memory
+from optlab.core.results import store
+from optlab.core.knobs.config import RunConfig
+from optlab.core.machine.device import DeviceInfo, effective_config, resolve_device
+from optlab.core.cifar.device_data import DeviceResidentLoader, augment
+from optlab.core.cifar.models import build_model
 from optlab.core.errors import OptlabError
-from optlab.core.registry import Experiment, get_experiment
-from optlab.core.techniques import LAUNCH_BOUND_MODELS, compile_with_max_autotune
+from optlab.core.techniques.registry import Experiment, get_experiment
+from optlab.core.techniques.cnn import LAUNCH_BOUND_MODELS, compile_with_max_autotune
 from optlab.studies import learning
 from tests.helpers import TINY
 

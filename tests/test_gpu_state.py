@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from optlab.core import gpu_sampler, gpu_state
-from optlab.core.device import resolve_device
-from optlab.core.environment import capture, report
+from optlab.core.machine import gpu_sampler, gpu_state
+from optlab.core.machine.device import resolve_device
+from optlab.core.machine.environment import capture, report
 
 
 class FakeNVMLError(Exception):

@@ -5,11 +5,12 @@ import pytest
 import torch
 
 from optlab.book import report
-from optlab.core import compiler, loops, memory
-from optlab.core.config import RunConfig
-from optlab.core.samples import sample_row
-from optlab.core.summary import summarize_runs
-from optlab.core.timing import FASTER
+from optlab.core.machine import compiler
+from optlab.core.measuring import loops, memory
+from optlab.core.knobs.config import RunConfig
+from optlab.core.measuring.samples import sample_row
+from optlab.core.stats.summary import summarize_runs
+from optlab.core.measuring.timing import FASTER
 
 CPU = torch.device("cpu")
 

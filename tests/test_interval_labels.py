@@ -6,7 +6,7 @@ from pathlib import Path
 import pandas as pd
 
 from optlab.book import report
-from optlab.core import timing
+from optlab.core.measuring import timing
 
 ROOT = Path(__file__).resolve().parent.parent
 LEVEL_LABEL = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s?%\s?(?:confidence\s)?(?:interval|CI)\b", re.IGNORECASE)

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from optlab.core.errors import OptlabError
-from optlab.studies import largest_batch
+from optlab.studies.transformer import largest_batch
 
 
 @pytest.mark.parametrize("fits_up_to, limit, expected", [(37, 1024, 37), (37, 20, 20), (0, 8, 0), (1, 1, 1),

@@ -4,9 +4,9 @@ import time
 import pytest
 
 from optlab.commands.cli import main
-from optlab.core import limits
+from optlab.core.knobs import limits
 from optlab.core.errors import OptlabError
-from optlab.core.profiles import get_profile
+from optlab.core.knobs.profiles import get_profile
 from optlab.studies.distributed.group import check_world_size
 from optlab.studies.distributed.parity import parity
 

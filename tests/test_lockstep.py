@@ -8,12 +8,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from optlab.core import experiments
-from optlab.core.config import RunConfig
-from optlab.core.device import resolve_device
-from optlab.core.profiles import get_profile
-from optlab.core.registry import Experiment
-from optlab.core.timing import StepTimer
+from optlab.core.run import experiments
+from optlab.core.knobs.config import RunConfig
+from optlab.core.machine.device import resolve_device
+from optlab.core.knobs.profiles import get_profile
+from optlab.core.techniques.registry import Experiment
+from optlab.core.measuring.timing import StepTimer
 
 TWO_COPIES = Experiment("two_copies", "one configuration twice", "", variants=(("A", {}), ("A again", {})))
 WORKERS = Experiment("two_loaders", "no workers against one", "", phases=("train",),

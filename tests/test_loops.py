@@ -7,9 +7,11 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from optlab.core import memory
-from optlab.core.config import RunConfig
-from optlab.core.loops import eval_phase, grad_mode, make_optimizer, make_scaler, run_timed, train_phase, train_step
+from optlab.core.measuring import memory
+from optlab.core.knobs.config import RunConfig
+from optlab.core.measuring.loops import (
+    eval_phase, grad_mode, make_optimizer, make_scaler, run_timed, train_phase, train_step,
+)
 
 CPU = torch.device("cpu")
 

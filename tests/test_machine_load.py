@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from optlab.core import machine_load
+from optlab.core.machine import machine_load
 
 CPU_LINE = "cpu  {user} 0 {system} {idle} {iowait} 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n"
 
@@ -75,8 +75,8 @@ def test_ordinary_step_times_are_not_called_quantised():
 
 
 def test_a_run_records_the_load_of_every_model(capsys):
-    from optlab.core.experiments import run_experiment
-    from optlab.core.registry import Experiment
+    from optlab.core.run.experiments import run_experiment
+    from optlab.core.techniques.registry import Experiment
     from tests.helpers import TINY
 
     run = run_experiment(Experiment("aa", "", "", variants=(("A", {}), ("B", {})), phases=("test",)),

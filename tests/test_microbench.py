@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 import torch
 
-from optlab.studies import microbench
+from optlab.studies.kernels import microbench
 from optlab import resolve_device
 from optlab.core.errors import OptlabError
 

@@ -3,12 +3,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-from optlab.core import experiments, flops, sequential
-from optlab.core.config import RunConfig
+from optlab.core.run import experiments
+from optlab.core.measuring import flops
+from optlab.core.stats import sequential
+from optlab.core.knobs.config import RunConfig
 from optlab.core.errors import OptlabError
-from optlab.core.flops import forward_flops_per_image, step_flops
-from optlab.core.models import MODEL_NAMES, build_model, conv_and_linear_widths, count_parameters, example_input
-from optlab.core.registry import Experiment
+from optlab.core.measuring.flops import forward_flops_per_image, step_flops
+from optlab.core.cifar.models import MODEL_NAMES, build_model, conv_and_linear_widths, count_parameters, example_input
+from optlab.core.techniques.registry import Experiment
 from tests.helpers import TINY
 
 

@@ -6,12 +6,12 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from optlab.book import report, summary_page  # noqa: E402
-from optlab.core.config import RunConfig  # noqa: E402
-from optlab.core.device import effective_config, resolve_device  # noqa: E402
-from optlab.core.experiments import run_experiment  # noqa: E402
-from optlab.core.no_effect import NO_EFFECT, is_no_effect, no_effect_variants  # noqa: E402
-from optlab.core.registry import Experiment, get_experiment  # noqa: E402
-from optlab.core.summary import CONTROL  # noqa: E402
+from optlab.core.knobs.config import RunConfig  # noqa: E402
+from optlab.core.machine.device import effective_config, resolve_device  # noqa: E402
+from optlab.core.run.experiments import run_experiment  # noqa: E402
+from optlab.core.techniques.no_effect import NO_EFFECT, is_no_effect, no_effect_variants  # noqa: E402
+from optlab.core.techniques.registry import Experiment, get_experiment  # noqa: E402
+from optlab.core.stats.summary import CONTROL  # noqa: E402
 from tests.helpers import TINY  # noqa: E402
 
 CPU = resolve_device("cpu")

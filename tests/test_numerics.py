@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from optlab.studies import numerics
-from optlab.core import store
-from optlab.core.config import RunConfig
-from optlab.core.device import DeviceInfo, resolve_device
+from optlab.studies.kernels import numerics
+from optlab.core.results import store
+from optlab.core.knobs.config import RunConfig
+from optlab.core.machine.device import DeviceInfo, resolve_device
 from optlab.core.errors import OptlabError
 from optlab.studies.peaks import has_tf32
 from tests.helpers import TINY

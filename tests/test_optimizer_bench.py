@@ -6,8 +6,8 @@ from torch import nn
 
 from optlab.studies import optimizer_bench
 from optlab import resolve_device
-from optlab.core import store
-from optlab.core.config import RunConfig
+from optlab.core.results import store
+from optlab.core.knobs.config import RunConfig
 from optlab.core.errors import OptlabError
 from tests.helpers import TINY
 

@@ -5,12 +5,12 @@ import pytest
 import torch
 from torch import nn
 
-from optlab.core.device import DeviceInfo, effective_config, resolve_device
-from optlab.core.profiles import get_profile
-from optlab.core.registry import REGISTRY, get_experiment
-from optlab.core.loops import PhaseResult
-from optlab.core.samples import sample_row
-from optlab.core.transformer import GPT, GPT_SIZES
+from optlab.core.machine.device import DeviceInfo, effective_config, resolve_device
+from optlab.core.knobs.profiles import get_profile
+from optlab.core.techniques.registry import REGISTRY, get_experiment
+from optlab.core.measuring.loops import PhaseResult
+from optlab.core.measuring.samples import sample_row
+from optlab.core.gpt.transformer import GPT, GPT_SIZES
 from optlab.studies import peaks
 
 # NVIDIA's H200 SXM datasheet, dense (TFLOP/s)

@@ -13,10 +13,10 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils.data import DataLoader, TensorDataset
 
 from optlab.studies import pipeline, profiling
-from optlab.core.config import RunConfig
-from optlab.core.device_data import DeviceResidentLoader
+from optlab.core.knobs.config import RunConfig
+from optlab.core.cifar.device_data import DeviceResidentLoader
 from optlab.core.errors import OptlabError
-from optlab.core.registry import get_experiment
+from optlab.core.techniques.registry import get_experiment
 from optlab.studies.profiling import Span
 from tests.helpers import TINY
 

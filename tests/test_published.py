@@ -1,7 +1,7 @@
 import pandas as pd
 import pytest
 
-from optlab.core import published
+from optlab.core.results import published
 from optlab.core.errors import OptlabError
 
 

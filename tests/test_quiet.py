@@ -8,11 +8,12 @@ import pandas as pd
 import pytest
 import torch
 
-from optlab.core import loops, quiet
+from optlab.core.measuring import loops
+from optlab.core.process import quiet
 from optlab.core.errors import OptlabError
-from optlab.core.experiments import run_experiment
-from optlab.core.limits import cpu_cores
-from optlab.core.registry import Experiment
+from optlab.core.run.experiments import run_experiment
+from optlab.core.knobs.limits import cpu_cores
+from optlab.core.techniques.registry import Experiment
 from tests.helpers import TINY
 
 

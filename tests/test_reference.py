@@ -13,11 +13,13 @@ import pytest
 
 from optlab.commands import reference
 from optlab.commands.cli import main
-from optlab.core import experiments, shutdown, store
+from optlab.core.run import experiments
+from optlab.core.process import shutdown
+from optlab.core.results import store
 from optlab.core.errors import OptlabError
-from optlab.core.profiles import get_profile
-from optlab.core.registry import get_experiment
-from optlab.core.techniques import SEED_TECHNIQUES, technique_set
+from optlab.core.knobs.profiles import get_profile
+from optlab.core.techniques.registry import get_experiment
+from optlab.core.techniques.cnn import SEED_TECHNIQUES, technique_set
 from tests.helpers import TINY
 from tests.test_experiments import AA
 
@@ -47,7 +49,7 @@ def test_no_part_needs_more_than_four_minutes_and_compiling_is_cheap_enough():
 
 def test_the_estimate_follows_the_step_time_table():
     """One model, one variant, train only: setup, then steps at the table's time, worker start-ups per repeat."""
-    from optlab.core.registry import Experiment
+    from optlab.core.techniques.registry import Experiment
 
     one = Experiment("one", "one", "", phases=("train",), variants=(("A", {}), ("B", {})))
     config = one.configs("resnet50", QUICK)["A"]
@@ -120,7 +122,7 @@ def test_max_autotune_keeps_a_margin_inside_its_part_and_the_plan_says_what_it_a
 def test_the_estimate_stops_at_the_time_budget():
     """Repeats past the minimum start only while they fit the profile's time budget, which the rounds' compilation
     counts in: the plan counts the set-up and the budget, or the fewest repeats where they take longer."""
-    from optlab.core.registry import Experiment
+    from optlab.core.techniques.registry import Experiment
 
     one = Experiment("one", "one", "", phases=("train",), variants=(("A", {}), ("B", {})))
     configs = {"A": one.configs("resnet101", QUICK)["A"]}

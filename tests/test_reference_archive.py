@@ -12,10 +12,12 @@ import torch
 
 from optlab.commands import reference
 from optlab.commands.cli import main
-from optlab.core import archive, experiments, gpu_sampler, store
+from optlab.core.results import archive, store
+from optlab.core.run import experiments
+from optlab.core.machine import gpu_sampler
 from optlab.core.errors import OptlabError
-from optlab.core.flops import step_flops
-from optlab.core.profiles import get_profile
+from optlab.core.measuring.flops import step_flops
+from optlab.core.knobs.profiles import get_profile
 from tests.helpers import TINY
 from tests.test_gpu_state import IDLE, counting_nvml
 

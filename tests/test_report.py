@@ -7,10 +7,10 @@ import pytest  # noqa: E402
 from matplotlib.collections import LineCollection, PathCollection  # noqa: E402
 
 from optlab.book import report  # noqa: E402
-from optlab.core import store  # noqa: E402
-from optlab.core.experiments import run_experiment  # noqa: E402
-from optlab.core.seed import seed_results, seed_speedups  # noqa: E402
-from optlab.core.summary import CONTROL  # noqa: E402
+from optlab.core.results import store  # noqa: E402
+from optlab.core.run.experiments import run_experiment  # noqa: E402
+from optlab.core.results.seed import seed_results, seed_speedups  # noqa: E402
+from optlab.core.stats.summary import CONTROL  # noqa: E402
 from tests.helpers import TINY  # noqa: E402
 
 LABELS = ["w/o gradient none", "w gradient none"]

@@ -10,9 +10,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from optlab.core import timing
-from optlab.core.profiles import get_profile
-from optlab.core.sequential import StoppingRule, look_points, visit_order
+from optlab.core.measuring import timing
+from optlab.core.knobs.profiles import get_profile
+from optlab.core.stats.sequential import StoppingRule, look_points, visit_order
 from tests.noise import Noise, look_plan, sequential_outcomes
 
 HEAVY = dict(slot_effect=0.015, outlier_rate=0.05)

@@ -19,7 +19,9 @@ from optlab.studies.distributed import job_of_one, shard_commands
 from optlab.studies.distributed.clusters import SCRIPT, cluster_commands
 from optlab.studies.distributed.shard_checkpoint import ROUND_TRIP_TOLERANCE, load_checkpoint
 from optlab.studies.distributed.shard_study import SHARD_TOLERANCE, ShardStudy, shard_rank, shard_study
-from optlab.studies.distributed.sharding import DEPTH, TRANSFORMER, Workload, build_transformer, next_token_loss, shard
+from optlab.studies.distributed.sharding import (
+    DEPTH, TRANSFORMER, Workload, build_transformer, next_token_loss, shard,
+)
 
 LAUNCH_TIMEOUT_S = 300
 

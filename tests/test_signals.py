@@ -17,10 +17,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from optlab.commands import cli, reference
-from optlab.core import archive as archives, shutdown, store
-from optlab.core.config import RunConfig
-from optlab.core.loader import make_loader
-from optlab.core.shutdown import Interrupted, signals_interrupt
+from optlab.core.results import archive as archives, store
+from optlab.core.process import shutdown
+from optlab.core.knobs.config import RunConfig
+from optlab.core.process.loader import make_loader
+from optlab.core.process.shutdown import Interrupted, signals_interrupt
 
 ENDING = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP]
 

@@ -9,13 +9,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from optlab.core import timing
-from optlab.core.gpt_techniques import GPT_ALL_TOGETHER, gpt_all_together, gpt_stack
-from optlab.core.profiles import get_profile
-from optlab.core.sequential import FUTILE_AFTER, StoppingRule
-from optlab.core.summary import NOT_WAITED, step_by_step
-from optlab.core.registry import chained
-from optlab.core.techniques import ALL_TOGETHER, COMPILE_STEP, WORKERS_STEP, all_together
+from optlab.core.measuring import timing
+from optlab.core.techniques.gpt import GPT_ALL_TOGETHER, gpt_all_together, gpt_stack
+from optlab.core.knobs.profiles import get_profile
+from optlab.core.stats.sequential import FUTILE_AFTER, StoppingRule
+from optlab.core.stats.summary import NOT_WAITED, step_by_step
+from optlab.core.techniques.registry import chained
+from optlab.core.techniques.cnn import ALL_TOGETHER, COMPILE_STEP, WORKERS_STEP, all_together
 from tests.noise import Noise, look_plan, simulated_round_times
 from tests.test_answered_early import run
 

@@ -7,13 +7,13 @@ import pandas as pd
 import pytest
 from tqdm import tqdm
 
-from optlab.core import timing
-from optlab.core.config import RunConfig
-from optlab.core.device import resolve_device
-from optlab.core.experiments import interleave, stopping_rule
-from optlab.core.loops import PhaseResult
-from optlab.core.profiles import Profile
-from optlab.core.summary import summarize_runs
+from optlab.core.measuring import timing
+from optlab.core.knobs.config import RunConfig
+from optlab.core.machine.device import resolve_device
+from optlab.core.run.experiments import interleave, stopping_rule
+from optlab.core.measuring.loops import PhaseResult
+from optlab.core.knobs.profiles import Profile
+from optlab.core.stats.summary import summarize_runs
 
 PROFILE = Profile("fake", ("m",), batch_size=16, width=0.125, warmup_steps=0, steps=2, test_steps=2, repeats=4,
                   max_repeats=12, num_workers=0)

@@ -3,9 +3,9 @@ import json
 import pandas as pd
 import pytest
 
-from optlab.core import store
+from optlab.core.results import store
 from optlab.core.errors import OptlabError
-from optlab.core.experiments import run_experiment
+from optlab.core.run.experiments import run_experiment
 from tests.helpers import TINY
 from tests.test_experiments import AA
 

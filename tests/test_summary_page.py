@@ -5,7 +5,7 @@ matplotlib.use("Agg")
 import pandas as pd  # noqa: E402
 
 from optlab.book import report, summary_page  # noqa: E402
-from optlab.core.techniques import SEED_TECHNIQUES  # noqa: E402
+from optlab.core.techniques.cnn import SEED_TECHNIQUES  # noqa: E402
 
 LIVE_COLUMN = "live (99.5 % sequential interval)"  # the literal label: not built from the code's constant
 

@@ -7,10 +7,11 @@ import urllib.error
 import pytest
 import torch
 
-from optlab.core import text_data
+from optlab.core.gpt import text_data
 from optlab.core.errors import OptlabError
-from optlab.core.text_data import (SHAKESPEARE_ALPHABET, SHAKESPEARE_SIZE, entropy_levels, load_corpus, text_datasets,
-                                   to_alphabet)
+from optlab.core.gpt.text_data import (
+    SHAKESPEARE_ALPHABET, SHAKESPEARE_SIZE, entropy_levels, load_corpus, text_datasets, to_alphabet,
+)
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 import pytest
 
 from optlab import resolve_device
-from optlab.studies import tf32
+from optlab.studies.kernels import tf32
 from optlab.core.errors import OptlabError
 from optlab.studies.peaks import has_tf32
 

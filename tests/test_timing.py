@@ -6,9 +6,11 @@ import pandas as pd
 import pytest
 import torch
 
-from optlab.core import timing
-from optlab.core.summary import summarize_runs
-from optlab.core.timing import CONFIDENCE, StepTimer, epoch_equivalent, speed_up, summarize, t_quantile, verdict
+from optlab.core.measuring import timing
+from optlab.core.stats.summary import summarize_runs
+from optlab.core.measuring.timing import (
+    CONFIDENCE, StepTimer, epoch_equivalent, speed_up, summarize, t_quantile, verdict,
+)
 from tests.noise import paired_epoch_times, simulated_samples
 
 
@@ -117,7 +119,7 @@ def test_the_round_noise_is_the_spread_of_a_round_s_log_ratio():
 
 def test_a_too_wide_interval_is_named_not_printed():
     from optlab.book import report
-    from optlab.core.timing import interval_text
+    from optlab.core.measuring.timing import interval_text
     assert report.speedup_text(0.89, 0.0001, 3e7, 3) == "0.890 (interval too wide to tell after 3 rounds)"
     assert report.speedup_text(1.10, 1.05, 1.15, 8) == "1.10 (1.05–1.15)"
     assert interval_text(0.0, 3e7) == "too wide to tell" and interval_text(1.0, 1.1) == "1.00-1.10"

@@ -1,9 +1,9 @@
 import pandas as pd
 import pytest
 
-from optlab.core.config import RunConfig
+from optlab.core.knobs.config import RunConfig
 from optlab.core.errors import OptlabError
-from optlab.studies import token_costs
+from optlab.studies.transformer import token_costs
 
 TINY = RunConfig(workload="gpt", model="gpt_tiny", batch_size=8, vocab_size=128)  # 2 layers, 64 wide, 64 tokens
 
@@ -48,7 +48,7 @@ def test_stack_throughput_lists_the_steps_in_order_with_rate_mfu_and_memory():
 
 
 def test_the_summary_carries_each_variants_median_throughput_in_its_unit():
-    from optlab.core.summary import summarize_runs
+    from optlab.core.stats.summary import summarize_runs
 
     samples = pd.DataFrame([{"model": "gpt_tiny", "phase": "train", "variant": variant, "repeat": repeat, "status": "ok",
                              "epoch_equiv_s": 1.0 + repeat / 10, "step_median_s": 0.1, "startup_s": 0.0,

@@ -9,9 +9,11 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from optlab.core.errors import OptlabError
-from optlab.core.text_data import random_batch, text_datasets
-from optlab.core.transformer import (ATTENTIONS, CHECKPOINTINGS, GPT, GPT_SIZES, GPTConfig, attention_support,
-                                     forward_flops, parameter_count)
+from optlab.core.gpt.text_data import random_batch, text_datasets
+from optlab.core.gpt.transformer import (
+    ATTENTIONS, CHECKPOINTINGS, GPT, GPT_SIZES, GPTConfig, attention_support, forward_flops,
+    parameter_count,
+)
 
 TINY = GPT_SIZES["gpt_tiny"]
 # float32 on a CPU: the kernels sum in different orders, so logits agree to about 1e-6; gradients to about 1e-5

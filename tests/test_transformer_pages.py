@@ -8,11 +8,13 @@ import pandas as pd
 import pytest
 
 from optlab.book import chapter, report
-from optlab.core import gpt_techniques, published
+from optlab.core.techniques import gpt as gpt_techniques
+from optlab.core.results import published
 from optlab.core.errors import OptlabError
-from optlab.core.registry import get_experiment
-from optlab.core.timing import FASTER
-from optlab.studies import learning, token_costs
+from optlab.core.techniques.registry import get_experiment
+from optlab.core.measuring.timing import FASTER
+from optlab.studies import learning
+from optlab.studies.transformer import token_costs
 
 ROOT = Path(__file__).resolve().parents[1]
 

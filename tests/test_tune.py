@@ -10,10 +10,10 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 import optlab
 from optlab.commands.cli import main
-from optlab.core import compiler
-from optlab.core.config import RunConfig
+from optlab.core.machine import compiler
+from optlab.core.knobs.config import RunConfig
 from optlab.core.errors import OptlabError
-from optlab.core.store import load_samples
+from optlab.core.results.store import load_samples
 from optlab.studies.tune import NothingRecommended, training as tune_module
 from optlab.studies.tune.training import code_lines, decide, loss_change, stack_steps
 from tests.helpers import TINY
@@ -65,7 +65,7 @@ def test_every_step_of_the_stack_has_a_row_with_a_decision(loader_result):
     assert set(table["decision"]) <= {"kept", "not kept", "not kept: loss changed", "skipped", "failed"}
     measured = table[table["decision"] != "skipped"]
     assert set(measured.index) == {"+ bf16 autocast", "+ channels_last", "+ set_to_none, fused SGD"} - (
-        set() if optlab.core.device.native_bf16(optlab.resolve_device("cpu")) else {"+ bf16 autocast"})
+        set() if optlab.core.machine.device.native_bf16(optlab.resolve_device("cpu")) else {"+ bf16 autocast"})
     assert (measured["speedup"] > 0).all() and (measured["ci_low"] <= measured["ci_high"]).all()
     assert (measured["loss_change"] >= 0).all()
     assert "keeps its own workers" in table.loc["+ 4 workers, pinned, non_blocking", "reason"]
@@ -430,8 +430,8 @@ def test_synthetic_batches_on_cuda_are_pinned_once_and_their_copy_is_charged_to_
     """With a fake clock: a copy to the GPU costs 2 ms of host time (pinned, non_blocking) and a step 1 ms. Every
     config that copies is timed at 3 ms a step; data on the device at 1 ms: "+ data on device" is credited with
     the pinned copy alone, not with a pageable blocking copy that no real pinned loader would pay."""
-    from optlab.core import loops
-    from optlab.core.config import RunConfig
+    from optlab.core.measuring import loops
+    from optlab.core.knobs.config import RunConfig
     from optlab.studies.tune import inputs as tune_inputs
 
     clock, copies, pins = _FakeClock(), [], []

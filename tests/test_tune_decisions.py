@@ -7,8 +7,8 @@ import pytest
 from torch import nn
 
 import optlab
-from optlab.core.config import RunConfig
-from optlab.core.timing import FASTER, SAME, SLOWER, UNCLEAR
+from optlab.core.knobs.config import RunConfig
+from optlab.core.measuring.timing import FASTER, SAME, SLOWER, UNCLEAR
 from optlab.studies import tune_inference as inference
 from optlab.studies.tune.recommendation import NothingRecommended, Recommendation, check_something_measured
 from optlab.studies.tune_inference import CHANNELS_LAST, FINAL, INFERENCE_MODE, START, decide

@@ -11,7 +11,7 @@ from torch import nn
 
 import optlab
 from optlab.commands.cli import main
-from optlab.core import compiler
+from optlab.core.machine import compiler
 from optlab.studies.tune import batch_sweep
 
 ROWS, FEATURES, EXTRA, CLASSES = 6, 4, 2, 3

@@ -13,15 +13,16 @@ from torch.utils.data import TensorDataset
 
 import optlab
 from optlab.commands.cli import main
-from optlab.core import compiler, machine_load
+from optlab.core.machine import compiler, machine_load
 from optlab.core.errors import OptlabError
-from optlab.core.store import load_samples
+from optlab.core.results.store import load_samples
 from optlab.studies.tune import batch_sweep, inference, inputs, training as tune_module
-from optlab.core.memory import is_out_of_memory
+from optlab.core.measuring.memory import is_out_of_memory
 from optlab.studies.tune.batch_sweep import SweepTarget, doubling_series, sweep
 from optlab.studies.tune.output_check import output_change, within_tolerance
-from optlab.studies.tune.inference import (AUTOCAST, CHANNELS_LAST, COMPILE, CUDA_GRAPHS, INFERENCE_MODE,
-                                           STEP_LABELS, code_lines)
+from optlab.studies.tune.inference import (
+    AUTOCAST, CHANNELS_LAST, COMPILE, CUDA_GRAPHS, INFERENCE_MODE, STEP_LABELS, code_lines,
+)
 from tests.helpers import TINY
 
 NO_COMPILE = [label for label in STEP_LABELS if label not in (COMPILE, CUDA_GRAPHS)]
@@ -118,8 +119,8 @@ def test_every_step_has_a_row_with_its_precision_and_output_check(cnn_result):
     table = result.steps.set_index("step")
     assert list(table.index) == list(STEP_LABELS)
     measured = table[table["decision"] != "skipped"]
-    native = optlab.core.device.native_bf16(optlab.resolve_device("cpu")) or \
-        optlab.core.device.native_fp16(optlab.resolve_device("cpu"))
+    native = optlab.core.machine.device.native_bf16(optlab.resolve_device("cpu")) or \
+        optlab.core.machine.device.native_fp16(optlab.resolve_device("cpu"))
     assert set(measured.index) == {INFERENCE_MODE, CHANNELS_LAST} | ({AUTOCAST} if native else set())
     assert set(measured["decision"]) <= {"kept", "not kept", "not kept: outputs changed"}
     assert (measured["speedup"] > 0).all() and (measured["max_error"] >= 0).all()
@@ -518,7 +519,7 @@ def test_a_model_whose_outputs_are_all_the_same_is_said_to_defeat_the_check(caps
 
 
 def test_on_a_gpu_fp32_is_held_to_tf32s_tolerance_and_autocast_falls_back_to_fp16(monkeypatch):
-    from optlab.core.device import DeviceInfo
+    from optlab.core.machine.device import DeviceInfo
     from optlab.studies.tune.output_check import precision, tolerance
     from optlab.studies.tune.inference import autocast_dtype
 

@@ -12,10 +12,11 @@ from torch import nn
 
 import optlab
 from optlab.commands.cli import main
-from optlab.core import compiler, loops, memory
-from optlab.core.config import RunConfig
+from optlab.core.machine import compiler
+from optlab.core.measuring import loops, memory
+from optlab.core.knobs.config import RunConfig
 from optlab.core.errors import OptlabError
-from optlab.core.memory import is_out_of_memory
+from optlab.core.measuring.memory import is_out_of_memory
 from optlab.studies.tune import batch_sweep, inference, training
 from optlab.studies.tune.batch_sweep import Served, SweepTarget, request_latency, sweep
 from optlab.studies.tune.examples import IGNORE, examples_from, next_tokens, parse_input

@@ -7,12 +7,12 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from optlab.core import loops, memory
-from optlab.core.config import RunConfig
+from optlab.core.measuring import loops, memory
+from optlab.core.knobs.config import RunConfig
 from optlab.core.errors import OptlabError
-from optlab.core.experiments import run_experiment
-from optlab.core.flops import forward_flops_per_sample, step_flops
-from optlab.core.registry import get_experiment
+from optlab.core.run.experiments import run_experiment
+from optlab.core.measuring.flops import forward_flops_per_sample, step_flops
+from optlab.core.techniques.registry import get_experiment
 from optlab.core.workload import WORKLOADS, DataSource, Workload, get_workload
 from tests import tabular_workload
 from tests.helpers import TINY

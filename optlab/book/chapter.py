@@ -10,12 +10,15 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from ..core import data, loops, store, variants
-from ..core.config import RunConfig, changed_knobs
-from ..core.device import resolve_device
-from ..core.registry import Experiment, get_experiment
-from ..core.experiments import ExperimentResult, run_experiment
-from ..core.profiles import Profile, get_profile
+from ..core.cifar import data
+from ..core.measuring import loops
+from ..core.results import store
+from ..core.run import variants
+from ..core.knobs.config import RunConfig, changed_knobs
+from ..core.machine.device import resolve_device
+from ..core.techniques.registry import Experiment, get_experiment
+from ..core.run.experiments import ExperimentResult, run_experiment
+from ..core.knobs.profiles import Profile, get_profile
 from ..core.workload import get_workload
 from . import report
 from .downloads import Downloads, downloads

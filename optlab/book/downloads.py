@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..core import store
+from ..core.results import store
 from ..core.errors import OptlabError
 from ..studies.distributed import STORED_DIR
 

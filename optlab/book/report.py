@@ -22,17 +22,19 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from ..core import store
+from ..core.results import store
 from ..core.errors import OptlabError
-from ..core.no_effect import NO_EFFECT, is_no_effect
-from ..core.profiles import ALL_MODELS
-from ..core.registry import PHASES, Experiment, get_experiment
-from ..core.seed import SEED_MACHINE, seed_speedups
-from ..core.summary import CLAIM, CONTROL, NOT_WAITED
-from ..core.techniques import SET_NAMES, technique_set
-from ..core.timing import (DEPENDENT, ERROR_RATE, FASTER, INTERVAL, SAME, SLOWER, UNCLEAR, VERDICTS,
-                           dependent_rounds, page_bound, percent, too_wide)
-from ..studies import compile_cost, cuda_graphs
+from ..core.techniques.no_effect import NO_EFFECT, is_no_effect
+from ..core.knobs.profiles import ALL_MODELS
+from ..core.techniques.registry import PHASES, Experiment, get_experiment
+from ..core.results.seed import SEED_MACHINE, seed_speedups
+from ..core.stats.summary import CLAIM, CONTROL, NOT_WAITED
+from ..core.techniques.cnn import SET_NAMES, technique_set
+from ..core.measuring.timing import (
+    DEPENDENT, ERROR_RATE, FASTER, INTERVAL, SAME, SLOWER, UNCLEAR, VERDICTS, dependent_rounds,
+    page_bound, percent, too_wide,
+)
+from ..studies.kernels import compile_cost, cuda_graphs
 
 MISSING = "—"
 SEED, LIVE = "seed V100", "live"

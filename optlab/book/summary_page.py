@@ -7,12 +7,12 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..core import store
-from ..core.gpt_techniques import TRANSFORMER_TECHNIQUES
-from ..core.registry import get_experiment
-from ..core.seed import seed_speedups
-from ..core.summary import CLAIM
-from ..core.techniques import BEYOND_TECHNIQUES, SEED_TECHNIQUES
+from ..core.results import store
+from ..core.techniques.gpt import TRANSFORMER_TECHNIQUES
+from ..core.techniques.registry import get_experiment
+from ..core.results.seed import seed_speedups
+from ..core.stats.summary import CLAIM
+from ..core.techniques.cnn import BEYOND_TECHNIQUES, SEED_TECHNIQUES
 from . import report
 from .report import LIVE, SEED, significant, speedup_text, verdict_text
 

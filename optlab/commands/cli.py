@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import pandas as pd
 
 from ..core.errors import OptlabError
-from ..core.profiles import Profile
-from ..core.shutdown import ENDING_SIGNALS, Interrupted, signals_interrupt
-from ..core.timing import TIMES_BESIDE
+from ..core.knobs.profiles import Profile
+from ..core.process.shutdown import ENDING_SIGNALS, Interrupted, signals_interrupt
+from ..core.measuring.timing import TIMES_BESIDE
 
 if TYPE_CHECKING:
-    from ..core.experiments import ExperimentResult
+    from ..core.run.experiments import ExperimentResult
     from ..studies.tune import InferenceResult, TuneResult
 
 DEFAULT_RUN_DIR = Path("results") / "runs"
@@ -155,8 +155,8 @@ def _add_repeats(command: argparse.ArgumentParser) -> None:
 def _sized_profile(args: argparse.Namespace, cuda: bool | None = None) -> "str | Profile | None":
     """The profile as named, or a copy with the steps and repeats the user typed (``auto`` read for ``cuda``, or
     for the device the run asks for)."""
-    from ..core.device import resolve_device
-    from ..core.profiles import get_profile
+    from ..core.machine.device import resolve_device
+    from ..core.knobs.profiles import get_profile
 
     sizes = (getattr(args, "steps", None), args.repeats, args.max_repeats, args.time_budget)
     if all(size is None for size in sizes):
@@ -180,7 +180,7 @@ def _print_table(result: "ExperimentResult") -> None:
 
 
 def _list() -> None:
-    from ..core.registry import list_experiments
+    from ..core.techniques.registry import list_experiments
 
     with pd.option_context("display.width", 200, "display.max_colwidth", 90):
         print(list_experiments().to_string(index=False))
@@ -188,7 +188,7 @@ def _list() -> None:
 
 def _run(args: argparse.Namespace) -> None:
     from ..studies.distributed import check_for_run, run_distributed
-    from ..core.experiments import run_experiment
+    from ..core.run.experiments import run_experiment
 
     overrides = {k: v for k, v in {"batch_size": args.batch_size, "num_workers": args.num_workers}.items() if v is not None}
     if args.check_parity and not args.distributed:

@@ -11,7 +11,7 @@ deadline counted from the process start: a part that would end past it is skippe
 and a running part stops at the end of a repeat once it passes its share. A part already recorded under ``<out>`` by
 this machine, torch version and commit in this profile is skipped, so each run adds what is missing: a technique's
 record says which models it holds, and ``reference-parts.csv`` lists every part that ran, with the repeats it ran and
-what the GPU did during it (:mod:`optlab.core.gpu_sampler`).
+what the GPU did during it (:mod:`optlab.core.machine.gpu_sampler`).
 
 After every part, ``reference.log`` gets the part's lines and ``--archive PATH`` re-packs the folder into one
 tar.gz; SIGTERM, SIGINT and SIGHUP record the part in flight as interrupted, pack, and end the run with one line, so
@@ -39,19 +39,19 @@ from typing import Any, Iterable, Iterator
 import pandas as pd
 import torch
 
-from ..core import archive as archives, results_check, store
-from ..core.config import RunConfig
-from ..core.device import DeviceInfo, resolve_device
-from ..core.environment import git_commit
+from ..core.results import archive as archives, checks as results_check, store
+from ..core.knobs.config import RunConfig
+from ..core.machine.device import DeviceInfo, resolve_device
+from ..core.machine.environment import git_commit
 from ..core.errors import OptlabError
-from ..core.gpu_sampler import PartWatch
-from ..core.experiments import ExperimentResult, run_experiment
-from ..core.profiles import Profile, get_profile
-from ..core.registry import Experiment, get_experiment
-from ..core import shutdown
-from ..core.shutdown import Interrupted, signals_interrupt
-from ..core.techniques import technique_set
-from ..core.transformer import GPT_SIZES
+from ..core.machine.gpu_sampler import PartWatch
+from ..core.run.experiments import ExperimentResult, run_experiment
+from ..core.knobs.profiles import Profile, get_profile
+from ..core.techniques.registry import Experiment, get_experiment
+from ..core.process import shutdown
+from ..core.process.shutdown import Interrupted, signals_interrupt
+from ..core.techniques.cnn import technique_set
+from ..core.gpt.transformer import GPT_SIZES
 from ..core.workload import get_workload
 
 PRIORITY = ("seed", "beyond", "stack", "compile", "transformer")  # the order of the sets in a run; "all": every one
@@ -657,7 +657,7 @@ def run_reference(out: str | Path, set_name: str = "seed", profile: str | Profil
     written, or an archive that cannot be packed stops the run at once. After every part its lines are appended to
     ``out/reference.log`` and, with ``archive``, the folder is packed into that tar.gz; SIGTERM, SIGINT and SIGHUP
     (to the process or its group) record the part in flight as interrupted, pack, and raise
-    :class:`~optlab.core.shutdown.Interrupted`.
+    :class:`~optlab.core.process.shutdown.Interrupted`.
     """
     with signals_interrupt():
         if budget_s is not None and not budget_s > 0:

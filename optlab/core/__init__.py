@@ -1,11 +1,12 @@
-"""The measurement core: every measurement goes through these modules.
+"""The measurement core: every measurement goes through these sub-packages, each importing only those below it.
 
-The knobs (``config``, ``profiles``), the device (``device``, ``environment``, ``compiler``), the workloads
-(``workload``: the type and its registry; ``cifar``: CIFAR-10's data in ``data``, ``device_data`` and its CNNs in
-``models``), loading (``loader``), FLOPs (``flops``), the measured loops (``loops``, ``memory``, ``timing``), the
-registry of techniques (``registry``, filled by ``techniques``), running an experiment (``variants``,
-``experiments``, ``samples``), the statistics of a comparison (``summary``, ``timing``), and results on disk
-(``store``, ``seed``).
+From the bottom up: ``errors`` and ``workload`` (the vocabulary every part shares: the error type, what a workload
+is, its registry and where data sets live); ``results`` (records on disk, archives, the seed's and others' published
+figures); ``knobs`` (a run's configuration, the profiles and the limits a user's sizes are checked against);
+``process`` (signals, signal-safe loaders, the thread count); the workloads ``cifar`` and ``gpt`` (their data,
+models and extras); ``machine`` (the device, the environment, the GPU's state and the compiler); ``measuring`` (the
+timer, the measured loops, memory and FLOPs); ``stats`` (the summary and the stopping rule); ``techniques`` (the
+registry of techniques and their variants) and ``run`` (running an experiment).
 
 Modules here import only each other, torch and the scientific stack: never ``optlab.studies``, ``optlab.book`` or
 ``optlab.commands``. Importing this package fills the registry.
@@ -28,5 +29,5 @@ if not torch.cuda.is_available():
 # The workloads, one line each (a new workload is one module and one line here), then the techniques.
 from . import cifar  # noqa: E402,F401  (registers the CIFAR-10 workload)
 from . import gpt  # noqa: E402,F401  (registers the GPT workload)
-from . import techniques  # noqa: E402,F401  (fills the registry)
-from . import gpt_techniques  # noqa: E402,F401  (the transformer track's techniques)
+from .techniques import cnn  # noqa: E402,F401  (fills the registry: the CNN techniques)
+from .techniques import gpt as gpt_techniques  # noqa: E402,F401  (the transformer track's techniques)

@@ -7,7 +7,9 @@ the one line that makes a new workload available. Nothing here knows what a samp
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import torch
@@ -16,6 +18,14 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from .errors import OptlabError, choice_error
+
+
+DEFAULT_DATA_DIR = Path.home() / ".cache" / "optlab" / "data"
+
+
+def data_dir() -> Path:
+    """Where every workload's data sets are looked for: ``$OPTLAB_DATA`` if set, else ``~/.cache/optlab/data``."""
+    return Path(os.environ.get("OPTLAB_DATA", DEFAULT_DATA_DIR)).expanduser()
 
 
 @dataclass(frozen=True)
@@ -52,7 +62,7 @@ class Workload:
     stand-in of the same format and per-sample cost) and ``datasets(source, download)`` builds the train and test
     sets, of ``train_size`` and ``test_size`` samples. ``example_input(batch)`` is a model input of ``batch``
     samples (token ids ``[N, T]`` as a long tensor, images ``[N, 3, H, W]``); inside ``torch.device("meta")`` it is
-    built on the meta device, which is how ``optlab.core.flops`` counts one sample's forward FLOPs.
+    built on the meta device, which is how ``optlab.core.measuring.flops`` counts one sample's forward FLOPs.
     ``device_loader(dataset, batch, device, train, drop_last, seed)``, if given, holds the data set on the device
     (the ``data_on_device`` knob); a workload without one refuses that knob.
 

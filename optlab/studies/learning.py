@@ -18,14 +18,16 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from ..core import compiler, store, text_data
-from ..core.config import RunConfig
-from ..core.device import DeviceInfo, effective_config, resolve_device
+from ..core.machine import compiler
+from ..core.results import store
+from ..core.gpt import text_data
+from ..core.knobs.config import RunConfig
+from ..core.machine.device import DeviceInfo, effective_config, resolve_device
 from ..core.errors import OptlabError
-from ..core.registry import Experiment, get_experiment
-from ..core.variants import build_state
-from ..core.loops import backend_flags, eval_step, train_step
-from ..core.profiles import Profile, get_profile
+from ..core.techniques.registry import Experiment, get_experiment
+from ..core.run.variants import build_state
+from ..core.measuring.loops import backend_flags, eval_step, train_step
+from ..core.knobs.profiles import Profile, get_profile
 from ..core.workload import get_workload
 
 
@@ -76,7 +78,7 @@ LEVELS = ("uniform", "unigram", "bigram")  # the columns ``level_<name>`` of a t
 
 
 def text_levels(test_set) -> dict[str, float]:
-    """The entropy levels (:func:`~optlab.core.text_data.entropy_levels`) of a text workload's test split, in nats
+    """The entropy levels (:func:`~optlab.core.gpt.text_data.entropy_levels`) of a text workload's test split, in nats
     per token; empty for a workload whose test set is not a token stream."""
     if not isinstance(test_set, text_data.TokenWindows):
         return {}

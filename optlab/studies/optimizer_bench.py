@@ -18,14 +18,14 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 from torch.utils import benchmark
 
-from ..core import store
-from ..core.config import RunConfig
-from ..core.device import DeviceInfo, resolve_device
+from ..core.results import store
+from ..core.knobs.config import RunConfig
+from ..core.machine.device import DeviceInfo, resolve_device
 from ..core.errors import OptlabError
-from ..core.registry import get_experiment
-from ..core.loops import make_optimizer
-from ..core.models import build_model
-from ..core.profiles import Profile, get_profile
+from ..core.techniques.registry import get_experiment
+from ..core.measuring.loops import make_optimizer
+from ..core.cifar.models import build_model
+from ..core.knobs.profiles import Profile, get_profile
 
 EXPERIMENT = "optimizers"
 MIN_RUN_TIME_S = 0.05  # timed per variant before the spread is checked

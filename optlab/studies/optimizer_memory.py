@@ -12,13 +12,13 @@ import importlib.util
 import pandas as pd
 import torch
 
-from ..core.device import effective_config, resolve_device
-from ..core.limits import check_count
-from ..core.loops import train_step
-from ..core.profiles import Profile, get_profile
-from ..core.quiet import fix_threads
-from ..core.registry import get_experiment
-from ..core.variants import build_state
+from ..core.machine.device import effective_config, resolve_device
+from ..core.knobs.limits import check_count
+from ..core.measuring.loops import train_step
+from ..core.knobs.profiles import Profile, get_profile
+from ..core.process.quiet import fix_threads
+from ..core.techniques.registry import get_experiment
+from ..core.run.variants import build_state
 from ..core.workload import get_workload
 
 EXPERIMENT = "gpt_optimizers"

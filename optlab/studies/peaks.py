@@ -14,12 +14,12 @@ import pandas as pd
 import torch
 from torch.utils import benchmark
 
-from ..core import store
-from ..core.config import RunConfig
-from ..core.device import DeviceInfo
-from ..core.flops import forward_flop_counts
-from ..core.fp8 import ACTIVATION_DTYPE, OUT_DTYPE, column_major
-from .microbench import matmul_benchmark
+from ..core.results import store
+from ..core.knobs.config import RunConfig
+from ..core.machine.device import DeviceInfo
+from ..core.measuring.flops import forward_flop_counts
+from ..core.gpt.fp8 import ACTIVATION_DTYPE, OUT_DTYPE, column_major
+from .kernels.microbench import matmul_benchmark
 
 # (name fragments that must all appear in torch.cuda.get_device_name, table name, TFLOP/s by precision)
 DATASHEET_TFLOPS: tuple[tuple[tuple[str, ...], str, dict[str, float]], ...] = (

@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..core import store
-from ..core.device import resolve_device
+from ..core.results import store
+from ..core.machine.device import resolve_device
 from ..core.errors import OptlabError
-from ..core.registry import Experiment, get_experiment
-from ..core.profiles import Profile, get_profile
+from ..core.techniques.registry import Experiment, get_experiment
+from ..core.knobs.profiles import Profile, get_profile
 from .profiling import breakdown_table, profile_configs
 
 TABLE = "data-pipeline-breakdown"

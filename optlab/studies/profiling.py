@@ -23,15 +23,16 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 from torch.utils.data import DataLoader
 
-from ..core import data, store
-from ..core.config import RunConfig
-from ..core.device import DeviceInfo, effective_config, resolve_device
+from ..core.cifar import data
+from ..core.results import store
+from ..core.knobs.config import RunConfig
+from ..core.machine.device import DeviceInfo, effective_config, resolve_device
 from ..core.errors import OptlabError
-from ..core.registry import get_experiment
-from ..core.variants import VariantState, build_state
-from ..core.loops import backend_flags, train_step
-from ..core.profiles import Profile, get_profile
-from ..core.timing import summarize
+from ..core.techniques.registry import get_experiment
+from ..core.run.variants import VariantState, build_state
+from ..core.measuring.loops import backend_flags, train_step
+from ..core.knobs.profiles import Profile, get_profile
+from ..core.measuring.timing import summarize
 
 STEPS = 5  # recorded steps
 WARMUP = 3  # unrecorded steps first; the last of them warms the profiler up

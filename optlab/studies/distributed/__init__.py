@@ -19,7 +19,10 @@ from .clusters import ENVIRONMENT, cluster_commands
 from .shard_checkpoint import ROUND_TRIP_TOLERANCE, load_checkpoint, loaded_outputs, save_sharded
 from .shard_study import SHARD_TOLERANCE, ShardStudy, shard_study
 from .sharding import TRANSFORMER, Workload, build_transformer, shard, state_bytes
-from .training import SYNC_SUFFIX, ddp_step, ddp_variants, distributed_loader, merge_ranks, run_distributed, sync_context, wrap
+from .training import (
+    SYNC_SUFFIX, ddp_step, ddp_variants, distributed_loader, merge_ranks, run_distributed, sync_context,
+    wrap,
+)
 
 __all__ = [
     "Group", "PARITY_TOLERANCE", "Parity", "STORED_DIR", "SYNC_SUFFIX", "TIMEOUT_ENV", "TORCHRUN_ENV", "check_for_run",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 
 from ...core.errors import OptlabError
-from ...core.limits import check_count
+from ...core.knobs.limits import check_count
 
 MAX_NODES, MAX_GPUS_PER_NODE = 4096, 64
 SCRIPT = "-m optlab.studies.distributed shard-rank --out results/shard"  # every rank runs this; rank 0 writes the study

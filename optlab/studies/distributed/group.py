@@ -11,9 +11,9 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from ...core.device import DeviceInfo, resolve_device
+from ...core.machine.device import DeviceInfo, resolve_device
 from ...core.errors import OptlabError
-from ...core.limits import check_count, cpu_cores
+from ...core.knobs.limits import check_count, cpu_cores
 
 TIMEOUT_ENV = "OPTLAB_DDP_TIMEOUT_S"
 

@@ -18,11 +18,13 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.utils.data import Dataset
 
-from ...core import data, loops, store
-from ...core.config import RunConfig
+from ...core.cifar import data
+from ...core.measuring import loops
+from ...core.results import store
+from ...core.knobs.config import RunConfig
 from ...core.errors import OptlabError
-from ...core.limits import check_count, cpu_cores
-from ...core.models import build_model
+from ...core.knobs.limits import check_count, cpu_cores
+from ...core.cifar.models import build_model
 from .group import Group, gather, process_group
 from .launch import launch, torchrun_command
 from .training import ddp_step, distributed_loader, wrap

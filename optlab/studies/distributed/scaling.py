@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ...core import store
+from ...core.results import store
 
 STORED_DIR = store.REPO_ROOT / "results" / "distributed"
 

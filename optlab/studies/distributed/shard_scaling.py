@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from ...core.limits import check_count
+from ...core.knobs.limits import check_count
 from .sharding import TRANSFORMER, Workload, shard, state_bytes
 
 MAX_FAKE_WORLD = 1024

@@ -22,11 +22,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from ...core import store
+from ...core.results import store
 from ...core.errors import OptlabError
-from ...core.limits import check_count, cpu_cores
-from ...core.sequential import visit_order
-from ...core.timing import speed_up
+from ...core.knobs.limits import check_count, cpu_cores
+from ...core.stats.sequential import visit_order
+from ...core.measuring.timing import speed_up
 from .group import Group, barrier, gather, process_group
 from .launch import launch, torchrun_command
 from .shard_scaling import WORLD_SIZES, fake_rank_bytes, scaling_table

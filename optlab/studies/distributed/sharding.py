@@ -20,13 +20,13 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from ...core.errors import OptlabError
-from ...core.transformer import GPT, GPTConfig
+from ...core.gpt.transformer import GPT, GPTConfig
 
 VOCAB, WIDTH, DEPTH, HEADS, CONTEXT = 256, 64, 2, 4, 32  # a GPT at toy size: a CPU step takes milliseconds
 
 
 def build_transformer() -> nn.Module:
-    """The transformer track's GPT (:class:`optlab.core.transformer.GPT`) at a size a CPU trains in milliseconds:
+    """The transformer track's GPT (:class:`optlab.core.gpt.transformer.GPT`) at a size a CPU trains in milliseconds:
     ``forward(idx [N, T]) -> logits [N, T, VOCAB]``, with ``.blocks``."""
     return GPT(GPTConfig(vocab_size=VOCAB, block_size=CONTEXT, n_layer=DEPTH, n_head=HEADS, n_embd=WIDTH))
 

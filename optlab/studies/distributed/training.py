@@ -23,19 +23,21 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from tqdm import tqdm
 
-from ...core import data, loops, store
-from ...core.config import RunConfig, apply_changes
-from ...core.device import DeviceInfo, effective_config
-from ...core.environment import capture
+from ...core.cifar import data
+from ...core.measuring import loops
+from ...core.results import store
+from ...core.knobs.config import RunConfig, apply_changes
+from ...core.machine.device import DeviceInfo, effective_config
+from ...core.machine.environment import capture
 from ...core.errors import OptlabError
-from ...core.experiments import ExperimentResult
-from ...core.sequential import visit_order
-from ...core.memory import memory_kind
-from ...core.models import build_model, validate_names
-from ...core.profiles import Profile, get_profile
-from ...core.registry import PHASES, Experiment, get_experiment
-from ...core.samples import sample_row
-from ...core.summary import summarize_runs
+from ...core.run.experiments import ExperimentResult
+from ...core.stats.sequential import visit_order
+from ...core.measuring.memory import memory_kind
+from ...core.cifar.models import build_model, validate_names
+from ...core.knobs.profiles import Profile, get_profile
+from ...core.techniques.registry import PHASES, Experiment, get_experiment
+from ...core.measuring.samples import sample_row
+from ...core.stats.summary import summarize_runs
 from .group import Group, barrier, explain_timeouts, gather, process_group, timeout_s
 
 SYNC_SUFFIX = ", all-reduce every micro-step"  # the label of an accumulating variant run without no_sync

@@ -17,7 +17,7 @@ p50, p90, p99 and the spread (the interquartile range).
 Only the configuration under test is on the device: each configuration is loaded, swept and released in turn, so an
 out-of-memory point is the model's own. Running out of memory (``torch.OutOfMemoryError`` on a GPU, the CPU
 allocator's ``RuntimeError``, also when raised inside graph capture or compilation: :func:`memory.is_out_of_memory`,
-through :func:`~optlab.core.experiments.failure_status`) ends that configuration's series
+through :func:`~optlab.core.run.experiments.failure_status`) ends that configuration's series
 at that point; the failed call's tensors are released (the error and its traceback dropped) before the cache is
 emptied. With CUDA graphs, the graphs' private pool is counted in the peak memory (:func:`memory.graph_pool_mb`).
 """
@@ -33,10 +33,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ...core import memory
-from ...core.experiments import failure_status
-from ...core.loops import Inputs, input_tensors
-from ...core.timing import StepTimer
+from ...core.measuring import memory
+from ...core.run.experiments import failure_status
+from ...core.measuring.loops import Inputs, input_tensors
+from ...core.measuring.timing import StepTimer
 
 PLATEAU_GAIN = 0.10  # a doubling must raise the best throughput so far by more than this to count as a gain
 PLATEAU_DOUBLINGS = 2  # this many doublings in a row without a gain: throughput has stopped rising

@@ -15,8 +15,8 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from ...core.errors import OptlabError
-from ...core.limits import check_count
-from ...core.loops import Inputs, input_tensors
+from ...core.knobs.limits import check_count
+from ...core.measuring.loops import Inputs, input_tensors
 
 MAX_DIM = 65_536  # one dimension of one input
 MAX_CLASSES = 1_000_000

@@ -29,29 +29,39 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.flop_counter import FlopCounterMode
 from tqdm import tqdm
 
-from ...core import compiler, loops, machine_load, store
-from ...core.config import RunConfig, apply_changes
-from ...core.loops import Inputs
-from ...core.device import TORCH_DTYPES, DeviceInfo, effective_config, native_bf16, native_fp16, resolve_device
-from ...core.environment import capture
+from ...core.machine import compiler, machine_load
+from ...core.measuring import loops
+from ...core.results import store
+from ...core.knobs.config import RunConfig, apply_changes
+from ...core.measuring.loops import Inputs
+from ...core.machine.device import (
+    TORCH_DTYPES, DeviceInfo, effective_config, native_bf16, native_fp16, resolve_device,
+)
+from ...core.machine.environment import capture
 from ...core.errors import OptlabError, choice_error
-from ...core.experiments import failure_status, interleave, stopping_rule
-from ...core.limits import MAX_STEPS, check_count
-from ...core.memory import memory_kind
-from ...core.profiles import Profile, get_profile
-from ...core.samples import failed_row
-from ...core.summary import summarize_runs
-from ...core.timing import INTERVAL, interval_text
-from .batch_sweep import (MAX_REQUEST_SECONDS, MIN_REQUESTS, OUT_OF_MEMORY, PLATEAU_DOUBLINGS, PLATEAU_GAIN,
-                          REQUEST_SECONDS, REQUEST_WARMUP, LATENCY_COLUMNS, Served, SweepTarget, sweep)
+from ...core.run.experiments import failure_status, interleave, stopping_rule
+from ...core.knobs.limits import MAX_STEPS, check_count
+from ...core.measuring.memory import memory_kind
+from ...core.knobs.profiles import Profile, get_profile
+from ...core.measuring.samples import failed_row
+from ...core.stats.summary import summarize_runs
+from ...core.measuring.timing import INTERVAL, interval_text
+from .batch_sweep import (
+    MAX_REQUEST_SECONDS, MIN_REQUESTS, OUT_OF_MEMORY, PLATEAU_DOUBLINGS, PLATEAU_GAIN, REQUEST_SECONDS,
+    REQUEST_WARMUP, LATENCY_COLUMNS, Served, SweepTarget, sweep,
+)
 from .examples import Examples, examples_from
-from .recommendation import (AFRESH, FINAL, START, Recommendation, decision_before_the_check, json_rows,
-                             recommendation_record)
-from .output_check import (OUTPUT_TOLERANCE, OutputFn, output_change, pick_output, precision, tolerance,
-                           within_tolerance)
+from .recommendation import (
+    AFRESH, FINAL, START, Recommendation, decision_before_the_check, json_rows, recommendation_record,
+)
+from .output_check import (
+    OUTPUT_TOLERANCE, OutputFn, output_change, pick_output, precision, tolerance, within_tolerance,
+)
 from .examples import MAX_CLASSES, describe_inputs
-from .inputs import (POOL_BATCHES, POOL_BYTES, ModelFn, batch_does_not_fit, batch_limit, build_model, check_batch,
-                     check_seconds, describe_error, first_inputs, model_name)
+from .inputs import (
+    POOL_BATCHES, POOL_BYTES, ModelFn, batch_does_not_fit, batch_limit, build_model, check_batch,
+    check_seconds, describe_error, first_inputs, model_name,
+)
 
 TECHNIQUE = "tune-inference"
 PHASE = "test"

@@ -23,13 +23,14 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data.dataloader import default_collate
 from torch.utils.flop_counter import FlopCounterMode
 
-from ...core import data, loops
-from ...core.loops import Inputs
-from ...core.config import RunConfig
+from ...core.cifar import data
+from ...core.measuring import loops
+from ...core.measuring.loops import Inputs
+from ...core.knobs.config import RunConfig
 from ...core.errors import OptlabError
-from ...core.experiments import failure_status
-from ...core.limits import check_count
-from ...core.memory import device_memory_bytes
+from ...core.run.experiments import failure_status
+from ...core.knobs.limits import check_count
+from ...core.measuring.memory import device_memory_bytes
 from .examples import Examples, checked_example, describe_inputs
 
 MAX_BATCH_SIZE = 65_536
@@ -176,7 +177,7 @@ def gib(size: float) -> str:
 def batch_limit(examples: Examples, device: torch.device) -> tuple[int, str]:
     """The most samples one batch of ``examples`` may hold on ``device``, and the bound that sets it, in words:
     :data:`MAX_BATCH_SIZE` samples, :data:`MAX_BATCH_ELEMENTS` input values, and the device's memory
-    (:func:`~optlab.core.memory.device_memory_bytes`) for the inputs alone. A sample that is alone beyond them is
+    (:func:`~optlab.core.measuring.memory.device_memory_bytes`) for the inputs alone. A sample that is alone beyond them is
     refused here, with the limit, before any model is built."""
     values, size = examples.values_per_sample, examples.bytes_per_sample
     bounds = [(MAX_BATCH_SIZE, f"{MAX_BATCH_SIZE:,} samples a batch"),

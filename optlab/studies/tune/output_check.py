@@ -7,8 +7,8 @@ from typing import Any, Callable
 
 import torch
 
-from ...core.config import RunConfig
-from ...core.device import DeviceInfo
+from ...core.knobs.config import RunConfig
+from ...core.machine.device import DeviceInfo
 from ...core.errors import OptlabError
 from .inputs import describe_error, main_output
 

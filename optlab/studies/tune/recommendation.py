@@ -9,9 +9,9 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from ...core.config import RunConfig
+from ...core.knobs.config import RunConfig
 from ...core.errors import OptlabError
-from ...core.timing import FASTER, INTERVAL
+from ...core.measuring.timing import FASTER, INTERVAL
 from .batch_sweep import OUT_OF_MEMORY
 
 START = "starting point"

@@ -20,28 +20,34 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from ...core import compiler, loops, store
-from ...core.config import RunConfig, apply_changes, changed_knobs
-from ...core.device import DeviceInfo, effective_config, native_bf16, resolve_device
-from ...core.environment import capture
+from ...core.machine import compiler
+from ...core.measuring import loops
+from ...core.results import store
+from ...core.knobs.config import RunConfig, apply_changes, changed_knobs
+from ...core.machine.device import DeviceInfo, effective_config, native_bf16, resolve_device
+from ...core.machine.environment import capture
 from ...core.errors import OptlabError, choice_error
-from ...core.experiments import failure_status, interleave, stopping_rule
-from ...core.flops import TRAIN_TO_FORWARD
-from ...core.limits import MAX_STEPS, check_count, cpu_cores
-from ...core.memory import is_out_of_memory, memory_kind
-from ...core.profiles import Profile, get_profile
-from ...core.samples import failed_row
-from ...core.summary import summarize_runs
-from ...core.techniques import ALL_TOGETHER
-from ...core.timing import INTERVAL, interval_text
-from ..compile_cost import LOSS_RTOL
+from ...core.run.experiments import failure_status, interleave, stopping_rule
+from ...core.measuring.flops import TRAIN_TO_FORWARD
+from ...core.knobs.limits import MAX_STEPS, check_count, cpu_cores
+from ...core.measuring.memory import is_out_of_memory, memory_kind
+from ...core.knobs.profiles import Profile, get_profile
+from ...core.measuring.samples import failed_row
+from ...core.stats.summary import summarize_runs
+from ...core.techniques.cnn import ALL_TOGETHER
+from ...core.measuring.timing import INTERVAL, interval_text
+from ..kernels.compile_cost import LOSS_RTOL
 from .batch_sweep import REQUEST_SECONDS
 from .inference import InferenceResult, OutputFn, tune_inference
 from .examples import examples_from
-from .recommendation import (AFRESH, FINAL, START, Recommendation, check_something_measured,
-                             decision_before_the_check, json_rows, recommendation_record)
-from .inputs import (MAX_BATCH_SIZE, Batches, LossFn, ModelFn, Probe, batch_does_not_fit, batch_limit, build_model,
-                     check_batch, cross_entropy, dataset_batches, loader_batches, model_name, probe, synthetic_batches)
+from .recommendation import (
+    AFRESH, FINAL, START, Recommendation, check_something_measured, decision_before_the_check, json_rows,
+    recommendation_record,
+)
+from .inputs import (
+    MAX_BATCH_SIZE, Batches, LossFn, ModelFn, Probe, batch_does_not_fit, batch_limit, build_model,
+    check_batch, cross_entropy, dataset_batches, loader_batches, model_name, probe, synthetic_batches,
+)
 
 TECHNIQUE = "tune"
 STEP_COLUMNS = ["step", "decision", "speedup", "ci_low", "ci_high", "verdict", "loss_change", "loss_tolerance",
