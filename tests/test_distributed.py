@@ -25,7 +25,7 @@ LAUNCH_TIMEOUT_S = 300  # the subprocess limit: a hang fails the test instead of
 HANG_SCRIPT = """
 import os, sys, time
 from optlab.commands import cli
-from optlab.core import loops
+from optlab.core.measuring import loops
 if os.environ["RANK"] == "0":
     time.sleep(float(os.environ["LATE_START_S"]))  # rank 0 starts late: rank 1 waits longer than the timeout for it
 if os.environ["RANK"] == "1":

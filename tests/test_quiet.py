@@ -69,7 +69,7 @@ def test_a_run_states_its_thread_count_and_records_it(monkeypatch, threads, caps
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the profiler's logs are silenced where there is no GPU")
 def test_a_profiled_step_writes_nothing_on_the_processs_stderr():
     # kineto writes its logs to file descriptor 2 (a notebook shows them under the cell), so a fresh process tells
-    script = ("import torch, optlab.core\nfrom optlab.core import memory\n"
+    script = ("import torch, optlab.core\nfrom optlab.core.measuring import memory\n"
               "memory.cpu_step_increase_mb(lambda: torch.ones(64, 64) @ torch.ones(64, 64))\nprint('profiled')")
     env = {key: value for key, value in os.environ.items() if key != "KINETO_LOG_LEVEL"}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from optlab.commands import reference
+from optlab.commands.reference import costs, parts_list, planning, running
 from optlab.commands.cli import main
 from optlab.core.run import experiments
 from optlab.core.process import shutdown
@@ -32,17 +33,17 @@ def test_the_plan_has_every_part_of_every_set_in_priority_order():
     parts = reference.plan("all", QUICK)
     techniques = list(dict.fromkeys(p.technique for p in parts if p.technique))
     assert techniques == [*SEED_TECHNIQUES, "precision", "data_pipeline", "optimizers", "all_together", "compile",
-                          "cuda_graphs", *reference.TECHNIQUE_ORDER["transformer"]]
-    assert set(reference.TECHNIQUE_ORDER["transformer"]) == set(technique_set("transformer"))
-    assert [p.set_name for p in parts] == sorted((p.set_name for p in parts), key=reference.PRIORITY.index)
-    assert {p.name for p in parts if p.module} == {f"{m} tables" for ms in reference.EXTRAS.values() for m in ms}
+                          "cuda_graphs", *planning.TECHNIQUE_ORDER["transformer"]]
+    assert set(planning.TECHNIQUE_ORDER["transformer"]) == set(technique_set("transformer"))
+    assert [p.set_name for p in parts] == sorted((p.set_name for p in parts), key=planning.PRIORITY.index)
+    assert {p.name for p in parts if p.module} == {f"{m} tables" for ms in planning.EXTRAS.values() for m in ms}
     assert "autotune tables" in {p.name for p in reference.plan("seed", QUICK)}
     assert all(p.steps > 0 for p in parts if p.technique) and all(p.estimate_s > 0 for p in parts)
 
 
 def test_no_part_needs_more_than_four_minutes_and_compiling_is_cheap_enough():
     parts = reference.plan("all", QUICK)
-    assert max(p.estimate_s for p in parts) <= reference.PART_LIMIT_S
+    assert max(p.estimate_s for p in parts) <= planning.PART_LIMIT_S
     compiled = {p.model for p in parts if p.technique in ("compile", "cuda_graphs")}
     assert compiled == {"resnet18", "mobilenet_v2"}
 
@@ -53,14 +54,14 @@ def test_the_estimate_follows_the_step_time_table():
 
     one = Experiment("one", "one", "", phases=("train",), variants=(("A", {}), ("B", {})))
     config = one.configs("resnet50", QUICK)["A"]
-    steps, seconds = reference.estimate(one, {"A": config}, QUICK)
+    steps, seconds = costs.estimate(one, {"A": config}, QUICK)
     per_repeat = QUICK.warmup_steps + QUICK.steps
     assert steps == per_repeat * QUICK.max_repeats  # planned at the cap on repeats
-    expected = (reference.PART_SETUP_S + reference.VARIANT_SETUP_S
-                + steps * reference.TRAIN_STEP_S["resnet50"] + QUICK.max_repeats * reference.WORKER_STARTUP_S)
+    expected = (costs.PART_SETUP_S + costs.VARIANT_SETUP_S
+                + steps * costs.TRAIN_STEP_S["resnet50"] + QUICK.max_repeats * costs.WORKER_STARTUP_S)
     assert seconds == pytest.approx(expected)
-    half = reference.step_seconds(replace(config, amp_dtype="bf16"), "train")
-    assert half == pytest.approx(reference.TRAIN_STEP_S["resnet50"] / 2)
+    half = costs.step_seconds(replace(config, amp_dtype="bf16"), "train")
+    assert half == pytest.approx(costs.TRAIN_STEP_S["resnet50"] / 2)
 
 
 def test_a_gpt_step_is_estimated_per_token_by_what_its_configuration_changes():
@@ -68,25 +69,25 @@ def test_a_gpt_step_is_estimated_per_token_by_what_its_configuration_changes():
     matmuls however they are split into sequences, and attention's share falls with the length; the precision, the
     attention kernel, compilation and checkpointing each change the estimate in the direction they change the work."""
     shapes = get_experiment("gpt_shapes").configs("gpt2_small", QUICK)
-    costs = {label: reference.token_costs(config) for label, config in shapes.items()}
-    assert len({round(cost["matmul"], 15) for cost in costs.values()}) == 1
-    attention = [cost["attention"] for cost in costs.values()][1:]  # padded vocabulary, 1024, 512 and 256 tokens
+    by_shape = {label: costs.token_costs(config) for label, config in shapes.items()}
+    assert len({round(cost["matmul"], 15) for cost in by_shape.values()}) == 1
+    attention = [cost["attention"] for cost in by_shape.values()][1:]  # padded vocabulary, 1024, 512 and 256 tokens
     assert attention == sorted(attention, reverse=True) and attention[0] == pytest.approx(4 * attention[-1])
     config = shapes[next(iter(shapes))]
     assert config.amp_dtype == "bf16"  # the GPU profiles train the GPT in bf16
 
     def per_token(**knobs) -> float:
-        return sum(reference.token_costs(replace(config, **knobs)).values())
+        return sum(costs.token_costs(replace(config, **knobs)).values())
 
     assert per_token(amp_dtype="none") > per_token(amp_dtype="none", matmul_tf32=True) > per_token() > per_token(fp8=True)
     assert per_token(attention="manual") > per_token(attention="sdpa_efficient") > per_token(attention="sdpa")
     assert per_token(attention="flex") > per_token(attention="sdpa")
     assert per_token(checkpointing="full") > per_token(checkpointing="selective") > per_token()
     assert per_token(compile_mode="default") < per_token()
-    assert reference.compile_seconds(replace(config, attention="flex"), "train") == reference.FLEX_COMPILE_S > 0
-    assert reference.compile_seconds(replace(config, compile_mode="max-autotune-no-cudagraphs"), "train") > \
-        reference.compile_seconds(replace(config, compile_mode="default"), "train") > 0
-    for_loop, fused = (reference.step_seconds(replace(config, optimizer_impl=impl), "train")
+    assert costs.compile_seconds(replace(config, attention="flex"), "train") == costs.FLEX_COMPILE_S > 0
+    assert costs.compile_seconds(replace(config, compile_mode="max-autotune-no-cudagraphs"), "train") > \
+        costs.compile_seconds(replace(config, compile_mode="default"), "train") > 0
+    for_loop, fused = (costs.step_seconds(replace(config, optimizer_impl=impl), "train")
                        for impl in ("for_loop", "fused"))
     assert for_loop > fused
 
@@ -95,7 +96,7 @@ def test_every_timed_gpt_configuration_that_changes_the_work_changes_the_estimat
     for technique in ("gpt_all_together", "attention", "gpt_precision", "checkpointing", "gpt_optimizers",
                       "gpt_shapes", "gpt_compile", "gpt_compile_max_autotune"):
         configs = get_experiment(technique).configs("gpt2_small", QUICK)
-        seconds = {label: (reference.step_seconds(config, "train"), reference.compile_seconds(config, "train"))
+        seconds = {label: (costs.step_seconds(config, "train"), costs.compile_seconds(config, "train"))
                    for label, config in configs.items()}
         same_work = [{"SDPA (PyTorch picks)", "SDPA flash"},  # PyTorch picks flash in bf16 on an H200
                      {"hand-written attention", "SDPA math"}]  # both write the scores out, kernel by kernel
@@ -106,8 +107,8 @@ def test_every_timed_gpt_configuration_that_changes_the_work_changes_the_estimat
 def test_max_autotune_keeps_a_margin_inside_its_part_and_the_plan_says_what_it_assumes(capsys):
     parts = {part.name: part for part in reference.plan("transformer", QUICK)}
     autotune = parts["gpt_compile_max_autotune gpt2_small"]
-    assert reference.GPT_COMPILE_S["max-autotune-no-cudagraphs"] < autotune.estimate_s
-    assert autotune.estimate_s <= (1 - reference.PART_MARGIN) * reference.PART_LIMIT_S
+    assert costs.GPT_COMPILE_S["max-autotune-no-cudagraphs"] < autotune.estimate_s
+    assert autotune.estimate_s <= (1 - planning.PART_MARGIN) * planning.PART_LIMIT_S
     assert main(["reference", "--plan", "--set", "transformer", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assumed = out[out.index("assumptions per part"):]
@@ -126,12 +127,12 @@ def test_the_estimate_stops_at_the_time_budget():
 
     one = Experiment("one", "one", "", phases=("train",), variants=(("A", {}), ("B", {})))
     configs = {"A": one.configs("resnet101", QUICK)["A"]}
-    _, at_minimum = reference.estimate(one, configs, QUICK, QUICK.warmup_repeats + QUICK.repeats)
-    _, unbounded = reference.estimate(one, configs, QUICK.with_sizes(time_budget_s=float("inf")))
-    setup = reference.PART_SETUP_S + reference.VARIANT_SETUP_S
+    _, at_minimum = costs.estimate(one, configs, QUICK, QUICK.warmup_repeats + QUICK.repeats)
+    _, unbounded = costs.estimate(one, configs, QUICK.with_sizes(time_budget_s=float("inf")))
+    setup = costs.PART_SETUP_S + costs.VARIANT_SETUP_S
     assert unbounded > at_minimum + setup + 1
     for budget in (1.0, (at_minimum + unbounded) / 2 - setup):
-        planned = reference.estimate(one, configs, QUICK.with_sizes(time_budget_s=budget))[1]
+        planned = costs.estimate(one, configs, QUICK.with_sizes(time_budget_s=budget))[1]
         assert planned == pytest.approx(max(at_minimum, setup + budget))
 
 
@@ -141,16 +142,16 @@ def test_the_seed_set_fits_a_nine_minute_command_at_three_repeats():
 
 
 def test_the_budget_skips_a_part_that_does_not_fit_and_runs_later_ones_that_do():
-    parts = [reference.Part("seed", f"p{i}", 1, seconds) for i, seconds in enumerate((5, 10, 50, 20, 5))]
-    budget = reference.STARTUP_S + reference.PACK_RESERVE_S + 35  # the start-up and the packing reserve come first
-    table = reference.plan_table(parts, done={"p0"}, budget_s=budget, cuda=True)
+    parts = [parts_list.Part("seed", f"p{i}", 1, seconds) for i, seconds in enumerate((5, 10, 50, 20, 5))]
+    budget = planning.STARTUP_S + planning.PACK_RESERVE_S + 35  # the start-up and the packing reserve come first
+    table = planning.plan_table(parts, done={"p0"}, budget_s=budget, cuda=True)
     assert list(table["this run"]) == ["recorded: skip", "run", "left: over budget", "run", "run"]
 
 
 def test_the_readme_recipe_runs_every_seed_technique_on_resnet18_first_and_fits_its_minutes(capsys):
-    command = reference.RECIPE[0].split()
+    command = planning.RECIPE[0].split()
     assert command[:4] == ["python3", "-m", "optlab", "reference"]
-    assert reference.RECIPE[0] in (ROOT / "README.md").read_text()
+    assert planning.RECIPE[0] in (ROOT / "README.md").read_text()
     assert main([*command[3:command.index("--archive")], "--plan", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line.startswith("seed ")]
@@ -160,7 +161,7 @@ def test_the_readme_recipe_runs_every_seed_technique_on_resnet18_first_and_fits_
     assert "set seed: 38 parts" in out and "cut: --budget" in out
     profile = QUICK.with_sizes(max_repeats=int(command[command.index("--max-repeats") + 1]))
     parts = reference.plan("seed", profile)
-    table = reference.plan_table(parts, set(), float(command[command.index("--budget") + 1]), cuda=True)
+    table = planning.plan_table(parts, set(), float(command[command.index("--budget") + 1]), cuda=True)
     assert set(table["this run"]) == {"run"}, "on a GPU the recipe leaves parts of the seed set out"
     assert sum(p.estimate_s for p in parts) <= 8 * 60
 
@@ -168,7 +169,7 @@ def test_the_readme_recipe_runs_every_seed_technique_on_resnet18_first_and_fits_
 def test_plan_on_the_command_line(capsys, tmp_path):
     assert main(["reference", "--plan", "--device", "cpu", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert all(f"set {name}:" in out for name in reference.PRIORITY) and "est_s" in out and "estimate from" in out
+    assert all(f"set {name}:" in out for name in planning.PRIORITY) and "est_s" in out and "estimate from" in out
     assert not list(tmp_path.iterdir())  # nothing ran
 
 
@@ -187,12 +188,12 @@ def test_a_budget_that_is_not_a_number_is_one_line(capsys, tmp_path):
 
 
 def _two_parts(set_name, profile, measured=None):
-    return [reference.Part("seed", f"{name} resnet18", 1, 1.0, technique=name, model="resnet18")
+    return [parts_list.Part("seed", f"{name} resnet18", 1, 1.0, technique=name, model="resnet18")
             for name in ("set_to_none", "no_grad")]
 
 
 def test_a_second_run_skips_what_is_recorded_and_a_failing_part_stays_in_its_part(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(reference, "plan", _two_parts)
+    monkeypatch.setattr(running, "plan", _two_parts)
     real = experiments.run_experiment
 
     def first_fails(name, **options):
@@ -200,15 +201,15 @@ def test_a_second_run_skips_what_is_recorded_and_a_failing_part_stays_in_its_par
             raise OptlabError("set_to_none broke")
         return real(name, **options)
 
-    monkeypatch.setattr(reference, "run_experiment", first_fails)
+    monkeypatch.setattr(running, "run_experiment", first_fails)
     with pytest.raises(OptlabError, match="these parts failed and have no new results: set_to_none resnet18"):
         list(reference.run_reference(tmp_path, profile=SHORT, device="cpu", progress=False))
     assert store.load_record(tmp_path / "no_grad.json")["technique"] == "no_grad"
-    manifest = pd.read_csv(tmp_path / f"{reference.MANIFEST}.csv").set_index("part")
+    manifest = pd.read_csv(tmp_path / f"{parts_list.MANIFEST}.csv").set_index("part")
     assert manifest.loc["set_to_none resnet18", "status"].startswith("failed: OptlabError: set_to_none broke")
     assert manifest.loc["no_grad resnet18", "status"] == "ok"
 
-    monkeypatch.setattr(reference, "run_experiment", real)
+    monkeypatch.setattr(running, "run_experiment", real)
     capsys.readouterr()
     ran = list(reference.run_reference(tmp_path, profile=SHORT, device="cpu", progress=False))
     assert [r.experiment.name for r in ran] == ["set_to_none"]  # the failed part again; the recorded one skipped
@@ -217,17 +218,17 @@ def test_a_second_run_skips_what_is_recorded_and_a_failing_part_stays_in_its_par
 
 
 def test_another_commit_or_profile_is_not_skipped(monkeypatch, tmp_path):
-    monkeypatch.setattr(reference, "plan", _two_parts)
+    monkeypatch.setattr(running, "plan", _two_parts)
     parts = _two_parts("seed", SHORT)
     list(reference.run_reference(tmp_path, profile=SHORT, device="cpu", progress=False))
-    key = reference.run_key(reference.resolve_device("cpu"))
-    assert reference.recorded(parts, tmp_path, key, SHORT) == {p.name for p in parts}
-    assert reference.recorded(parts, tmp_path, {**key, "git_commit": "other"}, SHORT) == set()
-    assert reference.recorded(parts, tmp_path, key, SHORT.with_sizes(repeats=4)) == set()
+    key = parts_list.run_key(planning.resolve_device("cpu"))
+    assert parts_list.recorded(parts, tmp_path, key, SHORT) == {p.name for p in parts}
+    assert parts_list.recorded(parts, tmp_path, {**key, "git_commit": "other"}, SHORT) == set()
+    assert parts_list.recorded(parts, tmp_path, key, SHORT.with_sizes(repeats=4)) == set()
 
 
 def test_a_budget_too_small_runs_nothing_and_says_what_it_left(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(reference, "plan", _two_parts)
+    monkeypatch.setattr(running, "plan", _two_parts)
     assert list(reference.run_reference(tmp_path, profile=TINY, device="cpu", progress=False, budget_s=0.5)) == []
     out = capsys.readouterr().out
     assert "left for a later run (over --budget 0.5 s): set_to_none resnet18, no_grad resnet18" in out
@@ -276,8 +277,8 @@ def test_a_run_killed_midway_leaves_valid_records(tmp_path):
 @pytest.mark.parametrize("technique, model", [("set_to_none", "resnet18"), ("multiple_of_8", "mobilenet_v2")])
 def test_the_plans_step_counts_are_the_steps_a_run_takes(technique, model):
     """multiple_of_8 on MobileNetV2 runs the seed's pair only: the plan must count what the run does."""
-    experiment = reference.get_experiment(technique)
-    planned, _ = reference.estimate(experiment, experiment.configs(model, TINY), TINY)
+    experiment = planning.get_experiment(technique)
+    planned, _ = costs.estimate(experiment, experiment.configs(model, TINY), TINY)
     result = experiments.run_experiment(technique, models=[model], profile=TINY, device="cpu", progress=False)
     ran = sum(len(row["warmup_times_s"]) + len(row["step_times_s"]) for _, row in result.samples.iterrows())
     assert ran == planned
@@ -298,13 +299,13 @@ def test_a_deadline_stops_a_slow_part_at_a_repeat_and_skips_a_part_that_does_not
         return real_phase(*args, **kwargs)
 
     monkeypatch.setattr(experiments, "run_variant_phase", slow_phase)
-    monkeypatch.setattr(reference, "plan", lambda set_name, profile, measured=None: [
-        reference.Part("seed", f"{name} resnet18", 1, seconds, technique=name, model="resnet18")
+    monkeypatch.setattr(running, "plan", lambda set_name, profile, measured=None: [
+        parts_list.Part("seed", f"{name} resnet18", 1, seconds, technique=name, model="resnet18")
         for name, seconds in (("set_to_none", 30.0), ("no_grad", 500.0), ("channels_last", 20.0))])
     profile = TINY.with_sizes(steps=1, repeats=4, max_repeats=8)  # the clock is fake: one real step is enough
     ran = list(reference.run_reference(tmp_path, profile=profile, device="cpu", progress=False, budget_s=200))
     assert [r.experiment.name for r in ran] == ["set_to_none", "channels_last"]
-    rows = pd.read_csv(tmp_path / f"{reference.MANIFEST}.csv").set_index("part")
+    rows = pd.read_csv(tmp_path / f"{parts_list.MANIFEST}.csv").set_index("part")
     for part, share, repeats, seconds in (("set_to_none", 30 * 1.5 + 10, 2, 40.0),
                                           ("channels_last", 20 * 1.5 + 10, 2, 40.0)):
         rounds = store.load_record(tmp_path / f"{part}.json")["rounds"]["resnet18"]
@@ -312,4 +313,4 @@ def test_a_deadline_stops_a_slow_part_at_a_repeat_and_skips_a_part_that_does_not
                                                                           "stopped": "at the run's deadline"}
         assert rows.loc[f"{part} resnet18", "seconds"] == seconds <= share  # ended at a repeat, within its share
         assert rows.loc[f"{part} resnet18", "repeats"] == repeats
-    assert "no_grad resnet18" not in rows.index and clock["t"] == 80.0 < 200 - reference.PACK_RESERVE_S
+    assert "no_grad resnet18" not in rows.index and clock["t"] == 80.0 < 200 - planning.PACK_RESERVE_S

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from optlab.commands import reference
+from optlab.commands.reference import costs, outputs, parts_list, planning, running
 from optlab.commands.cli import main
 from optlab.core.results import archive, store
 from optlab.core.run import experiments
@@ -26,7 +27,7 @@ QUICK = get_profile("quick")
 
 def _parts(names=("set_to_none", "no_grad", "non_blocking")):
     def plan(set_name, profile, measured=None):
-        return [reference.Part("seed", f"{name} resnet18", 1, 1.0, technique=name, model="resnet18")
+        return [parts_list.Part("seed", f"{name} resnet18", 1, 1.0, technique=name, model="resnet18")
                 for name in names]
     return plan
 
@@ -40,7 +41,7 @@ def test_an_archived_seed_run_unpacks_and_a_second_run_skips_every_part(monkeypa
     """The done-when check: the seed set in the smoke profile (its MobileNetV2 parts of three techniques, to stay
     short; the tables need CUDA and are skipped), archived, unpacked into an empty folder, then resumed there."""
     seed_plan = reference.plan
-    monkeypatch.setattr(reference, "plan", lambda set_name, profile, measured=None: [
+    monkeypatch.setattr(running, "plan", lambda set_name, profile, measured=None: [
         part for part in seed_plan(set_name, profile, measured) if part.model == "mobilenet_v2"][:3])
     out, packed, unpacked = tmp_path / "run" / "h200", tmp_path / "h200.tar.gz", tmp_path / "empty" / "h200"
     common = ["reference", "--set", "seed", "--profile", "smoke", "--device", "cpu", "--quiet", "--repeats", "2",
@@ -61,7 +62,7 @@ def test_an_archived_seed_run_unpacks_and_a_second_run_skips_every_part(monkeypa
 
 
 def test_the_archive_is_written_when_a_part_fails_and_when_the_budget_stops_the_run(monkeypatch, tmp_path):
-    monkeypatch.setattr(reference, "plan", _parts(("set_to_none", "no_grad")))
+    monkeypatch.setattr(running, "plan", _parts(("set_to_none", "no_grad")))
     real = experiments.run_experiment
 
     def no_grad_fails(name, **options):
@@ -69,7 +70,7 @@ def test_the_archive_is_written_when_a_part_fails_and_when_the_budget_stops_the_
             raise RuntimeError("no_grad broke")
         return real(name, **options)
 
-    monkeypatch.setattr(reference, "run_experiment", no_grad_fails)
+    monkeypatch.setattr(running, "run_experiment", no_grad_fails)
     packed = tmp_path / "one.tar.gz"
     with pytest.raises(OptlabError, match="these parts failed"):
         list(reference.run_reference(tmp_path / "out", profile=TINY, device="cpu", progress=False, archive=packed))
@@ -188,10 +189,10 @@ def _disk_fills_after(monkeypatch, writes, error=errno.ENOSPC):
 
 
 def test_a_full_disk_stops_the_run_at_once_with_one_line_and_keeps_what_was_written(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(reference, "plan", _parts())
+    monkeypatch.setattr(running, "plan", _parts())
     ran = []
     real = experiments.run_experiment
-    monkeypatch.setattr(reference, "run_experiment", lambda name, **options: ran.append(name) or real(name, **options))
+    monkeypatch.setattr(running, "run_experiment", lambda name, **options: ran.append(name) or real(name, **options))
     _disk_fills_after(monkeypatch, 2)  # the first record and its row in reference-parts.csv
     packed = tmp_path.parent / f"{tmp_path.name}-elsewhere" / "run.tar.gz"  # another disk, which has room
     assert main(["reference", "--profile", "smoke", "--device", "cpu", "--quiet", "--repeats", "2", "--max-repeats",
@@ -218,12 +219,12 @@ def test_what_counts_as_an_output_problem(monkeypatch, tmp_path):
         except OSError as error:
             raise OptlabError("output folder cannot be written") from error
     except OptlabError as wrapped:
-        assert reference.output_problem(wrapped, tmp_path) is full
+        assert outputs.output_problem(wrapped, tmp_path) is full
     denied = PermissionError(errno.EACCES, "Permission denied")
-    assert reference.output_problem(denied, tmp_path) is None  # the folder is writable: the part's own failure
-    assert reference.output_problem(RuntimeError("CUDA out of memory"), tmp_path) is None
-    monkeypatch.setattr(reference, "_folder_writable", lambda folder: False)
-    assert reference.output_problem(denied, tmp_path) is denied
+    assert outputs.output_problem(denied, tmp_path) is None  # the folder is writable: the part's own failure
+    assert outputs.output_problem(RuntimeError("CUDA out of memory"), tmp_path) is None
+    monkeypatch.setattr(outputs, "folder_writable", lambda folder: False)
+    assert outputs.output_problem(denied, tmp_path) is denied
 
 
 def _manifest(folder, rows):
@@ -239,15 +240,15 @@ def test_measured_seconds_replace_the_tables_estimate_for_the_same_gpu(tmp_path)
     _manifest(tmp_path / "a100", [{**row, "part": "no_grad resnet18", "device_name": "NVIDIA A100", "seconds": 1.0}])
     _manifest(tmp_path / "smoke", [{**row, "part": "no_grad resnet18", "profile": "smoke", "seconds": 2.0}])
     folders = [tmp_path / name for name in ("h200", "a100", "smoke")]
-    measured = reference.measured_seconds(None, QUICK, folders)
-    runs = reference.runs_per_variant(QUICK)
+    measured = planning.measured_seconds(None, QUICK, folders)
+    runs = costs.runs_per_variant(QUICK)
     assert measured == {"set_to_none resnet18": (30.0 * runs / 2, "h200"), "microbench tables": (12.0, "h200")}
-    assert reference.measured_seconds("NVIDIA A100", QUICK, folders) == {"no_grad resnet18": (1.0 * runs / 2, "a100")}
+    assert planning.measured_seconds("NVIDIA A100", QUICK, folders) == {"no_grad resnet18": (1.0 * runs / 2, "a100")}
     parts = {p.name: p for p in reference.plan("seed", QUICK, measured)}
     assert parts["set_to_none resnet18"].estimate_s == 30.0 * runs / 2
     assert parts["set_to_none resnet18"].estimate_from == "measured (h200)"
     assert parts["no_grad resnet18"].estimate_from == "table"
-    table = reference.plan_table(list(parts.values()), set(), None, cuda=True).set_index("part")
+    table = planning.plan_table(list(parts.values()), set(), None, cuda=True).set_index("part")
     assert table.loc["microbench tables", "estimate from"] == "measured (h200)"
     assert table.loc["microbench tables", "est_s"] == 12.0
 
@@ -258,7 +259,7 @@ def test_the_plan_says_which_estimates_were_measured(monkeypatch, tmp_path):
                                    "device_name": "NVIDIA H200", "profile": "quick", "repeats": 12}])
     text = reference.describe_plan("seed", device="cpu")
     line = next(line for line in text.splitlines() if "set_to_none resnet18" in line)
-    runs = reference.runs_per_variant(reference.reference_profile(None, True))
+    runs = costs.runs_per_variant(planning.reference_profile(None, True))
     assert f"{30.0 * runs / 12:.1f}" in line and "measured (h200)" in line  # 30 s at 12 repeats, scaled to the cap
     assert "estimates: 1 part(s) measured, 37 from the table" in text
 
@@ -267,16 +268,16 @@ def test_the_resnet_step_times_follow_their_flops_at_a_conservative_rate():
     """A CIFAR ResNet18 training step at batch 128 is 0.43 TFLOP: the table must put each ResNet at 40-120 TFLOP/s of
     TF32 work, conservative for an H200 and not the 2x-too-slow rate it once had."""
     for model in ("resnet18", "resnet50", "resnet101"):
-        rate = step_flops(model, "base", 1.0, 128, True) / reference.TRAIN_STEP_S[model] / 1e12
+        rate = step_flops(model, "base", 1.0, 128, True) / costs.TRAIN_STEP_S[model] / 1e12
         assert 40 <= rate <= 120, (model, rate)
 
 
 def test_each_parts_row_keeps_what_the_gpu_did_during_it_and_the_repeats_it_ran(monkeypatch, tmp_path):
     """Each part watched on a fake GPU that is power-capped while set_to_none runs and calm while no_grad does."""
-    monkeypatch.setattr(reference, "plan", _parts(("set_to_none", "no_grad")))
+    monkeypatch.setattr(running, "plan", _parts(("set_to_none", "no_grad")))
     gpu = dict(IDLE)
     monkeypatch.setattr(gpu_sampler, "gpu_id", lambda index: "GPU-1234")
-    monkeypatch.setattr(reference, "PartWatch", lambda device: gpu_sampler.PartWatch(
+    monkeypatch.setattr(running, "PartWatch", lambda device: gpu_sampler.PartWatch(
         torch.device("cuda", 0), nvml=counting_nvml(gpu), interval_s=0.01))
     real = experiments.run_experiment
 
@@ -287,7 +288,7 @@ def test_each_parts_row_keeps_what_the_gpu_did_during_it_and_the_repeats_it_ran(
         gpu.update(IDLE | {"energy_mj": gpu["energy_mj"]})
         return result
 
-    monkeypatch.setattr(reference, "run_experiment", on_a_gpu)
+    monkeypatch.setattr(running, "run_experiment", on_a_gpu)
     profile = TINY.with_sizes(repeats=2, max_repeats=12, time_budget_s=0.001)  # stops at 2, well below the cap
     list(reference.run_reference(tmp_path, profile=profile, device="cpu", progress=False))
     rows = pd.read_csv(tmp_path / "reference-parts.csv").set_index("part")
@@ -304,12 +305,12 @@ def test_learned_estimates_scale_by_the_repeats_a_part_ran(tmp_path):
     row = {"part": "set_to_none resnet18", "status": "ok", "seconds": 20.0, "device_name": "NVIDIA H200",
            "profile": "quick", "repeats": 4}
     _manifest(tmp_path / "h200", [row])
-    measured = reference.measured_seconds(None, QUICK, [tmp_path / "h200"])
-    assert measured["set_to_none resnet18"][0] == 20.0 * reference.runs_per_variant(QUICK) / 4  # 60 s at the cap of 12
+    measured = planning.measured_seconds(None, QUICK, [tmp_path / "h200"])
+    assert measured["set_to_none resnet18"][0] == 20.0 * costs.runs_per_variant(QUICK) / 4  # 60 s at the cap of 12
 
 
 def test_on_the_cpu_a_parts_row_says_there_is_no_gpu_state(monkeypatch, tmp_path):
-    monkeypatch.setattr(reference, "plan", _parts(("set_to_none",)))
+    monkeypatch.setattr(running, "plan", _parts(("set_to_none",)))
     list(reference.run_reference(tmp_path, profile=TINY, device="cpu", progress=False))
     row = pd.read_csv(tmp_path / "reference-parts.csv").iloc[0]
     assert row["gpu_state"] == "no GPU state: this run is on the CPU" and "throttled" not in row
@@ -330,7 +331,7 @@ def real_run(tmp_path_factory):
     table as a study saves it."""
     folder = tmp_path_factory.mktemp("real") / FOLDER
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(reference, "plan", _parts(("set_to_none",)))
+        patch.setattr(running, "plan", _parts(("set_to_none",)))
         list(reference.run_reference(folder, profile=TINY.with_sizes(repeats=2, max_repeats=2), device="cpu",
                                      progress=False))
     store.save_table(pd.DataFrame({"size_mb": [1, 4], "GB/s": [2.5, 9.0]}), folder, "microbench")

@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from optlab.commands import cli, reference
+from optlab.commands.reference import planning, running
 from optlab.core.results import archive as archives, store
 from optlab.core.process import shutdown
 from optlab.core.knobs.config import RunConfig
@@ -135,7 +136,7 @@ def _fake_parts(monkeypatch, act):
         act(len(calls), part, folder)
         return None
 
-    monkeypatch.setattr(reference, "_run_part", run_part)
+    monkeypatch.setattr(running, "_run_part", run_part)
     return calls
 
 
@@ -261,12 +262,12 @@ def test_the_budget_is_a_deadline_from_the_process_start_not_from_the_runs_start
     assert _reference(tmp_path, "--budget", "1015") == 0
     out = capfd.readouterr().out
     assert "left for a later run (over --budget 1015 s)" in out
-    assert 0 < len(calls) < len(reference.plan("seed", reference.reference_profile("smoke", False)))
+    assert 0 < len(calls) < len(reference.plan("seed", planning.reference_profile("smoke", False)))
 
 
 SWALLOWED = """
 import os, signal, time
-from optlab.core import shutdown
+from optlab.core.process import shutdown
 
 class Finalized:
     def __del__(self):
