@@ -161,7 +161,7 @@ def test_without_its_workers_step_the_cpu_stack_runs_in_lockstep_rounds():
 
 
 def test_the_stack_table_shows_the_baseline_verdicts_of_a_record_whose_rule_waited_for_those():
-    from optlab.book.report import BASELINE_VERDICT, stack_table
+    from optlab.book.report.tables import BASELINE_VERDICT, stack_table
 
     samples = _samples({"a": [1.0, 1.01, 0.99], "b": [0.5, 0.51, 0.49], "c": [0.5, 0.505, 0.495]})
     chained = stack_table(step_by_step(samples, ["a", "b", "c"], {"b": "a", "c": "b"}))

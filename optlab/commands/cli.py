@@ -167,7 +167,7 @@ def _sized_profile(args: argparse.Namespace, cuda: bool | None = None) -> "str |
 
 def _print_table(result: "ExperimentResult") -> None:
     """The comparison, its throughput in the unit of the workload that ran (images/s, tokens/s)."""
-    from ..book.report import DETAILS, comparison_table, throughput_details
+    from ..book.report.tables import DETAILS, comparison_table, throughput_details
     from ..core.workload import get_workload
 
     details = throughput_details(result.summary)  # the columns comparison_table names, in the summary's unit

@@ -1,16 +1,9 @@
-"""Tables and figures built from summaries and stored records, so live runs and stored references look the same.
-
-Every table a page shows goes through :func:`html_table` (:func:`set_theme` registers it with IPython): no 0..N
-index column, three significant figures, "—" where a value is missing, and the columns that a table marks as
-details in a collapsed block. The headline figure is :func:`plot_speedups`: speed-ups on a log axis with their
-intervals, coloured by verdict, beside the seed's V100 speed-up.
+"""Every figure a page draws: the headline speed-up figure (log axis, intervals, coloured by verdict, beside the seed's
+V100 speed-up), the stack's waterfall, learning curves, profiles, numerics, optimizer steps, sweeps and memory.
 """
 from __future__ import annotations
 
-import html
 import math
-import numbers
-import re
 import textwrap
 
 import matplotlib.pyplot as plt
@@ -22,295 +15,24 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from ..core.results import store
-from ..core.errors import OptlabError
-from ..core.techniques.no_effect import NO_EFFECT, is_no_effect
-from ..core.knobs.profiles import ALL_MODELS
-from ..core.techniques.registry import PHASES, Experiment, get_experiment
-from ..core.results.seed import SEED_MACHINE, seed_speedups
-from ..core.stats.summary import CLAIM, CONTROL, NOT_WAITED
-from ..core.techniques.cnn import SET_NAMES, technique_set
-from ..core.measuring.timing import (
-    DEPENDENT, ERROR_RATE, FASTER, INTERVAL, SAME, SLOWER, UNCLEAR, VERDICTS, dependent_rounds,
-    page_bound, percent, too_wide,
-)
-from ..studies.kernels import compile_cost, cuda_graphs
+from ...core.techniques.no_effect import NO_EFFECT, is_no_effect
+from ...core.stats.summary import CLAIM, CONTROL, NOT_WAITED
+from ...core.measuring.timing import FASTER, INTERVAL, SAME, SLOWER, UNCLEAR
+from ...studies.kernels import compile_cost, cuda_graphs
+from .tables import set_theme
+from .comparisons import LIVE, SEED
 
-MISSING = "—"
-SEED, LIVE = "seed V100", "live"
-KEYS = ["model", "phase", "variant"]
-SPEEDUP = f"speed-up ({INTERVAL})"
-DETAILS = {"n": "n (pairs)", "epoch_s": "epoch s (median)", "epoch_iqr_s": "IQR s", "epoch_min_s": "min s",
-           "step_ms": "step ms", "startup_s": "start-up s", "images_per_s": "img/s", "tflops": "TFLOP/s",
-           "first_peak_mem_mb": "first repeat's peak MiB"}
-GRAPHS_SKIPPED = "CUDA graphs skipped: timed as plain compile"
-TIDY = ["model", "phase", "variant", "source", "speedup", "ci_low", "ci_high", "verdict", "role", "versus"]
 # seaborn's colour-blind blue, vermillion and green; "can't tell yet" is grey and hollow
 VERDICT_COLOURS = {FASTER: "#0173b2", SLOWER: "#d55e00", SAME: "#029e73"}
+
+
 UNCLEAR_COLOUR = "#949494"
-COMPARED_WITH = "compared with"
+
+
 SOURCE_MARKERS = ("o", "s", "^", "v", "P", "X")  # the live run, then each stored reference machine
+
+
 LABEL_WIDTH = 34  # characters per line of a row label of the speed-up figure
-LONG_NAME = 10  # characters: a longer word in a table cell may break after punctuation
-WIDE = 9  # a table with more columns is set tighter (book/_static/optlab.css), to fit the article column
-
-
-def set_theme() -> None:
-    """The book's one look: seaborn's colour-blind theme for figures and, under IPython, :func:`html_table` for every
-    DataFrame a cell shows."""
-    sns.set_theme(context="notebook", style="whitegrid", palette="colorblind")
-    try:
-        from IPython import get_ipython
-    except ImportError:  # the command line: no pages to render
-        return
-    shell = get_ipython()
-    if shell is not None:
-        shell.display_formatter.formatters["text/html"].for_type(pd.DataFrame, html_table)
-
-
-def number(value: object) -> str:
-    """A value as a table shows it: three significant figures (whole numbers from 100 up), "—" when missing."""
-    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)) or value == "":
-        return MISSING
-    if not isinstance(value, numbers.Number) or isinstance(value, (bool, np.bool_)):
-        return str(value)
-    if isinstance(value, numbers.Integral):
-        return str(value)
-    value = float(value)
-    return f"{value:.0f}" if abs(value) >= 100 or not math.isfinite(value) else f"{value:.3g}"
-
-
-def significant(value: float, digits: int = 3) -> float:
-    """``value`` rounded to ``digits`` significant figures (whole numbers above that)."""
-    if isinstance(value, numbers.Integral) or pd.isna(value) or value == 0 or not math.isfinite(value):
-        return value
-    return round(float(value), max(0, digits - 1 - math.floor(math.log10(abs(value)))))
-
-
-def ratio(value: float) -> str:
-    """A speed-up with three significant figures, trailing zeros kept: 1.10, 0.0250, 12.0."""
-    return f"{value:#.3g}".rstrip(".")
-
-
-def speedup_text(speedup: float, low: float, high: float, rounds: "int | None" = None) -> str:
-    """"1.23 (1.10–1.38)": a speed-up and its interval; the speed-up alone without one; "—" without either; an
-    interval whose high end is more than ``timing.TOO_WIDE`` times its low end is too wide to mean anything and says so,
-    with the ``rounds`` it had."""
-    if pd.isna(speedup):
-        return MISSING
-    if pd.isna(low) or pd.isna(high) or low == high:  # no interval, or the baseline against itself
-        return ratio(speedup)
-    if too_wide(low, high):
-        had = "" if rounds is None or pd.isna(rounds) else f" after {int(rounds)} rounds"
-        return f"{ratio(speedup)} (interval too wide to tell{had})"
-    return f"{ratio(speedup)} ({ratio(low)}–{ratio(high)})"
-
-
-def noise_line(summary: pd.DataFrame) -> str:
-    """What a run measured and what that lets the rule tell: the round-level noise of its comparisons, the half-width
-    of their intervals at the rounds they had, and the page's bound on a false verdict (:func:`timing.page_bound`)."""
-    compared = summary[summary["verdict"].isin(VERDICTS)] if "verdict" in summary else summary.iloc[0:0]
-    if compared.empty or "noise" not in compared or compared["noise"].isna().all():
-        return "No comparison on this page has an interval yet."
-    noise = 100 * compared["noise"].astype(float)
-    half = 100 * (np.exp((np.log(compared["ci_high"].astype(float)) - np.log(compared["ci_low"].astype(float))) / 2)
-                  - 1)
-    count = len(compared)
-    return (f"Measured: {count} comparisons, a round's noise (standard deviation of its log speed-up) "
-            f"{noise.median():.1f} % median ({noise.min():.1f}-{noise.max():.1f} %), {compared['n'].median():.0f} rounds median. At that, "
-            f"an interval reaches about ±{half.median():.1f} % around its speed-up: differences beyond that are told, "
-            f"and \"{SAME}\" needs it under 2 %. Each is a {INTERVAL} (at most {percent(ERROR_RATE)} of comparisons "
-            f"of a configuration with itself say faster or slower); with {count} on this page, the chance that any of "
-            f"them does is at most {percent(page_bound(count))}.")
-
-
-def verdict_text(verdict: object, role: object = CLAIM) -> str:
-    """The verdict, marked where the row is an A/A control (a phase the technique cannot change): not a claim. A
-    variant with no effect on this device was not timed, so it is no control either."""
-    if pd.isna(verdict) or verdict == "":
-        return MISSING
-    marked = role == CONTROL and verdict != "baseline" and not is_no_effect(verdict)
-    return f"{verdict} ({CONTROL})" if marked else str(verdict)
-
-
-def dependence_warning(verdict: str, autocorrelation: object, rounds: object) -> str:
-    """The verdict, with a warning where its comparison's rounds look dependent (:func:`timing.dependent_rounds`):
-    its interval assumed independent rounds and may be too narrow."""
-    if pd.isna(autocorrelation) or pd.isna(rounds) or not dependent_rounds(float(autocorrelation), int(rounds)):
-        return verdict
-    return f"{verdict} ({DEPENDENT.format(autocorrelation=float(autocorrelation))})"
-
-
-def html_table(frame: pd.DataFrame) -> str:
-    """``frame`` as a page shows it: named index levels as columns (an unnamed index is dropped), every value through
-    :func:`number`, and the columns named in ``frame.attrs["details"]`` in a collapsed "all columns" block that
-    repeats the ``frame.attrs["keys"]`` columns."""
-    details, keys = frame.attrs.get("details", []), frame.attrs.get("keys", [])
-    names = [name for name in frame.index.names if name is not None]
-    frame = frame.reset_index(drop=not names or any(name in frame.columns for name in names))
-    if isinstance(frame.columns, pd.MultiIndex):
-        frame.columns = [" ".join(str(part) for part in column if part != "") for column in frame.columns]
-    details = [column for column in details if column in frame]
-    shown = _html(frame[[column for column in frame if column not in details]])
-    if not details:
-        return shown
-    more = _html(frame[[column for column in keys if column in frame] + details])
-    return f'{shown}<details class="optlab-details"><summary>all columns</summary>{more}</details>'
-
-
-def _html(frame: pd.DataFrame) -> str:
-    wide = len(frame.columns) > WIDE
-    head = "".join(f"<th>{_text(column, wide)}</th>" for column in frame.columns)
-    body = "".join("<tr>" + "".join(_cell(value, wide) for value in row) + "</tr>"
-                   for row in frame.itertuples(index=False))
-    return (f'<table class="optlab-table{" wide" if wide else ""}"><thead><tr>{head}</tr></thead>'
-            f"<tbody>{body}</tbody></table>")
-
-
-def _cell(value: object, wide: bool) -> str:
-    if isinstance(value, numbers.Number) and not isinstance(value, (bool, np.bool_)):
-        return f'<td class="num">{html.escape(number(value))}</td>'
-    return f"<td>{_text(number(value), wide)}</td>"
-
-
-def _text(value: object, wide: bool) -> str:
-    """Escaped, and breakable where a long name (an operator's) has punctuation, and in a wide table after every "_"
-    (column names such as data_wait_ms), so that the table fits the article column; a whole value written
-    ``[text](https://...)`` (:func:`linked_sources`) is a link."""
-    link = LINK.fullmatch(str(value))
-    if link:
-        return f'<a href="{html.escape(link.group(2))}">{html.escape(link.group(1))}</a>'
-    mark = "\x00"  # set before escaping, written as <wbr> after
-
-    def breakable(word: str) -> str:
-        if len(word) > LONG_NAME:
-            return re.sub(r"([_.#:/(])", rf"\1{mark}", word)
-        return word.replace("_", "_" + mark) if wide else word
-
-    return html.escape(" ".join(map(breakable, str(value).split(" ")))).replace(mark, "<wbr>")
-
-
-LINK = re.compile(r"\[([^\]]+)\]\((https?://[^)\s]+)\)")  # a table cell's [text](url): a link on the page
-
-
-def linked_sources(frame: pd.DataFrame, text: str = "source", url: str = "url") -> pd.DataFrame:
-    """Published figures as a page shows them: the ``text`` column a link to its ``url`` (``[text](url)``, which
-    :func:`html_table` writes as a link), and no column of raw addresses."""
-    missing = [column for column in (text, url) if column not in frame]
-    if missing:
-        raise OptlabError(f"linked_sources needs the columns {missing}; the frame has {list(frame.columns)}")
-    linked = [f"[{name}]({address})" for name, address in zip(frame[text], frame[url])]
-    return frame.drop(columns=url).assign(**{text: linked})
-
-
-def in_order(frame: pd.DataFrame, variants: "list[str] | tuple[str, ...]" = ()) -> pd.DataFrame:
-    """Rows in the profiles' model order, train before test, and variants in ``variants`` order (the registry's),
-    any others after them as found."""
-    ranks = {"model": [*ALL_MODELS, *frame["model"]], "phase": [*PHASES, *frame["phase"]],
-             "variant": [*variants, *frame["variant"]]}
-    ranks = {key: {value: i for i, value in enumerate(dict.fromkeys(values))} for key, values in ranks.items()}
-    return frame.sort_values(KEYS, key=lambda column: column.map(ranks[column.name]), kind="stable")
-
-
-def graphs_skipped(samples: pd.DataFrame | None) -> set[tuple[str, str, str]]:
-    """The (model, phase, variant) rows whose compiled model was meant to replay CUDA graphs and Inductor skipped
-    them (a mutated input, a CPU tensor): those rows timed plain compiled code."""
-    if samples is None or "cudagraph_skips" not in samples:
-        return set()
-    skipped = samples[samples["cudagraph_skips"].fillna(0) > 0]
-    return set(skipped[KEYS].itertuples(index=False, name=None))
-
-
-def comparison_table(summary: pd.DataFrame, variants: "list[str] | tuple[str, ...]" = (),
-                     samples: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The summary as a reader reads it: model, phase, variant, the speed-up with its interval, the verdict and peak
-    memory first (the repeats after the first; the first repeat's one-off peak is a detail), in the registry's variant
-    order (``variants``); repeats, times and throughput as details. With the run's ``samples``, a row whose CUDA
-    graphs Inductor skipped says so beside its verdict (:data:`GRAPHS_SKIPPED`)."""
-    rows = in_order(summary, variants)
-    roles = rows["role"] if "role" in rows else pd.Series(CLAIM, index=rows.index)
-    references = rows["reference"] if "reference" in rows else pd.Series(np.nan, index=rows.index)
-    skipped = graphs_skipped(samples)
-    verdicts = [dependence_warning(verdict_text(v, r), a, n) for v, r, a, n in
-                zip(rows["verdict"], roles, rows.get("autocorrelation", pd.Series(np.nan, index=rows.index)),
-                    rows["n"] if "n" in rows else [0] * len(rows))]
-    details = throughput_details(rows)
-    table = pd.DataFrame({
-        "model": rows["model"], "phase": rows["phase"], "variant": rows["variant"],
-        COMPARED_WITH: [MISSING if pd.isna(r) else str(r) for r in references],
-        SPEEDUP: [speedup_text(*values) for values in zip(rows["speedup"], rows["ci_low"], rows["ci_high"],
-                                                          rows["n"] if "n" in rows else [None] * len(rows))],
-        "verdict": [f"{verdict} ({GRAPHS_SKIPPED})" if key in skipped else verdict
-                    for verdict, key in zip(verdicts, rows[KEYS].itertuples(index=False, name=None))],
-        "peak MiB": rows["peak_mem_mb"].map(significant),
-        **{label: rows[column].map(significant) if column in rows else MISSING for column, label in details.items()},
-    }).reset_index(drop=True)
-    table.attrs.update(keys=KEYS, details=list(details.values()))
-    return table
-
-
-def throughput_details(rows: pd.DataFrame) -> dict[str, str]:
-    """:data:`DETAILS`, with the throughput in the run's own unit where it is not images (tokens/s for the GPT)."""
-    units = set(rows["unit"].dropna()) if "unit" in rows else set()
-    if len(units) != 1 or units == {"images"} or "items_per_s" not in rows:
-        return DETAILS
-    return {("items_per_s" if column == "images_per_s" else column): (f"{units.pop()}/s" if column == "images_per_s"
-                                                                      else label) for column, label in DETAILS.items()}
-
-
-STEP_BEFORE = f"vs the step before ({INTERVAL})"
-STEP_VERDICT = "verdict (vs the step before)"
-BASELINE_ESTIMATE = "vs the baseline (estimate at the same look)"
-BASELINE_VERDICT = "verdict (vs the baseline)"
-
-
-def stack_table(steps: pd.DataFrame) -> pd.DataFrame:
-    """A cumulative stack (rows of ``summary.step_by_step``) as a reader reads it: each step's speed-up over the step
-    before it with its interval and the verdict the rule waited for, then its speed-up over the baseline with its
-    interval read at the same look, an estimate with no verdict, peak memory and epoch time; the rounds of each as
-    details. A record whose rule waited for the steps against the baseline (made before stacks were chained) shows
-    those verdicts in a column of their own, and "not waited for" against the step before."""
-    table = pd.DataFrame({
-        "model": steps["model"], "phase": steps["phase"], "step": steps["step"],
-        STEP_BEFORE: [speedup_text(*values) for values in zip(steps["vs previous"], steps["ci_low"],
-                                                              steps["ci_high"], steps["n"])],
-        STEP_VERDICT: steps["verdict"].map(verdict_text),
-        BASELINE_ESTIMATE: [speedup_text(*values) for values in zip(steps["vs baseline"], steps["baseline_low"],
-                                                                    steps["baseline_high"], steps["baseline_n"])],
-        "peak MiB": steps["peak_mem_mb"].map(significant), "epoch s (median)": steps["epoch_s"].map(significant),
-        "n (vs the step before)": steps["n"], "n (vs the baseline)": steps["baseline_n"],
-    })
-    if (steps["verdict"] == NOT_WAITED).any():
-        table.insert(list(table.columns).index(BASELINE_ESTIMATE) + 1, BASELINE_VERDICT,
-                     steps["baseline_verdict"].map(verdict_text))
-    table.attrs.update(keys=["model", "phase", "step"], details=["n (vs the step before)", "n (vs the baseline)"])
-    return table.reset_index(drop=True)
-
-
-def speedups(experiment: "str | Experiment", live: pd.DataFrame | None = None, stored: bool = True) -> pd.DataFrame:
-    """Tidy speed-ups of every variant but the baseline, one row per source: the ``live`` summary, and with ``stored``
-    each stored reference machine's and the seed's V100 speed-up where one of ours has the same model, phase and
-    variant."""
-    experiment = get_experiment(experiment)
-    frames = [] if live is None or live.empty else [live.assign(source=LIVE)]
-    reference = reference_summary(experiment.name) if stored else None
-    if reference is not None:
-        frames += [rows.assign(source=machine) for machine, rows in reference.groupby("machine")]
-    if not frames:
-        return pd.DataFrame(columns=TIDY)
-    ours = pd.concat([frame.reindex(columns=TIDY) for frame in frames], ignore_index=True)
-    ours = ours[ours["variant"] != experiment.baseline_label].assign(role=lambda d: d["role"].fillna(CLAIM))
-    ours["versus"] = [versus(experiment, variant) for variant in ours["variant"]]
-    seed = seed_speedups(experiment.name).merge(ours[KEYS].drop_duplicates(), on=KEYS) if stored else pd.DataFrame()
-    if not seed.empty:
-        ours = pd.concat([seed.assign(source=SEED, role=CLAIM).reindex(columns=TIDY), ours], ignore_index=True)
-    return in_order(ours, experiment.labels).reset_index(drop=True)
-
-
-def versus(experiment: Experiment, variant: str) -> str:
-    """The reference a variant is compared with when it is not the baseline (the figure says so); else ""."""
-    reference = experiment.reference_of(variant)
-    return "" if reference == experiment.baseline_label else reference
 
 
 def plot_speedups(tidy: pd.DataFrame, rows: "tuple[str, ...]" = ("model", "variant"), col: str = "phase",
@@ -415,6 +137,8 @@ def _legend(markers: dict, seed: bool) -> list[Line2D]:
 
 
 WATERFALL_LABEL_WIDTH = 16  # characters per line of a waterfall's step label, written level under its bar
+
+
 WATERFALL_BAR_INCHES = 1.3  # the width of one bar's slot: a label line of 16 characters at 8 points fits it
 
 
@@ -550,71 +274,6 @@ def plot_optimizer_steps(table: pd.DataFrame, title: str = ""):
     return grid
 
 
-def seed_comparison(technique: str, live: pd.DataFrame | None = None,
-                    reference: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The seed's V100 seconds and speed-ups beside ours: the ``live`` summary and each machine of ``reference`` (stored
-    summaries with a ``machine`` column), one row per model, phase and variant in the registry's variant order."""
-    seed = seed_speedups(technique)
-    table = pd.DataFrame({**{key: seed[key] for key in KEYS}, "V100 s": seed["seconds"].map(significant),
-                          "V100 speed-up": seed["speedup"].map(ratio)})
-    for name, rows in _sources(live, reference):
-        table = table.merge(_ours(name, rows), on=KEYS, how="outer")
-    table.attrs["seed_machine"] = SEED_MACHINE
-    return in_order(table, get_experiment(technique).labels).reset_index(drop=True)
-
-
-def reference_comparison(technique: str, live: pd.DataFrame | None = None) -> pd.DataFrame:
-    """A technique beyond the seed: the live speed-ups beside every stored reference machine's, one row per variant."""
-    table = pd.DataFrame(columns=KEYS)
-    for name, rows in _sources(live, reference_summary(technique)):
-        ours = _ours(name, rows, memory=True)
-        table = ours if table.empty else table.merge(ours, on=KEYS, how="outer")
-    return in_order(table, get_experiment(technique).labels).reset_index(drop=True)
-
-
-def _sources(live: pd.DataFrame | None, reference: pd.DataFrame | None) -> list[tuple[str, pd.DataFrame]]:
-    found = [(LIVE, live)] + (list(reference.groupby("machine")) if reference is not None else [])
-    return [(name, rows) for name, rows in found if rows is not None and not rows.empty]
-
-
-def _ours(name: str, rows: pd.DataFrame, memory: bool = False) -> pd.DataFrame:
-    """One source's columns: median epoch seconds, speed-up with its interval, verdict (and peak memory)."""
-    roles = rows["role"] if "role" in rows else pd.Series(CLAIM, index=rows.index)
-    columns = {key: rows[key] for key in KEYS} | {
-        f"{name} s": rows["epoch_s"].map(significant),
-        f"{name} speed-up ({INTERVAL})": [speedup_text(*values)
-                                          for values in zip(rows["speedup"], rows["ci_low"], rows["ci_high"])],
-        f"{name} verdict": [verdict_text(v, r) for v, r in zip(rows["verdict"], roles)],
-    }
-    if memory:
-        columns[f"{name} peak MiB"] = rows["peak_mem_mb"].map(significant)
-    return pd.DataFrame(columns).drop_duplicates(KEYS, keep="last")
-
-
-def reference_summary(technique: str) -> pd.DataFrame | None:
-    """Stored reference summaries of ``technique`` from every machine under ``results/reference``, or None."""
-    paths = [p for machine in store.reference_machines() for p in (store.REFERENCE_DIR / machine).glob(f"{technique}.json")]
-    if not paths:
-        return None
-    return pd.concat([store.load_summaries(p) for p in paths], ignore_index=True)
-
-
-def reference_command(technique: str) -> str:
-    """The command that makes a stored GPU reference of ``technique`` (the reference set that measures it)."""
-    set_name = next((name for name in SET_NAMES if name != "all" and technique in technique_set(name)), "all")
-    return f"`python -m optlab reference --set {set_name}`"
-
-
-def reference_note(technique: str) -> str:
-    """One line: which machines have a stored reference of ``technique``, or how to make one."""
-    reference = reference_summary(technique)
-    if reference is None:
-        return (f"no stored GPU reference of {technique} yet: {reference_command(technique)} on a GPU machine writes "
-                "one under results/reference/<machine>/")
-    machines = ", ".join(f"{m} ({', '.join(sorted(set(g['profile'])))} profile)" for m, g in reference.groupby("machine"))
-    return f"stored GPU reference of {technique}: {machines}"
-
-
 def plot_step_trace(samples: pd.DataFrame):
     """Seconds of every step of repeat 0 on a log scale, per model and phase: the first step carries the compile."""
     set_theme()
@@ -650,6 +309,8 @@ def plot_sweep(frame: pd.DataFrame, title: str = ""):
 
 
 THROUGHPUT = "throughput, samples/s (back-to-back calls)"
+
+
 CALL_TIME = "ms: a call back-to-back (line); a request one at a time (p50 to p99)"
 
 

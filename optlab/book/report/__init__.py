@@ -1,0 +1,33 @@
+"""Tables and figures built from summaries and stored records, so live runs and stored references look the same.
+
+Every table a page shows goes through :func:`html_table` (:func:`set_theme` registers it with IPython): no 0..N
+index column, three significant figures, "—" where a value is missing, and the columns that a table marks as
+details in a collapsed block. The headline figure is :func:`plot_speedups`: speed-ups on a log axis with their
+intervals, coloured by verdict, beside the seed's V100 speed-up.
+
+The package's parts: ``text`` (numbers and verdicts as words), ``tables``, ``comparisons`` (ours beside the seed's and
+the reference machines') and ``figures``; the names the chapters use are here.
+"""
+from ...core.measuring.timing import INTERVAL
+from .text import COMPARED_WITH, noise_line, number, ratio, significant, speedup_text, verdict_text
+from .tables import (
+    DETAILS, GRAPHS_SKIPPED, SPEEDUP, comparison_table, html_table, in_order, linked_sources, set_theme,
+    stack_table,
+)
+from .comparisons import (
+    LIVE, SEED, reference_command, reference_comparison, reference_note, reference_summary, seed_comparison,
+    speedups,
+)
+from .figures import (
+    LEVEL_NAMES, VERDICT_COLOURS, plot_batch_sizes, plot_breakdown, plot_learning, plot_memory_tradeoff,
+    plot_numerics, plot_optimizer_steps, plot_speedups, plot_step_trace, plot_sweep, plot_waterfall,
+)
+
+__all__ = [
+    'COMPARED_WITH', 'DETAILS', 'GRAPHS_SKIPPED', 'INTERVAL', 'LEVEL_NAMES', 'LIVE', 'SEED', 'SPEEDUP',
+    'VERDICT_COLOURS', 'comparison_table', 'html_table', 'in_order', 'linked_sources', 'noise_line', 'number',
+    'plot_batch_sizes', 'plot_breakdown', 'plot_learning', 'plot_memory_tradeoff', 'plot_numerics',
+    'plot_optimizer_steps', 'plot_speedups', 'plot_step_trace', 'plot_sweep', 'plot_waterfall', 'ratio',
+    'reference_command', 'reference_comparison', 'reference_note', 'reference_summary', 'seed_comparison',
+    'set_theme', 'significant', 'speedup_text', 'speedups', 'stack_table', 'verdict_text',
+]
