@@ -75,18 +75,18 @@ def test_gpu_check_lists_every_cuda_test_and_the_chapters_cuda_checks():
     assert not any("cpu" in test.partition("[")[2] for test in tests)  # a parametrized test's CPU case stays out
     assert [line for line in listed if line.startswith("chapter ")] == [
         f"chapter notebooks/{name}.ipynb" for name in ("11_cuda_graphs", "14_data_pipeline", "15_profiling",
-                                                       "18_your_model", "20_attention", "21_checkpointing",
-                                                       "22_gpt_precision")]
+                                                       "26_your_model", "19_attention", "20_checkpointing",
+                                                       "21_gpt_precision")]
 
 
 def test_gpu_check_runs_a_chapters_cells_with_its_magics_made_pass():
     """The install cell's ``%pip`` is the only line of its ``except`` block: dropped, the cell would not compile."""
-    install = gpu_check.check_cells("20_attention")[0]
+    install = gpu_check.check_cells("19_attention")[0]
     compile(install, "install cell", "exec")
     assert "    pass" in install and "%pip" not in install
 
 
 def test_a_chapters_cells_get_display_without_importing_it_as_in_jupyter(capsys):
-    """Chapters 14, 15 and 18 call ``display`` as a Jupyter kernel's builtin; plain Python has none."""
+    """Chapters 14, 15 and 26 call ``display`` as a Jupyter kernel's builtin; plain Python has none."""
     exec("display('shown')", gpu_check.chapter_namespace())
     assert "shown" in capsys.readouterr().out
