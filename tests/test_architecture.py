@@ -1,5 +1,5 @@
-"""The package's layers: imports run downward only, with no circles and no borrowed underscore names; README's
-Layout lists every module."""
+"""The package's layers: imports run downward only, with no circles and no borrowed underscore names;
+CONTRIBUTING's Layout lists every module."""
 import ast
 import re
 from pathlib import Path
@@ -189,14 +189,14 @@ def test_the_walk_sees_a_circle_an_upward_import_and_a_private_name(tmp_path):
     assert import_circle(fake) is None
 
 
-# README's Layout: each folder's line says what it is for; its modules follow, after a colon on the same line or on
+# CONTRIBUTING's Layout: each folder's line says what it is for; its modules follow, after a colon on the same line or on
 # the lines below, as a comma-separated list. An entry is a name, or names joined by "+", with an optional gloss in
 # parentheses; a sub-package is "name/ (its modules, ...)".
 NAME = r"[a-z_][a-z0-9_]*"
 
 
 def layout_sections(readme: str) -> dict[str, str]:
-    """The list of names under each folder of README's Layout block, as written."""
+    """The list of names under each folder of a Layout block, as written."""
     block = readme.split("## Layout", 1)[1].split("```", 2)[1]
     sections, current = {}, None
     for line in block.splitlines():
@@ -216,7 +216,7 @@ def listed_names(text: str) -> set[str]:
             names |= {package[1], *(f"{package[1]}.{name}" for name in listed_names(package[2]))}
             continue
         for name in re.sub(r"\s*\([^()]*\)$", "", entry).split("+"):
-            assert re.fullmatch(NAME, name.strip()), f"README's Layout lists {name.strip()!r}, not a module name"
+            assert re.fullmatch(NAME, name.strip()), f"the Layout lists {name.strip()!r}, not a module name"
             names.add(name.strip())
     return names
 
@@ -240,11 +240,11 @@ def test_the_layout_reads_listed_names_only():
         listed_names("config, the knobs")
 
 
-def test_the_readme_layout_lists_every_module_in_its_folder():
-    sections = layout_sections((PACKAGE.parent / "README.md").read_text())
+def test_the_contributing_layout_lists_every_module_in_its_folder():
+    sections = layout_sections((PACKAGE.parent / "CONTRIBUTING.md").read_text())
     folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
-    assert set(sections) == folders, "README's Layout and optlab/ have different folders"
+    assert set(sections) == folders, "CONTRIBUTING's Layout and optlab/ have different folders"
     for folder in sorted(folders):
         listed, present = listed_names(sections[folder]), package_names(PACKAGE / folder)
-        assert listed == present, (f"README's Layout under {folder}/ lacks {sorted(present - listed)} "
+        assert listed == present, (f"CONTRIBUTING's Layout under {folder}/ lacks {sorted(present - listed)} "
                                    f"and lists {sorted(listed - present)}, which optlab/{folder}/ lacks")

@@ -29,7 +29,7 @@ def wrong_levels(text: str) -> set[float]:
 
 
 def test_no_readme_page_chapter_or_docstring_names_another_level():
-    texts = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *ROOT.glob("book/*.md"), *ROOT.glob("notebooks/*.ipynb"),
+    texts = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *ROOT.glob("book/**/*.md"), *ROOT.glob("notebooks/*.ipynb"),
              *ROOT.glob("optlab/**/*.py"), *ROOT.glob("results/**/*.md")]
     problems = {str(path.relative_to(ROOT)): sorted(found) for path in texts
                 if (found := wrong_levels(path.read_text()))}

@@ -151,7 +151,7 @@ def test_the_budget_skips_a_part_that_does_not_fit_and_runs_later_ones_that_do()
 def test_the_readme_recipe_runs_every_seed_technique_on_resnet18_first_and_fits_its_minutes(capsys):
     command = planning.RECIPE[0].split()
     assert command[:4] == ["python3", "-m", "optlab", "reference"]
-    assert planning.RECIPE[0] in (ROOT / "README.md").read_text()
+    assert planning.RECIPE[0] in (ROOT / "book" / "using" / "gpu.md").read_text()
     assert main([*command[3:command.index("--archive")], "--plan", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line.startswith("seed ")]

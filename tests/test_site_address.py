@@ -16,7 +16,7 @@ OWNER, REPO = urllib.parse.urlparse(CONFIG["url"]).path.strip("/").split("/")
 GITHUB = re.compile(r"github\.com/([\w.-]+)/([\w.-]+?)(?:\.git)?(?=[/@#)\s\"'`]|$)")
 PAGES = re.compile(r"([\w-]+)\.github\.io/([\w.-]+)")
 BRANCH = re.compile(r"[?&]branch=([\w./-]+)|/(?:blob|tree)/([\w./-]+?)/")
-DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "book").glob("*.md")), ROOT / "CONTRIBUTING.md"]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "book").rglob("*.md")), ROOT / "CONTRIBUTING.md"]
 ELSEWHERE = {"example", "github"}  # README may name github.com/<user>/... as a placeholder, never another project
 
 
