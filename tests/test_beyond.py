@@ -102,7 +102,8 @@ def test_compiling_techniques_default_to_the_launch_bound_models_of_a_profile():
 
 
 def test_every_beyond_technique_is_in_exactly_one_reference_set():
-    from optlab.commands.reference import EXTRAS, technique_set
+    from optlab.commands.reference.planning import EXTRAS
+    from optlab.core.techniques.cnn import technique_set
 
     sets = {name: set(technique_set(name)) for name in ("beyond", "compile", "stack")}
     assert sorted(t for s in sets.values() for t in s) == sorted(BEYOND_TECHNIQUES)

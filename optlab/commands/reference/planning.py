@@ -218,7 +218,7 @@ def describe_plan(set_name: str = "all", profile: str | Profile | None = None, d
     lines = [f"reference plan, profile {prof.name} ({prof.describe_repeats()}): estimated seconds on "
              f"{gpu or f'one {TABLE_GPU}'}, measured by an earlier run on it where a "
              f"results/reference/<machine>/{MANIFEST}.csv has the part, else from the {TABLE_GPU} step-time table "
-             "(optlab/commands/reference.py)", table.to_string(index=False), ""]
+             "(optlab/commands/reference/costs.py)", table.to_string(index=False), ""]
     lines += [f"set {name}: {int(row['count'])} parts, {row['sum'] / 60:.1f} min" for name, row in totals.iterrows()]
     measured = sum(part.estimate_from != "table" for part in parts)
     lines.append(f"estimates: {measured} part(s) measured, {len(parts) - measured} from the table")
