@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from optlab.core.errors import OptlabError
+from optlab.core.transformer import GPT, GPTConfig
+from optlab.studies.serving import batching, generation
 from optlab.studies.serving import requests as rq
 from optlab.studies.serving import scheduler
 
@@ -160,3 +162,61 @@ def test_throughput_and_goodput() -> None:
     assert result["met_share"] == pytest.approx(2 / 3)
     with pytest.raises(OptlabError, match="ttft_s"):
         rq.Objective(ttft_s=0, tpot_s=1.0)
+
+
+def test_same_seed_same_requests_at_every_rate() -> None:
+    slow, fast = (rq.poisson_stream(rate, 50, seed=2) for rate in (1.0, 4.0))
+    assert [(r.prompt, r.output_len) for r in slow] == [(r.prompt, r.output_len) for r in fast]
+    assert [4 * r.arrival_s for r in fast] == pytest.approx([r.arrival_s for r in slow])
+
+
+@pytest.fixture(scope="module")
+def model() -> GPT:
+    """Weights drawn wider than GPT-2's init, so that the greedy tokens depend on the whole context."""
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig(vocab_size=50, block_size=48, n_layer=2, n_head=2, n_embd=32)).eval()
+    with torch.no_grad():
+        for parameter in gpt.parameters():
+            if parameter.dim() == 2:
+                parameter.normal_(0.0, 0.3)
+    return gpt
+
+
+@pytest.mark.parametrize("name", scheduler.SCHEDULERS)
+def test_gpt_engine_serves_each_request_its_own_greedy_tokens(model: GPT, name: str) -> None:
+    stream = rq.poisson_stream(1e4, 12, prompt_lengths=(3, 10), output_lengths=(1, 12), vocab_size=50, seed=4)
+    run = scheduler.serve(stream, scheduler.GPTEngine(model, 3, 24), name, fixed_cost)
+    assert len(run.served) == 12 and max(run.occupancy) == 3
+    for item in run.served:
+        prompt = torch.tensor([item.request.prompt])
+        reference = generation.greedy_reference(model, prompt, item.request.output_len)[0, prompt.size(1):]
+        assert item.tokens == reference.tolist(), item.request.index
+
+
+def test_a_request_longer_than_the_cache_is_refused(model: GPT) -> None:
+    with pytest.raises(OptlabError, match="more than the engine's cache holds"):
+        scheduler.serve([rq.Request(0, 0.0, (1,) * 20, 10)], scheduler.GPTEngine(model, 2, 24), "static")
+
+
+def test_compare_schedulers_tables(model: GPT) -> None:
+    streams = {rate: rq.poisson_stream(rate, 10, prompt_lengths=(3, 8), output_lengths=(2, 8), vocab_size=50)
+               for rate in (100.0, 1e4)}
+    study = scheduler.compare_schedulers(scheduler.GPTEngine(model, 4, 24), streams, rq.Objective(1.0, 1.0), rounds=2)
+    latency = study.latency_table()
+    assert len(latency) == 2 * 2 * 3 and (latency.xs("E2E", level="metric")["requests"] == 10).all()
+    assert (study.throughput_table()["met_share"] == 1.0).all()
+    verdicts = study.verdicts()
+    assert list(verdicts.index) == [100.0, 1e4] and verdicts["verdict"].isin(
+        ["faster", "slower", "same within 2 %", "can't tell yet"]).all()
+    assert study.slot_shifts[100.0] == [1, -1]
+
+
+def test_decode_sweep(model: GPT) -> None:
+    sweep = batching.decode_sweep(model, (4, 2), context=8, steps=3, rounds=2)
+    table = sweep.table()
+    assert list(table.index) == [1, 2, 4] and (table["rounds"] == 2).all()
+    assert table.loc[4, "KV cache MiB"] == pytest.approx(4 * table.loc[1, "KV cache MiB"])
+    assert table.loc[2, "tokens/s"] == pytest.approx(2 / sweep.step_s(2))
+    assert set(sweep.speedups()["variant"]) == {"batch 2", "batch 4"}
+    with pytest.raises(OptlabError, match="context"):
+        batching.decode_sweep(model, (2,), context=45, steps=3)

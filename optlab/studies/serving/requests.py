@@ -71,7 +71,8 @@ def poisson_stream(rate: float, count: int, prompt_lengths: tuple[int, int] = (8
                    text: torch.Tensor | None = None) -> list[Request]:
     """``count`` requests arriving at ``rate`` a second (Poisson: exponential gaps, the first after one gap), with
     prompt and output lengths drawn uniformly from the inclusive ranges given. Prompts are windows of ``text`` (a 1-D
-    tensor of token ids) where given, else uniform random tokens below ``vocab_size``."""
+    tensor of token ids) where given, else uniform random tokens below ``vocab_size``. The arrivals are drawn first
+    and scale with ``rate``, so the same ``seed`` gives the same requests at every rate, only sooner or later."""
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate <= MAX_RATE:
         raise OptlabError(f"rate must be a number of requests a second above 0 and at most {MAX_RATE:g}, got {rate!r}")
     count = check_count("count", count, 1, MAX_REQUESTS, "requests in one stream")

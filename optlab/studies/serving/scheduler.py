@@ -26,13 +26,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+import numpy as np
+import pandas as pd
 import torch
 
 from ...core.errors import OptlabError, choice_error
-from ...core.timing import StepTimer
-from .requests import Request, Served
+from ...core.limits import check_count
+from ...core.sequential import visit_order
+from ...core.timing import StepTimer, speed_up
+from ...core.transformer import GPT
+from . import generation
+from .requests import Objective, Request, Served, latency_frame, percentile_table, throughput
 
 SCHEDULERS = ("static", "continuous")
+MAX_ROUNDS = 100
+WARMUP_REQUESTS = 8  # served once by each scheduler before the timed rounds
 T = TypeVar("T")
 Timer = Callable[[Callable[[], object]], tuple[object, float]]  # runs a function: its result and its seconds
 
@@ -170,3 +178,127 @@ def serve(requests: list[Request], engine: Engine, scheduler: str, timer: Timer 
     (_static if scheduler == "static" else _continuous)(server)
     served = sorted(server.finished, key=lambda item: item.request.index)
     return ServeRun(scheduler, engine.slots, served, server.occupancy, server.compute_s)
+
+
+class GPTEngine:
+    """The book's GPT serving ``slots`` requests at once from one ``StaticKVCache`` (a row per slot).
+
+    A prefill runs the prompt alone through a one-row cache and copies the row into its slot (``load_row``); a decode
+    step runs every row on its last token, greedy, and empties the rows no request holds (``reset_rows``).
+    ``compiled`` runs the decode step through ``generation.compiled_decode`` (CUDA graphs on a GPU)."""
+
+    def __init__(self, model: GPT, slots: int, max_len: int, compiled: bool = False) -> None:
+        self.model, self.slots, self.max_len, self.compiled = model, slots, max_len, compiled
+        self.device = model.token_embedding.weight.device
+        self.cache = generation.StaticKVCache(model, slots, max_len)
+        self.row = generation.StaticKVCache(model, 1, max_len)
+        self.step = generation.compiled_decode(self.device) if compiled else None
+
+    @torch.no_grad()
+    def prefill(self, slot: int, prompt: tuple[int, ...]) -> int:
+        self.row.reset_rows(0)
+        tokens = torch.tensor([prompt], dtype=torch.long, device=self.device)
+        logits = generation.forward_cached(self.model, tokens, self.row)
+        self.cache.load_row(slot, self.row)
+        return int(logits[0, -1].argmax())
+
+    @torch.no_grad()
+    def decode(self, tokens: list[int], occupied: list[bool]) -> list[int]:
+        last = torch.tensor(tokens, dtype=torch.long, device=self.device)[:, None]
+        if self.step is None:
+            logits = generation.forward_cached(self.model, last, self.cache)[:, -1]
+        else:
+            torch.compiler.cudagraph_mark_step_begin()
+            logits = self.step(self.model, last, self.cache)
+            self.cache.longest += 1
+        self.release([slot for slot, held in enumerate(occupied) if not held])
+        return logits.argmax(dim=-1).tolist()
+
+    def release(self, slots: list[int]) -> None:
+        if slots:
+            self.cache.reset_rows(slots)
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes of the slots' keys and values (the one-row prefill cache aside)."""
+        return self.cache.nbytes
+
+
+def capacity(engine: Engine, requests: list[Request], timer: Timer | None = None) -> float:
+    """Requests a second the engine serves by continuous batching when every request of ``requests`` is waiting at
+    once: the most it can take, which sets the arrival rates worth trying."""
+    waiting = [Request(request.index, 0.0, request.prompt, request.output_len) for request in requests]
+    run = serve(waiting, engine, "continuous", timer)
+    return len(waiting) / run.compute_s
+
+
+@dataclass
+class ServingStudy:
+    """Both schedulers serving the same stream at each rate, in paired rounds (the same requests every round)."""
+
+    rates: list[float]
+    runs: dict[tuple[float, str], list[ServeRun]]  # per (rate, scheduler): one run per round
+    slot_shifts: dict[float, list[int]]  # per rate: continuous's slot minus static's in each round
+    objective: Objective
+    cache_bytes: int
+
+    def latencies(self, rate: float, scheduler: str) -> pd.DataFrame:
+        """One row per request: each latency its median over the rounds (the requests are the same every round)."""
+        frames = [latency_frame(run.served) for run in self.runs[(rate, scheduler)]]
+        return pd.concat(frames).groupby("request", as_index=False).median()
+
+    def latency_table(self) -> pd.DataFrame:
+        """TTFT, TPOT and end-to-end latency at p50/p90/p99, with the requests each rests on and the median's
+        interval, for every rate and scheduler."""
+        parts = [percentile_table(self.latencies(rate, name)).assign(rate=rate, scheduler=name)
+                 for rate in self.rates for name in SCHEDULERS]
+        return pd.concat(parts).set_index(["rate", "scheduler", "metric"])
+
+    def throughput_table(self) -> pd.DataFrame:
+        """Per rate and scheduler, medians over the rounds: output tokens a second, requests a second, goodput under
+        the objective and the share of requests that met it, the mean batch a decode step held, and the KV cache."""
+        rows = []
+        for rate in self.rates:
+            for name in SCHEDULERS:
+                runs = self.runs[(rate, name)]
+                results = pd.DataFrame([throughput(latency_frame(run.served), self.objective) for run in runs])
+                rows.append({"rate": rate, "scheduler": name, **results.median().to_dict(),
+                             "mean batch": float(np.median([run.mean_occupancy for run in runs])),
+                             "KV cache MiB": self.cache_bytes / 2**20})
+        return pd.DataFrame(rows).set_index(["rate", "scheduler"])
+
+    def verdicts(self) -> pd.DataFrame:
+        """Per rate: the mean end-to-end latency of each scheduler (median over rounds) and static's over
+        continuous's with the book's interval and verdict ("faster": continuous batching serves sooner)."""
+        rows = []
+        for rate in self.rates:
+            means = {name: [float(latency_frame(run.served)["e2e_s"].mean()) for run in self.runs[(rate, name)]]
+                     for name in SCHEDULERS}
+            result = speed_up(means["static"], means["continuous"], self.slot_shifts[rate])
+            rows.append({"rate": rate, "rounds": len(means["static"]),
+                         "static mean E2E ms": 1e3 * float(np.median(means["static"])),
+                         "continuous mean E2E ms": 1e3 * float(np.median(means["continuous"])),
+                         "speed-up": result.ratio, "low": result.low, "high": result.high, "verdict": result.verdict})
+        return pd.DataFrame(rows).set_index("rate")
+
+
+def compare_schedulers(engine: Engine, streams: dict[float, list[Request]], objective: Objective, rounds: int = 4,
+                       timer: Timer | None = None) -> ServingStudy:
+    """Serve each rate's stream by both schedulers in ``rounds`` rounds, the two in the book's mirrored visiting
+    order, after a warm-up run of each on the first stream's first ``WARMUP_REQUESTS`` requests (not kept)."""
+    rounds = check_count("rounds", rounds, 2, MAX_ROUNDS, "an interval needs two rounds; a dozen are plenty")
+    if not streams:
+        raise OptlabError("compare_schedulers needs at least one rate's stream")
+    first = next(iter(streams.values()))[:WARMUP_REQUESTS]
+    for name in SCHEDULERS:
+        serve(first, engine, name, timer)
+    runs: dict[tuple[float, str], list[ServeRun]] = {(rate, name): [] for rate in streams for name in SCHEDULERS}
+    shifts: dict[float, list[int]] = {rate: [] for rate in streams}
+    for rate, stream in streams.items():
+        for round_index in range(rounds):
+            order = visit_order(list(SCHEDULERS), round_index)
+            for name in order:
+                runs[(rate, name)].append(serve(stream, engine, name, timer))
+            shifts[rate].append(order.index("continuous") - order.index("static"))
+    cache_bytes = getattr(engine, "cache_bytes", 0)
+    return ServingStudy(list(streams), runs, shifts, objective, cache_bytes)
