@@ -17,6 +17,7 @@ import pandas as pd
 import torch
 
 from ...core.limits import check_count
+from ...core.quiet import fix_threads
 from ...core.sequential import visit_order
 from ...core.timing import StepTimer, speed_up
 from ...core.transformer import GPT
@@ -26,6 +27,44 @@ from .scheduler import GPTEngine
 MAX_BATCH = 1024
 MAX_STEPS = 1000
 MAX_ROUNDS = 100
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The sizes of the serving chapter on one kind of device: the model, the sweep and the stream."""
+
+    model: str  # a size of ``trained.SERVING_SIZES``
+    train_steps: int
+    dtype: torch.dtype
+    compiled: bool  # decode through CUDA graphs (``generation.compiled_decode``)
+    batch_sizes: tuple[int, ...]  # the decode sweep's
+    context: int  # tokens each row holds when the sweep's steps start
+    sweep_steps: int
+    sweep_rounds: int
+    slots: int  # the server's batch
+    requests: int  # in each rate's stream
+    prompt_lengths: tuple[int, int]
+    output_lengths: tuple[int, int]
+    load: tuple[float, ...]  # arrival rates as fractions of the measured capacity
+    rounds: int  # paired rounds of the two schedulers at each rate
+
+    @property
+    def max_len(self) -> int:
+        return self.prompt_lengths[1] + self.output_lengths[1]
+
+
+SETUPS = {
+    "cpu": Setup("gpt_tiny", 200, torch.float32, False, (1, 2, 4, 8, 16), 32, 16, 10, 8, 30, (8, 24), (2, 16),
+                 (0.3, 0.8, 1.5), 4),
+    "cuda": Setup("gpt2_small", 300, torch.bfloat16, True, (1, 2, 4, 8, 16, 32, 64), 128, 16, 10, 32, 120,
+                  (32, 256), (16, 96), (0.3, 0.8, 1.5), 6),
+}
+
+
+def setup_for(device: torch.device) -> Setup:
+    """The chapter's sizes on ``device``: the tiny GPT in fp32 on a CPU, GPT-2 small in bf16 with CUDA graphs on a
+    GPU."""
+    return SETUPS["cuda" if device.type == "cuda" else "cpu"]
 
 
 def label(batch: int) -> str:
@@ -106,6 +145,7 @@ def decode_sweep(model: GPT, batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16), co
     rounds = check_count("rounds", rounds, 2, MAX_ROUNDS, "an interval needs two rounds; a few dozen are plenty")
     context = check_count("context", context, 1, model.config.block_size - steps - 1,
                           f"the GPT's block of {model.config.block_size} holds the context and {steps} steps")
+    fix_threads(next(model.parameters()).device.type == "cuda")
     generator = torch.Generator().manual_seed(seed)
     engines = {label(b): _filled_engine(model, b, context, steps, generator, compiled) for b in sizes}
     times: dict[int, list[float]] = {b: [] for b in sizes}
