@@ -32,6 +32,7 @@ import torch
 
 from ...core.errors import OptlabError, choice_error
 from ...core.limits import check_count
+from ...core.quiet import fix_threads
 from ...core.sequential import visit_order
 from ...core.timing import StepTimer, speed_up
 from ...core.transformer import GPT
@@ -227,6 +228,7 @@ class GPTEngine:
 def capacity(engine: Engine, requests: list[Request], timer: Timer | None = None) -> float:
     """Requests a second the engine serves by continuous batching when every request of ``requests`` is waiting at
     once: the most it can take, which sets the arrival rates worth trying."""
+    fix_threads(engine.device.type == "cuda")
     waiting = [Request(request.index, 0.0, request.prompt, request.output_len) for request in requests]
     run = serve(waiting, engine, "continuous", timer)
     return len(waiting) / run.compute_s
@@ -289,6 +291,7 @@ def compare_schedulers(engine: Engine, streams: dict[float, list[Request]], obje
     rounds = check_count("rounds", rounds, 2, MAX_ROUNDS, "an interval needs two rounds; a dozen are plenty")
     if not streams:
         raise OptlabError("compare_schedulers needs at least one rate's stream")
+    fix_threads(engine.device.type == "cuda")
     first = next(iter(streams.values()))[:WARMUP_REQUESTS]
     for name in SCHEDULERS:
         serve(first, engine, name, timer)
