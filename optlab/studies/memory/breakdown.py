@@ -123,7 +123,7 @@ class Breakdown:
 def step_breakdown(model: nn.Module, inputs: tuple[Any, torch.Tensor], loss_fn: LossFn,
                    optimizer: torch.optim.Optimizer, *, device: str | torch.device, steps: int = 2,
                    set_to_none: bool = True, autocast_dtype: torch.dtype | None = None,
-                   accumulation: int = 1) -> Breakdown:
+                   accumulation: int = 1, warmup_steps: int = 0) -> Breakdown:
     """Run ``steps`` training steps of ``model`` on one batch ``inputs`` = ``(model inputs, targets)`` (the inputs a
     tensor, a tuple or a dict of keyword tensors) and break their memory peak down by category.
 
@@ -131,18 +131,22 @@ def step_breakdown(model: nn.Module, inputs: tuple[Any, torch.Tensor], loss_fn: 
     under ``autocast_dtype`` (``torch.bfloat16``, ``torch.float16`` or None), then ``optimizer.step()`` and
     ``optimizer.zero_grad(set_to_none=set_to_none)``. The model is moved to ``device`` (the optimizer's parameters
     move with it). The first step creates the optimizer's state and the second finds it there, so ``steps`` of 2 or
-    more shows a settled step.
+    more shows a settled step; so does one step after ``warmup_steps`` of 1, run before the profile (in half the
+    time: the profile's analysis grows with its events).
     """
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     check_count("steps", steps, 1, MAX_STEPS, "each step is profiled with its stacks")
     check_count("accumulation", accumulation, 1, MAX_ACCUMULATION, "micro-batches per optimizer step")
+    check_count("warmup_steps", warmup_steps, 0, MAX_STEPS, "steps before the profile")
     if autocast_dtype is not None and autocast_dtype not in AUTOCAST_DTYPES:
         raise OptlabError(f"autocast_dtype must be torch.bfloat16, torch.float16 or None, got {autocast_dtype!r}")
     batch = (loops.inputs_to(inputs[0], device), inputs[1].to(device))
     chunks = micro_batches(batch, accumulation)
     model.to(device)
+    for _ in range(warmup_steps):
+        train_step(model, chunks, loss_fn, optimizer, device, autocast_dtype, set_to_none)
     expected = expected_bytes(model, optimizer, batch) | {
         "activation": saved_activation_bytes(model, chunks[0], loss_fn, autocast_dtype)}
     resident = round(resident_mb([model, optimizer, *loops.input_tensors(batch[0]), batch[1]], device) * 2**20)
