@@ -302,12 +302,19 @@ class FixStudy:
         }
 
 
-def study_fixes(subject: Subject, device: "torch.device | str", rounds: int = 8, steps: int = 2,
-                seed: int = 0) -> FixStudy:
-    """Every setting's breakdown and timing on ``subject``; the settings that do not apply are skipped with why."""
+def study_fixes(subject: Subject, device: "torch.device | str", rounds: int = 8, steps: int = 2, seed: int = 0,
+                labels: Sequence[str] = tuple(SETTINGS)) -> FixStudy:
+    """The breakdown and timing of each setting of ``labels`` on ``subject``; a setting that does not apply is
+    skipped with why, and so is a fix whose settings were not asked for."""
     device = torch.device(device)
+    for label in labels:
+        if label not in SETTINGS:
+            raise choice_error("setting", label, tuple(SETTINGS))
+    if BASELINE not in labels:
+        raise OptlabError(f"the settings studied must include {BASELINE!r}: every fix is measured against it")
     fix_threads(device.type == "cuda")
-    skipped = {label: reason for label, setting in SETTINGS.items() if (reason := subject.applies(setting))}
+    skipped = {label: subject.applies(setting) or "not in this study" for label, setting in SETTINGS.items()
+               if label not in labels or subject.applies(setting)}
     settings = {label: setting for label, setting in SETTINGS.items() if label not in skipped}
     breakdowns = {label: breakdown_of(subject, setting, device, seed) for label, setting in settings.items()}
     timings = time_settings(subject, settings, device, rounds, steps, seed)
