@@ -39,7 +39,9 @@ class HashEngine:
             self.rows[slot].append(token)
             assert len(self.rows[slot]) <= self.max_len, "a row outgrew the cache"
         outputs = [self._next(slot) for slot in range(self.slots)]
-        self.release([slot for slot in range(self.slots) if not occupied[slot]])
+        for slot in range(self.slots):
+            if not occupied[slot]:
+                self.rows[slot].pop()  # computed, then rolled back
         return outputs
 
     def release(self, slots: list[int]) -> None:
@@ -63,8 +65,10 @@ def alone(request: rq.Request) -> list[int]:
 @pytest.mark.parametrize("rate", [5.0, 50.0, 500.0])
 def test_every_request_served_once_with_its_own_tokens(name: str, rate: float) -> None:
     stream = rq.poisson_stream(rate, 40, prompt_lengths=(2, 12), output_lengths=(1, 20), vocab_size=97, seed=3)
-    run = scheduler.serve(stream, HashEngine(4), name, fixed_cost)
+    engine = HashEngine(4)
+    run = scheduler.serve(stream, engine, name, fixed_cost)
     assert [item.request.index for item in run.served] == list(range(40))
+    assert engine.rows == [[]] * 4  # every request left its row empty
     for item in run.served:
         assert item.tokens == alone(item.request), item.request.index
         assert all(item.request.arrival_s <= t for t in item.token_times_s)
@@ -185,8 +189,10 @@ def model() -> GPT:
 @pytest.mark.parametrize("name", scheduler.SCHEDULERS)
 def test_gpt_engine_serves_each_request_its_own_greedy_tokens(model: GPT, name: str) -> None:
     stream = rq.poisson_stream(1e4, 12, prompt_lengths=(3, 10), output_lengths=(1, 12), vocab_size=50, seed=4)
-    run = scheduler.serve(stream, scheduler.GPTEngine(model, 3, 24), name, fixed_cost)
+    engine = scheduler.GPTEngine(model, 3, 24)
+    run = scheduler.serve(stream, engine, name, fixed_cost)
     assert len(run.served) == 12 and max(run.occupancy) == 3
+    assert engine.cache.lengths.tolist() == [0, 0, 0]  # every request left its row empty
     for item in run.served:
         prompt = torch.tensor([item.request.prompt])
         reference = generation.greedy_reference(model, prompt, item.request.output_len)[0, prompt.size(1):]

@@ -57,7 +57,8 @@ class Engine(Protocol):
         """Run ``prompt`` alone, put its keys and values into row ``slot`` and return its first output token."""
 
     def decode(self, tokens: list[int], occupied: list[bool]) -> list[int]:
-        """One decode step of every row on its last token; rows not ``occupied`` are computed and then emptied."""
+        """One decode step of every row on its last token; rows not ``occupied`` are computed and rolled back (the
+        step leaves them as they were)."""
 
     def release(self, slots: list[int]) -> None:
         """Empty rows ``slots`` (their lengths back to 0) for the next requests."""
@@ -118,8 +119,8 @@ class _Server:
         return item
 
     def decode(self, rows: dict[int, Served]) -> None:
-        """One step of every slot; each request in ``rows`` (those still generating) receives its next token, and
-        the other rows are emptied (a finished request's row computes on, as the fixed-shape batch does)."""
+        """One step of every slot; each request in ``rows`` (those still generating) receives its next token; the
+        other rows are computed too (the batch has a fixed shape) and left as they were."""
         slots = self.engine.slots
         tokens = [rows[slot].tokens[-1] if slot in rows else 0 for slot in range(slots)]
         outputs = self.run(lambda: self.engine.decode(tokens, [slot in rows for slot in range(slots)]))
@@ -185,7 +186,8 @@ class GPTEngine:
     """The book's GPT serving ``slots`` requests at once from one ``StaticKVCache`` (a row per slot).
 
     A prefill runs the prompt alone through a one-row cache and copies the row into its slot (``load_row``); a decode
-    step runs every row on its last token, greedy, and empties the rows no request holds (``reset_rows``).
+    step runs every row on its last token, greedy, and rolls back the rows no request holds (``truncate``); a request
+    that leaves empties its row (``reset_rows``).
     ``compiled`` runs the decode step through ``generation.compiled_decode`` (CUDA graphs on a GPU)."""
 
     def __init__(self, model: GPT, slots: int, max_len: int, compiled: bool = False) -> None:
@@ -206,13 +208,15 @@ class GPTEngine:
     @torch.no_grad()
     def decode(self, tokens: list[int], occupied: list[bool]) -> list[int]:
         last = torch.tensor(tokens, dtype=torch.long, device=self.device)[:, None]
+        before = self.cache.lengths.clone()
         if self.step is None:
             logits = generation.forward_cached(self.model, last, self.cache)[:, -1]
         else:
             torch.compiler.cudagraph_mark_step_begin()
             logits = self.step(self.model, last, self.cache)
             self.cache.longest += 1
-        self.release([slot for slot, held in enumerate(occupied) if not held])
+        held = torch.tensor(occupied, device=self.device)
+        self.cache.truncate(torch.where(held, self.cache.lengths, before))
         return logits.argmax(dim=-1).tolist()
 
     def release(self, slots: list[int]) -> None:
