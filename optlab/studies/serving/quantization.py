@@ -246,6 +246,30 @@ def model_bytes(model: nn.Module) -> int:
     return _storage_bytes([*model.parameters(), *model.buffers()])
 
 
+@dataclass(frozen=True)
+class ChapterPlan:
+    """What the chapter runs on a device: the trained GPT (a name of ``trained.SERVING_SIZES``, the same key as the
+    KV cache chapter's, so that one training serves both) and its steps, the dtype of the unquantized weights, the
+    two decode batches (bandwidth-bound, then not), the prompt, the new tokens, the paired rounds and int4's group."""
+
+    size: str
+    steps: int
+    dtype: torch.dtype
+    batches: tuple[int, int]
+    prompt_len: int
+    new_tokens: int
+    rounds: int
+    group_size: int
+
+
+def chapter_plan(cuda: bool) -> ChapterPlan:
+    """On a GPU, GPT-2 small in bf16 at batch 1 and 64, decode steps under CUDA graphs; on a CPU, the book's tiny GPT
+    in fp32 at batch 1 and 16."""
+    if cuda:
+        return ChapterPlan("gpt2_small", 300, torch.bfloat16, (1, 64), 32, 64, 6, 64)
+    return ChapterPlan("gpt_tiny", 200, torch.float32, (1, 16), 8, 16, 8, 64)
+
+
 def weight_label(model: nn.Module) -> str:
     """The unquantized model's row: "fp32 weights" or "bf16 weights"."""
     return f"{str(next(model.parameters()).dtype).removeprefix('torch.').replace('float32', 'fp32').replace('bfloat16', 'bf16')} weights"
