@@ -223,6 +223,9 @@ def test_decode_sweep(model: GPT) -> None:
     assert list(table.index) == [1, 2, 4] and (table["rounds"] == 2).all()
     assert table.loc[4, "KV cache MiB"] == pytest.approx(4 * table.loc[1, "KV cache MiB"])
     assert table.loc[2, "tokens/s"] == pytest.approx(2 / sweep.step_s(2))
+    for batch in (2, 4):  # a step of B rows gives B tokens: throughput is B times the TPOT ratio, round by round
+        assert table.loc[batch, "throughput x"] == pytest.approx(batch * table.loc[batch, "TPOT x"])
+        assert table.loc[batch, "low"] == pytest.approx(batch * table.loc[batch, "TPOT low"])
     assert set(sweep.speedups()["variant"]) == {"batch 2", "batch 4"}
     with pytest.raises(OptlabError, match="context"):
         batching.decode_sweep(model, (2,), context=45, steps=3)
