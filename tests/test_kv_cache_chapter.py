@@ -100,6 +100,9 @@ def test_bad_study_input_is_named(model, prompt, call, message):
 
 def test_the_checks_pass_on_a_working_cache(model, prompt):
     assert all(decoding.tokens_match(model, prompt, 8, ("no cache", "dynamic cache", "static cache")).values())
+    reference = decoding.greedy_reference(model, prompt, 8)
+    errors = decoding.logit_errors(model, reference, 24, ("no cache", "dynamic cache", "static cache"))
+    assert set(errors) == {"dynamic cache", "static cache"} and max(errors.values()) < 1e-4
     checks = decoding.static_cache_checks(model, prompt)
     assert checks["storage fixed"] and checks["masking error"] < 1e-4 * checks["logit scale"]
 

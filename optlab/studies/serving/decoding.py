@@ -25,7 +25,8 @@ from ...core.sequential import visit_order
 from ...core.timing import INTERVAL, speed_up
 from ...core.transformer import GPT
 from . import bandwidth
-from .generation import Generation, StaticKVCache, forward_cached, generate, greedy_reference
+from .generation import (Generation, StaticKVCache, compiled_decode, forward_cached, generate, greedy_reference,
+                         make_cache)
 from .trained import trained_gpt, validation_windows
 
 VARIANTS = {"no cache": ("none", False), "dynamic cache": ("dynamic", False), "static cache": ("static", False),
@@ -214,6 +215,38 @@ def tokens_match(model: GPT, prompt: torch.Tensor, new_tokens: int,
     reference = greedy_reference(model, prompt, new_tokens)
     return {label: bool(torch.equal(_one_run(model, prompt, new_tokens, label).tokens, reference))
             for label in variants}
+
+
+def _decode_step(model: GPT, token: torch.Tensor, cache: "StaticKVCache", compiled: bool) -> torch.Tensor:
+    """Logits ``[B, 1, V]`` of one decode step, through the compiled step (as ``generate`` runs it) or eagerly."""
+    if not compiled:
+        return forward_cached(model, token, cache)
+    torch.compiler.cudagraph_mark_step_begin()
+    logits = compiled_decode(token.device)(model, token, cache)[:, None].clone()  # a graph's output is reused
+    cache.longest += 1  # the compiled step leaves the host-side count to its caller, as in ``generate``
+    return logits
+
+
+@torch.no_grad()
+def logit_errors(model: GPT, tokens: torch.Tensor, prompt_len: int,
+                 variants: "tuple[str, ...] | list[str]" = tuple(VARIANTS)) -> dict[str, float]:
+    """The largest difference between each cached variant's logits and the full forward pass's over ``tokens``
+    ``[B, T]``: the prompt's first ``prompt_len`` tokens prefilled, then the rest fed one by one through the variant's
+    decode step (teacher forcing), as ``generate`` runs them: the last token is never fed, so the caches have
+    ``generate``'s sizes. Stale or misplaced keys show here even where the greedy tokens survive them."""
+    tokens = tokens[:, :-1]
+    full = model(tokens).float()
+    errors = {}
+    for label in variants:
+        kind, compiled = VARIANTS[label]
+        if kind == "none":
+            continue
+        cache = make_cache(model, kind, tokens.size(0), tokens.size(1))
+        pieces = [forward_cached(model, tokens[:, :prompt_len], cache)]
+        for index in range(prompt_len, tokens.size(1)):
+            pieces.append(_decode_step(model, tokens[:, index:index + 1], cache, compiled))
+        errors[label] = float((torch.cat(pieces, dim=1).float() - full).abs().max())
+    return errors
 
 
 @torch.no_grad()
