@@ -23,11 +23,11 @@ def batch(rows: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(rows, 64, generator=generator), torch.randint(0, 10, (rows,), generator=generator)
 
 
-def breakdown(optimizer: str = "sgd", device: str = "cpu", **options):
+def breakdown(optimizer: str = "sgd", device: str = "cpu", rows: int = 256, **options):
     model = mlp()
     make = {"sgd": lambda p: torch.optim.SGD(p, lr=0.1), "momentum": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
             "adam": lambda p: torch.optim.Adam(p, foreach=True), "adam-loop": lambda p: torch.optim.Adam(p, foreach=False)}
-    return step_breakdown(model, batch(), F.cross_entropy, make[optimizer](model.parameters()), device=device,
+    return step_breakdown(model, batch(rows), F.cross_entropy, make[optimizer](model.parameters()), device=device,
                           **options)
 
 
@@ -36,9 +36,9 @@ def test_torch_categories_are_all_named():
     assert set(PROFILER_CATEGORIES.values()) | {"other"} == set(CATEGORIES)
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adam", "adam-loop"])
-def test_categories_add_up_to_the_measured_peak(optimizer):
-    result = breakdown(optimizer)
+@pytest.mark.parametrize("optimizer, rows", [("sgd", 256), ("adam", 256), ("adam-loop", 8)])
+def test_categories_add_up_to_the_measured_peak(optimizer, rows):
+    result = breakdown(optimizer, rows=rows)  # 8 rows: the peak is in Adam's for-loop step, among its temporaries
     assert list(result.categories) == list(CATEGORIES)
     assert result.adds_up(), (result.total, result.peak_bytes)
     assert abs(result.total - result.peak_bytes) <= SUM_RTOL * result.peak_bytes
