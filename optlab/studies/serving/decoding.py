@@ -244,7 +244,8 @@ def logit_errors(model: GPT, tokens: torch.Tensor, prompt_len: int,
         cache = make_cache(model, kind, tokens.size(0), tokens.size(1))
         pieces = [forward_cached(model, tokens[:, :prompt_len], cache)]
         for index in range(prompt_len, tokens.size(1)):
-            pieces.append(_decode_step(model, tokens[:, index:index + 1], cache, compiled))
+            token = tokens[:, index:index + 1].clone(memory_format=torch.contiguous_format)  # generate's strides
+            pieces.append(_decode_step(model, token, cache, compiled))
         errors[label] = float((torch.cat(pieces, dim=1).float() - full).abs().max())
     return errors
 
