@@ -102,7 +102,8 @@ class DecodeStudy:
         cache = VARIANTS[label][0]
         if cache == "none":
             return 0.0
-        return self.prompt_len + self.new_tokens - 1 if cache == "static" else self.prompt_len + (self.new_tokens - 1) / 2
+        last = self.prompt_len + self.new_tokens - 1
+        return float(last) if cache == "static" else self.prompt_len + (self.new_tokens - 1) / 2
 
     def step_bytes(self, label: str) -> float:
         """Bytes a decode step reads: the weights and the cached keys and values it attends to (no cache: the

@@ -4,8 +4,8 @@ A decoder produces one token per step, and each step's attention needs the keys 
 Without a cache every step recomputes them for the whole prefix; a KV cache keeps them. ``DynamicKVCache`` grows its
 tensors by concatenation (new shapes every step); ``StaticKVCache`` allocates ``[batch, heads, max_len, head_dim]``
 once per layer and writes each step's keys in place, so every decode step has the same shapes: what compiled
-decoding (CUDA graphs) needs. :func:`forward_cached` runs the GPT's own modules and weights over new tokens at each
-row's positions; :func:`generate` times prefill and decode apart; :func:`greedy_reference` recomputes everything and
+decoding (CUDA graphs) needs. ``forward_cached`` runs the GPT's own modules and weights over new tokens at each
+row's positions; ``generate`` times prefill and decode apart; ``greedy_reference`` recomputes everything and
 gives the tokens every variant must reproduce.
 """
 from __future__ import annotations
@@ -111,7 +111,7 @@ class StaticKVCache:
 
 
 class DynamicKVCache:
-    """Keys and values that grow by concatenation each step; ``lengths`` as in :class:`StaticKVCache`, with every
+    """Keys and values that grow by concatenation each step; ``lengths`` as in ``StaticKVCache``, with every
     row holding the same number of positions."""
 
     def __init__(self, model: GPT, batch: int) -> None:
