@@ -1,6 +1,8 @@
 """The memory fixes: each moves the category of the breakdown it should, and the checks say so when one is broken
 (set_to_none made a no-op, checkpointing that saves everything, categories that do not add up); the arithmetic beside
 the measurement; what needs a GPU says so in one line on a CPU; bad input ends in one line."""
+import gzip
+import json
 from dataclasses import replace
 from functools import cache
 
@@ -9,18 +11,19 @@ import pytest
 import torch
 from torch.utils.checkpoint import CheckpointPolicy
 
-from optlab.core import transformer
+from optlab.core import store, transformer
 from optlab.core.errors import OptlabError
 from optlab.core.transformer import GPT, GPTConfig
-from optlab.studies.memory import fixes
+from optlab.studies.memory import downloads, fixes
 
-SMALL = GPTConfig(vocab_size=32, block_size=32, n_layer=1, n_head=2, n_embd=32)
+SMALL = GPTConfig(vocab_size=32, block_size=32, n_layer=2, n_head=2, n_embd=32)
 CHECKPOINTING = (fixes.BASELINE, "checkpointing full", "checkpointing selective")
 SET_TO_NONE = (fixes.BASELINE, "set_to_none=False")
 
 
 def small_gpt() -> fixes.Subject:
-    """A GPT small enough that a profiled step takes a moment, with the activations still most of its peak."""
+    """A GPT small enough that a profiled step takes a moment, with the activations still most of its peak (two
+    blocks: with one, recomputing it in the backward rebuilds all it saved, and checkpointing cannot lower the peak)."""
     def batch(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         tokens = torch.randint(SMALL.vocab_size, (n, SMALL.block_size + 1), generator=torch.Generator().manual_seed(n))
         return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
@@ -147,3 +150,16 @@ def test_bad_input_ends_in_one_line(make, message):
     with pytest.raises(OptlabError, match=message) as error:
         make()
     assert "\n" not in str(error.value)
+
+
+def test_the_timeline_download_is_gzipped_json_beside_the_records(tmp_path):
+    step = unbroken(SET_TO_NONE).breakdowns[fixes.BASELINE]
+    path = downloads.save_timeline(step, tmp_path / "pages" / "timeline.json.gz")
+    record = json.loads(gzip.decompress(path.read_bytes()))
+    assert record["peak_bytes"] == step.peak_bytes and len(record["timeline"]) == len(step.timeline)
+    assert store.record_paths(tmp_path) == []  # not read as a run's record
+    assert downloads.save_snapshot(step, tmp_path / "snapshot.pickle") is None  # a CPU has no allocator snapshot
+    with pytest.raises(OptlabError, match="ending in .json.gz, not 'timeline.json'"):
+        downloads.save_timeline(step, tmp_path / "timeline.json")
+    with pytest.raises(OptlabError, match="ending in .pickle, not 'snapshot.pkl'"):
+        downloads.save_snapshot(step, tmp_path / "snapshot.pkl")

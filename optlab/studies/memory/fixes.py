@@ -88,7 +88,9 @@ SETTINGS: dict[str, Setting] = {
 
 @dataclass(frozen=True)
 class Fix:
-    """A fix: the setting before, the setting after, the category it should move and which way ("down" or "up").
+    """A fix: the setting before, the setting after, the category it should move and which way ("down" or "up"),
+    and whether the step's measured peak must fall with it (a category can also fall by being counted as another:
+    tensors that checkpointing keeps may be seen as autograd's detail rather than activations; the peak cannot).
     ``during`` names a phase where the category is read at its largest during that phase rather than at the step's
     peak: an optimizer's temporaries live only in its step, which is not where a small model's step peaks."""
 
@@ -98,6 +100,7 @@ class Fix:
     category: str
     direction: str = "down"
     during: str | None = None
+    lowers_peak: bool = True
 
     @property
     def measured_at(self) -> str:
@@ -109,8 +112,8 @@ FIXES = (
     Fix("checkpointing (full)", BASELINE, "checkpointing full", "activation"),
     Fix("checkpointing (selective)", BASELINE, "checkpointing selective", "activation"),
     Fix("bf16 autocast", BASELINE, "bf16 autocast", "activation"),
-    Fix("foreach AdamW", BASELINE, "foreach AdamW", "temporary", "up", "optimizer"),  # lists of intermediates
-    Fix("fused AdamW", BASELINE, "fused AdamW", "temporary", "down", "optimizer"),  # one pass, no intermediates
+    Fix("foreach AdamW", BASELINE, "foreach AdamW", "temporary", "up", "optimizer", False),  # lists of intermediates
+    Fix("fused AdamW", BASELINE, "fused AdamW", "temporary", "down", "optimizer", False),  # one pass, in place
     Fix("gradient accumulation", BASELINE, "2 micro-batches", "activation"),
 )
 
@@ -298,7 +301,9 @@ class FixStudy:
             "peak MiB before": before.peak_bytes / MiB, "peak MiB after": after.peak_bytes / MiB,
             "share of the peak saved": 1 - after.peak_bytes / before.peak_bytes,
             "speed-up": cost.ratio, "ci_low": cost.low, "ci_high": cost.high, "verdict": cost.verdict,
-            "moved as expected": now < was if fix.direction == "down" else now > was, "not measured": "",
+            "moved as expected": (now < was if fix.direction == "down" else now > was)
+                                 and (after.peak_bytes < before.peak_bytes or not fix.lowers_peak),
+            "not measured": "",
         }
 
 
@@ -322,12 +327,13 @@ def study_fixes(subject: Subject, device: "torch.device | str", rounds: int = 8,
 
 
 def fix_failures(study: FixStudy) -> list[str]:
-    """One line per fix that did not move its category the way it should, per setting whose categories do not add up
-    to its measured peak (within ``SUM_RTOL``), and per setting whose parameters at the peak differ from the
-    baseline's (no fix here changes the weights the model keeps)."""
+    """One line per fix that did not move its category the way it should (or left the peak where it was, where it
+    must lower it), per setting whose categories do not add up to its measured peak (within ``SUM_RTOL``), and per
+    setting whose parameters at the peak differ from the baseline's (no fix here changes the weights the model keeps)."""
     table = study.table()
     lines = [f"{name}: {row['category']} went from {row['category MiB before']:.3f} to "
-             f"{row['category MiB after']:.3f} MiB at {row['measured at']}" for name, row in table.iterrows()
+             f"{row['category MiB after']:.3f} MiB at {row['measured at']}, the peak from {row['peak MiB before']:.3f} "
+             f"to {row['peak MiB after']:.3f} MiB" for name, row in table.iterrows()
              if not row["not measured"] and not row["moved as expected"]]
     weights = study.breakdowns[BASELINE].categories["parameter"]
     lines += [f"{label}: parameters {b.categories['parameter'] / MiB:.3f} MiB at the peak, the baseline's "
