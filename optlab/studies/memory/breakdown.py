@@ -1,6 +1,6 @@
 """One training step's memory, broken down: what the peak is made of, when it comes, and what arithmetic predicts.
 
-:func:`step_breakdown` runs a few training steps (forward, backward, optimizer step, ``zero_grad``) under
+``step_breakdown`` runs a few training steps (forward, backward, optimizer step, ``zero_grad``) under
 ``torch.profiler.profile(profile_memory=True, record_shapes=True, with_stack=True)`` and sorts every allocation into
 the categories of torch's memory profile (the ones ``export_memory_timeline`` draws): parameters, gradients,
 optimizer state, activations, temporaries, inputs, autograd's own detail, and other (allocations the profiler cannot
@@ -11,7 +11,7 @@ activations, since they are computed from them).
 The measured peak is counted apart from the categories: the bytes the model, optimizer and batch hold when the
 steps begin plus the largest increase of allocated memory during them (the profiler's raw allocation records on a
 CPU; the caching allocator's peak on a GPU). The categories at their own peak add up to it within
-:data:`SUM_RTOL`; on a GPU the allocator's reserved memory, the fragmentation, and a snapshot for
+``SUM_RTOL``; on a GPU the allocator's reserved memory, the fragmentation, and a snapshot for
 pytorch.org/memory_viz come with it.
 """
 from __future__ import annotations
@@ -53,10 +53,10 @@ LossFn = Callable[[Any, torch.Tensor], torch.Tensor]
 
 @dataclass
 class Breakdown:
-    """One training step's memory: ``categories`` (bytes of each of :data:`CATEGORIES` at the moment the step's
+    """One training step's memory: ``categories`` (bytes of each of ``CATEGORIES`` at the moment the step's
     memory peaked), ``peak_bytes`` (the measured peak), ``peak_time`` (seconds from the first step's start) and
     ``peak_phase``, ``timeline`` (time, phase, category, bytes: every category after each change), and ``expected``
-    (bytes that arithmetic predicts, for the categories it can count: :func:`expected_bytes`). On a GPU,
+    (bytes that arithmetic predicts, for the categories it can count: ``expected_bytes``). On a GPU,
     ``allocator`` holds the caching allocator's peaks (allocated, reserved) and ``snapshot`` its history."""
 
     categories: dict[str, int]
@@ -83,7 +83,7 @@ class Breakdown:
         return abs(self.total - self.peak_bytes) <= rtol * self.peak_bytes
 
     def at_end_of(self, phase: str) -> dict[str, int]:
-        """Bytes of each category at the end of the last ``phase`` (one of :data:`PHASES`): at the forward's end, the
+        """Bytes of each category at the end of the last ``phase`` (one of ``PHASES``): at the forward's end, the
         activations are what autograd saved for the backward."""
         if phase not in PHASES:
             raise choice_error("phase", phase, PHASES)

@@ -2,7 +2,7 @@
 
 One step of the model (the same inputs ``tune`` accepts) is broken down by category (``breakdown.step_breakdown``:
 parameters, gradients, optimizer state, activations, temporaries, ...). The largest category is named with the
-techniques that move it (:data:`MOVED_BY`), and each technique that applies to this model is measured against the
+techniques that move it (``MOVED_BY``), and each technique that applies to this model is measured against the
 same step: set_to_none, activation checkpointing of the model's repeated blocks, 16-bit autocast, a foreach or fused
 optimizer, and gradient accumulation at the same effective batch. On a GPU the largest batch that fits comes last
 (doubling, then bisecting, until the allocator runs out of memory); a CPU does not bound it (the operating system
@@ -94,7 +94,7 @@ AUTOCAST = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 @dataclass
 class MemoryResult:
-    """What ``tune(..., memory=True)`` returns: the step's :class:`~optlab.studies.memory.Breakdown`, each fix's
+    """What ``tune(..., memory=True)`` returns: the step's ``Breakdown``, each fix's
     measured effect (``fixes``), and the largest batch that fits (``largest_batch``, None where the device does not
     bound it, with ``batch_note`` saying why or what bound it)."""
 
@@ -130,7 +130,7 @@ class MemoryResult:
         return self.fixes.round(2).astype(object).fillna("")
 
     def report(self) -> str:
-        """What ``optlab tune --memory`` prints: the breakdown, the fixes, then :meth:`describe`."""
+        """What ``optlab tune --memory`` prints: the breakdown, the fixes, then ``describe``."""
         with pd.option_context("display.width", 250, "display.max_columns", 20, "display.max_colwidth", 110):
             return "\n".join([self.table().to_string(index=False), self.fixes_table().to_string(index=False),
                               self.describe()])
@@ -203,7 +203,7 @@ def repeated_blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def checkpointed(model: nn.Module) -> nn.Module:
-    """``model`` with each of its :func:`repeated_blocks` recomputed in the backward (non-reentrant checkpointing):
+    """``model`` with each of its ``repeated_blocks`` recomputed in the backward (non-reentrant checkpointing):
     only a block's inputs are kept between the forward and the backward."""
     for block in repeated_blocks(model):
         block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
