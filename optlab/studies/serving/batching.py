@@ -93,7 +93,8 @@ class DecodeSweep:
             row = {"batch": batch, "rounds": len(times), "TPOT ms": 1e3 * self.step_s(batch),
                    "tokens/s": batch / self.step_s(batch), "KV cache MiB": self.cache_bytes[batch] / 2**20}
             if batch == 1:
-                rows.append(row | {"throughput x": 1.0, "verdict": "reference", "TPOT x": 1.0, "TPOT verdict": "reference"})
+                rows.append(row | {"throughput x": 1.0, "verdict": "reference", "TPOT x": 1.0,
+                                   "TPOT verdict": "reference"})
                 continue
             shifts = self.slot_shifts[batch]
             gain = speed_up(np.asarray(single), np.asarray(times) / batch, shifts)

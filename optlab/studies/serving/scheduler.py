@@ -16,7 +16,7 @@ slot in each step (a fixed-shape batch, as CUDA graphs need): they differ only i
   requests leave their slot and waiting requests are prefilled into the free ones, so a slot never idles while a
   request waits.
 
-The engine is what runs the model: :class:`GPTEngine` runs the book's GPT on a ``StaticKVCache`` with a row per
+The engine is what runs the model: ``GPTEngine`` runs the book's GPT on a ``StaticKVCache`` with a row per
 slot; tests drive the schedulers with a stand-in engine.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -44,7 +44,7 @@ SCHEDULERS = ("static", "continuous")
 MAX_ROUNDS = 100
 WARMUP_REQUESTS = 8  # served once by each scheduler before the timed rounds
 T = TypeVar("T")
-Timer = Callable[[Callable[[], object]], tuple[object, float]]  # runs a function: its result and its seconds
+Timer = Callable[[Callable[[], Any]], "tuple[Any, float]"]  # runs a function: its result and its seconds
 
 
 class Engine(Protocol):
@@ -65,7 +65,7 @@ class Engine(Protocol):
         """Empty rows ``slots`` (their lengths back to 0) for the next requests."""
 
 
-def measured(device: torch.device) -> Timer:
+def measured(device: torch.device) -> "Callable[[Callable[[], Any]], tuple[Any, float]]":
     """A timer that runs a function and returns its result and its seconds on ``device`` (synchronized on CUDA)."""
     def timer(function: Callable[[], T]) -> tuple[T, float]:
         clock = StepTimer(device)
@@ -166,7 +166,8 @@ def _continuous(server: _Server) -> None:
             server.engine.release(done)
 
 
-def serve(requests: list[Request], engine: Engine, scheduler: str, timer: Timer | None = None) -> ServeRun:
+def serve(requests: list[Request], engine: Engine, scheduler: str,
+          timer: "Callable[[Callable[[], Any]], tuple[Any, float]] | None" = None) -> ServeRun:
     """Serve ``requests`` on ``engine`` by the ``scheduler`` named ("static" or "continuous"); ``timer`` measures
     each prefill and decode step (the book's timer on the engine's device unless given)."""
     if scheduler not in SCHEDULERS:
@@ -230,7 +231,8 @@ class GPTEngine:
         return self.cache.nbytes
 
 
-def capacity(engine: Engine, requests: list[Request], timer: Timer | None = None) -> float:
+def capacity(engine: Engine, requests: list[Request],
+             timer: "Callable[[Callable[[], Any]], tuple[Any, float]] | None" = None) -> float:
     """Requests a second the engine serves by continuous batching when every request of ``requests`` is waiting at
     once: the most it can take, which sets the arrival rates worth trying."""
     fix_threads(engine.device.type == "cuda")
@@ -290,7 +292,7 @@ class ServingStudy:
 
 
 def compare_schedulers(engine: Engine, streams: dict[float, list[Request]], objective: Objective, rounds: int = 4,
-                       timer: Timer | None = None) -> ServingStudy:
+                       timer: "Callable[[Callable[[], Any]], tuple[Any, float]] | None" = None) -> ServingStudy:
     """Serve each rate's stream by both schedulers in ``rounds`` rounds, the two in the book's mirrored visiting
     order, after a warm-up run of each on the first stream's first ``WARMUP_REQUESTS`` requests (not kept)."""
     rounds = check_count("rounds", rounds, 2, MAX_ROUNDS, "an interval needs two rounds; a dozen are plenty")
@@ -319,7 +321,8 @@ TIE_MARGIN = {torch.float32: 1e-3, torch.float16: 0.125, torch.bfloat16: 0.25}
 
 
 @torch.no_grad()
-def branch_point(model: GPT, prompt: tuple[int, ...], tokens: list[int], reference: list[int]) -> tuple[int | None, float]:
+def branch_point(model: GPT, prompt: tuple[int, ...], tokens: list[int],
+                 reference: list[int]) -> tuple[int | None, float]:
     """Where ``tokens`` first differ from ``reference`` (the prompt's greedy decoding alone), and the reference's
     margin there between its two most likely next tokens; ``(None, inf)`` where they agree throughout."""
     if len(tokens) != len(reference):
@@ -334,6 +337,7 @@ def branch_point(model: GPT, prompt: tuple[int, ...], tokens: list[int], referen
 
 
 def same_as_alone(model: GPT, prompt: tuple[int, ...], tokens: list[int], reference: list[int]) -> bool:
-    """Whether ``tokens`` are ``reference``, or branch from it only at a near-tie of the model's dtype (``TIE_MARGIN``)."""
+    """Whether ``tokens`` are ``reference``, or branch from it only at a near-tie of the model's dtype
+    (``TIE_MARGIN``)."""
     index, margin = branch_point(model, prompt, tokens, reference)
     return index is None or margin <= TIE_MARGIN[model.token_embedding.weight.dtype]
