@@ -120,7 +120,7 @@ def test_what_needs_a_gpu_says_so_on_a_cpu():
 def test_fsdp2_leaves_each_rank_its_share():
     shares = fixes.sharded_share(small_gpt(), world_sizes=(1, 2))
     assert shares.loc[2, "share of one rank"] == pytest.approx(0.5, abs=0.01)
-    with pytest.raises(OptlabError, match="FSDP2's share is measured on the GPT"):
+    with pytest.raises(OptlabError, match="sharding needs a model with a non-empty .blocks nn.ModuleList, got ResNet"):
         fixes.sharded_share(fixes.cnn_subject(False))
 
 

@@ -329,7 +329,7 @@ def study_fixes(subject: Subject, device: "torch.device | str", rounds: int = 8,
 def fix_failures(study: FixStudy) -> list[str]:
     """One line per fix that did not move its category the way it should (or left the peak where it was, where it
     must lower it), per setting whose categories do not add up to its measured peak (within ``SUM_RTOL``), and per
-    setting whose parameters at the peak differ from the baseline's (no fix here changes the weights the model keeps)."""
+    setting whose parameters at the peak differ from the baseline's (no fix here changes the weights a model keeps)."""
     table = study.table()
     lines = [f"{name}: {row['category']} went from {row['category MiB before']:.3f} to "
              f"{row['category MiB after']:.3f} MiB at {row['measured at']}, the peak from {row['peak MiB before']:.3f} "
@@ -373,6 +373,7 @@ def arithmetic(breakdown: Breakdown) -> pd.DataFrame:
 ALLOCATOR_ENV = "PYTORCH_CUDA_ALLOC_CONF"
 ALLOCATORS = {"default": "", "expandable_segments": "expandable_segments:True"}
 LENGTH_FRACTIONS = (1.0, 0.5, 0.75, 0.25, 1.0, 0.625, 0.375, 0.875)  # the varying sequences that fragment memory
+ALLOCATOR_SETTING = Setting(autocast=True, optimizer="fused")  # a GPU's usual step: the allocator is the question
 
 
 def allocator_child(batch_size: int, steps: int) -> None:
@@ -380,11 +381,11 @@ def allocator_child(batch_size: int, steps: int) -> None:
     length varies step to step; prints the allocator's peak allocated and reserved bytes as JSON."""
     device = torch.device("cuda")
     subject = gpt_subject(True, batch_size)
-    model, optimizer = prepared(subject, Setting(), device)
+    model, optimizer = prepared(subject, ALLOCATOR_SETTING, device)
     inputs, targets = subject.batch(batch_size, device)
     for step in range(steps):
         length = max(1, int(inputs.shape[1] * LENGTH_FRACTIONS[step % len(LENGTH_FRACTIONS)]))
-        train_step(model, optimizer, subject, Setting(autocast=True), inputs[:, :length], targets[:, :length])
+        train_step(model, optimizer, subject, ALLOCATOR_SETTING, inputs[:, :length], targets[:, :length])
     torch.cuda.synchronize()
     print(json.dumps({"allocated": torch.cuda.max_memory_allocated(), "reserved": torch.cuda.max_memory_reserved()}))
 
@@ -441,11 +442,9 @@ def largest_batches(subject: Subject, device: "torch.device | str", labels: Sequ
 
 
 def sharded_share(subject: Subject, world_sizes: Sequence[int] = (1, 2, 4, 8), batch_size: int = 2) -> pd.DataFrame:
-    """MiB of parameters, gradients and AdamW state one rank keeps after an FSDP2 step of ``subject``'s GPT at each
-    world size (measured under a fake process group, ``shard_scaling.fake_rank_bytes``), and the share of one rank's."""
-    if not subject.checkpointing:
-        raise OptlabError(f"FSDP2's share is measured on the GPT (its blocks are the units sharded), not {subject.name}")
-
+    """MiB of parameters, gradients and AdamW state one rank keeps after an FSDP2 step of ``subject`` at each world
+    size (measured under a fake process group: ``shard_scaling.fake_rank_bytes``), and the share of one rank's. The
+    model must have ``.blocks``, the units FSDP2 shards (the book's GPT has)."""
     def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         return subject.loss(model(batch[0]), batch[1])
 
