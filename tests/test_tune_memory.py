@@ -10,7 +10,10 @@ from optlab.core.errors import OptlabError
 from optlab.core.gpt import build_gpt
 from optlab.studies.memory import CATEGORIES
 from optlab.studies.tune import MemoryResult, memory as tune_memory_module
-from optlab.studies.tune.memory import FIXES, MOVED_BY, checkpointed, repeated_blocks
+from optlab.core.device import resolve_device
+from optlab.studies.tune.examples import examples_from
+from optlab.studies.tune.inputs import cross_entropy
+from optlab.studies.tune.memory import FIXES, MOVED_BY, Measure, checkpointed, repeated_blocks, search_batch
 
 
 class Block(nn.Module):
@@ -81,6 +84,26 @@ def test_a_fix_that_does_not_apply_says_why():
     assert "no repeated blocks" in fixes["activation checkpointing"]["note"]
     accumulation = next(row for name, row in fixes.items() if name.startswith("gradient accumulation"))
     assert "a batch of 2 cannot be cut into 4 micro-batches" in accumulation["note"]
+
+
+def test_the_batch_search_finds_where_memory_runs_out():
+    """On a CPU, with a loss that runs out of memory above 40 samples as a GPU would: 1, 2, ..., 64, then bisected."""
+    def loss(output, targets):
+        if len(targets) > 40:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return cross_entropy(output, targets)
+
+    examples = examples_from(None, None, (16,), 4, 0)
+    measure = Measure(flat, examples.make(2, 0), loss, "sgd", resolve_device("cpu"), 0)
+    assert search_batch(measure, examples, 1000) == (40, 12)  # 1 to 64 doubling, then 48, 40, 44, 42, 41
+    assert search_batch(measure, examples, 32) == (32, 6)
+
+
+def test_the_readers_own_data_gives_its_first_batch():
+    data = torch.utils.data.TensorDataset(torch.randn(32, 16), torch.randint(0, 4, (32,)))
+    result = memory_tune(flat, data=torch.utils.data.DataLoader(data, batch_size=8), input_shape=None, num_classes=None,
+                         batch_size=None)
+    assert result.batch_size == 8 and result.breakdown.expected["input"] == 8 * 16 * 4 + 8 * 8
 
 
 @pytest.mark.parametrize("options, message", [

@@ -162,7 +162,7 @@ def tune_memory(model_fn: ModelFn, *, input_shape: Any = None, num_classes: int 
     name = name or model_name(model_fn)
     print(f"optlab tune --memory {name}: one training step, batch {batches.batch_size}, {optimizer}, on "
           f"{info.describe()}")
-    measure = _Measure(model_fn, batches.first, loss_fn, optimizer, info, seed)
+    measure = Measure(model_fn, batches.first, loss_fn, optimizer, info, seed)
     fixes = applicable_fixes(build_model(model_fn, seed), batches.batch_size, info)
     bar = tqdm(total=1 + sum(reason is None for _, reason in fixes), desc=f"memory {name}", disable=not progress,
                file=sys.stderr, leave=False)
@@ -227,7 +227,7 @@ def applicable_fixes(model: nn.Module, batch_size: int, info: DeviceInfo) -> lis
     return fixes
 
 
-class _Measure:
+class Measure:
     """The breakdown of one setting, built from fresh weights each time and kept for the next fix that needs it."""
 
     def __init__(self, model_fn: ModelFn, batch: tuple[Any, torch.Tensor], loss_fn: LossFn, optimizer: str,
@@ -270,7 +270,7 @@ def category_at(breakdown: Breakdown, category: str, moment: str) -> int:
     return int(rows["bytes"].max()) if len(rows) else 0
 
 
-def fix_row(fix: Fix, reason: str | None, measure: _Measure, bar: tqdm) -> dict[str, Any]:
+def fix_row(fix: Fix, reason: str | None, measure: Measure, bar: tqdm) -> dict[str, Any]:
     """One fix's row: the category it moves at its moment and the peak, before and after (MiB), or why not."""
     row = {"fix": fix.label, "moves": fix.category, "measured at": fix.moment, "note": reason or ""}
     if reason:
@@ -286,30 +286,37 @@ def fix_row(fix: Fix, reason: str | None, measure: _Measure, bar: tqdm) -> dict[
                   "peak change": f"{after.peak_bytes / before.peak_bytes - 1:+.0%}"}
 
 
-def largest_batch(measure: _Measure, examples: Examples | None, info: DeviceInfo) -> tuple[int | None, str]:
-    """The largest batch of the starting setting that trains two steps without running out of the GPU's memory, and
-    a line saying it; on a CPU, or for the reader's own data, the line says why there is none."""
+def largest_batch(measure: Measure, examples: Examples | None, info: DeviceInfo) -> tuple[int | None, str]:
+    """The largest batch that fits on a GPU (``search_batch``) and a line saying it; on a CPU, or for the reader's
+    own data, None and the line that says why there is none."""
     if not info.is_cuda:
         return None, "not bounded on a CPU: the operating system swaps or ends the process before torch runs out"
     if examples is None:
         return None, "needs described inputs or an example batch: data= gives batches of its own size"
     most, bound = batch_limit(examples, info.device)
+    found, tries = search_batch(measure, examples, min(most, MAX_LIMIT))
+    return found, f"{found} ({tries} tries on {info.device}, within {bound})"
+
+
+def search_batch(measure: Measure, examples: Examples, limit: int) -> tuple[int, int]:
+    """The largest batch of ``examples`` up to ``limit`` with which two steps of the starting setting run without
+    running out of memory (doubling, then bisecting), and the tries it took; 0 when one sample does not fit."""
+    device = measure.info.device
     model, optimizer = measure.model(BASE)
 
     def fits(size: int) -> bool:
-        batch = examples.make(size, 0)
+        inputs, targets = examples.make(size, 0)
         try:
-            chunks = [(loops.inputs_to(batch[0], info.device), batch[1].to(info.device))]
+            chunks = [(loops.inputs_to(inputs, device), targets.to(device))]
             for _ in range(2):
-                train_step(model, chunks, measure.loss_fn, optimizer, info.device, None, True)
+                train_step(model, chunks, measure.loss_fn, optimizer, device, None, True)
             fitted = True
         except Exception as error:  # noqa: BLE001  (out of memory is the answer; anything else is raised)
             if not is_out_of_memory(error):
                 raise
             fitted = False
         optimizer.zero_grad(set_to_none=True)
-        free_memory(info.device)
+        free_memory(device)
         return fitted
 
-    found, tries = largest_fitting(fits, min(most, MAX_LIMIT))
-    return found, f"{found} ({tries} tries on {info.device}, within {bound})"
+    return largest_fitting(fits, limit)
