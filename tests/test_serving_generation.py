@@ -132,3 +132,15 @@ def test_a_full_cache_says_so(model, prompt):
         g.forward_cached(model, prompt[:, :2], cache)
     with pytest.raises(OptlabError, match="truncate"):
         cache.truncate([10, 0, 0])
+
+
+@pytest.mark.cuda
+def test_compiled_decoding_with_cuda_graphs_reproduces_the_reference(model, prompt):
+    """On a GPU the compiled step is recorded as a CUDA graph that writes into the static cache's fixed storage:
+    its tokens, on the first (recording) generation and a later (replaying) one, are the reference's."""
+    gpu, tokens = GPT(model.config).cuda().eval(), prompt.cuda()
+    gpu.load_state_dict(model.state_dict())
+    reference = g.greedy_reference(gpu, tokens, 20)
+    for _ in range(3):
+        assert torch.equal(g.generate(gpu, tokens, 20, cache="static", compiled=True).tokens, reference)
+    assert g.compiled_decode(tokens.device) is g.compiled_decode(tokens.device)

@@ -148,13 +148,14 @@ class DecodeStudy:
                 f"peak bandwidth {self.peak.label()}")
 
 
-def _peak_mb(model: GPT, run: Callable[[], object], device: torch.device) -> float:
-    """MiB the model holds plus the most one generation allocated above its start."""
+def _peak_mb(model: GPT, run: Callable[[], object], device: torch.device, compiled: bool) -> float:
+    """MiB the model holds plus the most one generation allocated above its start (and, compiled on a GPU, the
+    CUDA graphs' private pool, which a replay uses without allocating)."""
     resident = resident_mb([model], device)
     if device.type == "cuda":
         start = phase_start(device)
         run()
-        return phase_peak_mb(device, start, resident) + graph_pool_mb(device)
+        return phase_peak_mb(device, start, resident) + (graph_pool_mb(device) if compiled else 0.0)
     return resident + cpu_step_increase_mb(run)
 
 
@@ -186,7 +187,8 @@ def decode_study(model: GPT, prompt: torch.Tensor, new_tokens: int, rounds: int 
             again = _one_run(model, prompt, new_tokens, label)
             study.compile_s = first_s - again.prefill_s - sum(again.decode_s)
         study.tokens_equal[label] = bool(torch.equal(first.tokens, reference))
-        study.peak_mb[label] = _peak_mb(model, lambda: _one_run(model, prompt, new_tokens, label), device)
+        study.peak_mb[label] = _peak_mb(model, lambda: _one_run(model, prompt, new_tokens, label), device,
+                                        VARIANTS[label][1])
         study.cache_bytes[label] = _cache_bytes(study, label)
         study.ttft_s[label], study.tpot_s[label], study.slot_shifts[label] = [], [], []
     labels = list(variants)
