@@ -329,7 +329,10 @@ def _record_history(enabled: bool) -> None:
     """Start (or stop) the CUDA allocator's record of every allocation, with its stack, for the snapshot."""
     from torch.cuda.memory import _record_memory_history
 
-    _record_memory_history("all" if enabled else None, max_entries=SNAPSHOT_ENTRIES)
+    if enabled:  # an earlier breakdown's history is dropped: the snapshot shows these steps only
+        _record_memory_history("all", max_entries=SNAPSHOT_ENTRIES, clear_history=True)
+    else:
+        _record_memory_history(None)
 
 
 def _cuda_snapshot() -> dict:

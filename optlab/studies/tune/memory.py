@@ -36,7 +36,7 @@ from .inputs import (Batches, LossFn, ModelFn, batch_limit, build_model, check_b
 
 MOVED_BY = {
     "parameter": "FSDP2 (shards them across ranks); 16-bit weights (autocast keeps the fp32 ones)",
-    "gradient": "set_to_none (frees them between steps); gradient accumulation does not; FSDP2 (shards them)",
+    "gradient": "set_to_none (frees them between steps); FSDP2 (shards them)",
     "optimizer_state": "an optimizer with less state (SGD keeps one tensor per parameter with momentum, Adam two); "
                        "FSDP2 (shards it)",
     "activation": "activation checkpointing (recomputes them); 16-bit autocast (halves them); gradient accumulation "
