@@ -283,9 +283,9 @@ class FixStudy:
     skipped: dict[str, str]
 
     def table(self) -> pd.DataFrame:
-        """One row per fix: the category it should move (MiB at the peak before and after), the peak before and
-        after, the share of the peak saved, and the time it costs (speed-up over its before, with the interval and
-        the verdict). A fix that does not apply here has its reason and no numbers."""
+        """One row per fix: the category it should move (MiB before and after, where ``measured at`` says), the peak
+        before and after, the MiB and share of the peak saved, and the time it costs (speed-up over its before, with
+        the interval and the verdict). A fix that does not apply here, or was not studied, has why and no numbers."""
         return pd.DataFrame([self.row(fix) for fix in FIXES]).set_index("fix")
 
     def row(self, fix: Fix) -> dict[str, Any]:
@@ -299,6 +299,7 @@ class FixStudy:
         return row | {
             "measured at": fix.measured_at, "category MiB before": was / MiB, "category MiB after": now / MiB,
             "peak MiB before": before.peak_bytes / MiB, "peak MiB after": after.peak_bytes / MiB,
+            "MiB saved": (before.peak_bytes - after.peak_bytes) / MiB,
             "share of the peak saved": 1 - after.peak_bytes / before.peak_bytes,
             "speed-up": cost.ratio, "ci_low": cost.low, "ci_high": cost.high, "verdict": cost.verdict,
             "moved as expected": (now < was if fix.direction == "down" else now > was)
