@@ -45,7 +45,8 @@ MOVED_BY = {
                  "backward's",
     "input": "a smaller batch; gradient accumulation (a micro-batch on the device at a time)",
     "autograd_detail": "set_to_none (no accumulation into old gradients); activation checkpointing",
-    "other": "allocations the profiler could not tie to a tensor: libraries' workspaces",
+    "other": "a smaller batch: these are allocations the profiler could not tie to a tensor (libraries' "
+             "workspaces, such as a CPU convolution's backward buffers)",
 }
 ACCUMULATION = 4  # micro-batches of the accumulation fix (the same effective batch)
 FIX_COLUMNS = ["fix", "moves", "measured at", "before MiB", "after MiB", "peak before MiB", "peak after MiB",
