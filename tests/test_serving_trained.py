@@ -17,7 +17,8 @@ def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
 def test_a_second_call_loads_the_cached_weights_without_training(tmp_path, monkeypatch):
     first = trained.trained_gpt("gpt_draft", 2, "cpu", seed=0, cache_dir=tmp_path)
     files = list(tmp_path.glob("*.pt"))
-    assert len(files) == 1 and "gpt_draft-2steps-seed0" in files[0].name and torch.__version__.split("+")[0] in files[0].name
+    assert len(files) == 1 and "gpt_draft-2steps-seed0" in files[0].name
+    assert torch.__version__.split("+")[0] in files[0].name
 
     def no_training(*args, **kwargs):
         raise AssertionError("a cached model was trained again")
@@ -46,7 +47,7 @@ def test_training_lowers_the_validation_loss(tmp_path):
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: trained.trained_gpt("gpt_huge", 1, "cpu"), "unknown serving GPT size 'gpt_huge'; choose one of: gpt_draft"),
+    (lambda: trained.trained_gpt("gpt_huge", 1, "cpu"), "unknown serving GPT size 'gpt_huge'; choose one of: gpt_"),
     (lambda: trained.trained_gpt("gpt_draft", 0, "cpu"), "steps must be at least 1"),
     (lambda: trained.trained_gpt("gpt_draft", 10**6, "cpu"), "at most 100000"),
     (lambda: trained.trained_gpt("gpt_draft", 1, "cpu", seed=-1), "seed must be at least 0"),

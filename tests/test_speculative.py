@@ -116,3 +116,10 @@ def test_bad_input_is_one_line_naming_what_is_allowed(target, prompt, call, mess
     with pytest.raises(OptlabError, match=message) as error:
         call(target, prompt)
     assert "\n" not in str(error.value)
+
+
+def test_the_comparison_flags_a_decoder_that_keeps_rejected_guesses(target, prompt, monkeypatch):
+    monkeypatch.setattr(sp, "accepted_prefix", lambda drafted, predicted: len(drafted))  # every guess kept
+    comparison = sp.decode_comparison(target, perturbed(target, 0.5), prompt, 12, ks=(2,), rounds=2)
+    assert comparison.identical[sp.BASELINE]
+    assert not comparison.identical["draft model, k=2"] and not comparison.identical["prompt lookup, k=2"]

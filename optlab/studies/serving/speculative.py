@@ -24,10 +24,11 @@ import torch
 
 from ...core.errors import OptlabError
 from ...core.limits import check_count
+from ...core.quiet import fix_threads
 from ...core.sequential import visit_order
 from ...core.timing import StepTimer, speed_up
 from ...core.transformer import GPT
-from . import generation
+from . import generation, trained
 
 DRAFTERS = ("draft model", "prompt lookup")
 DRAFT_LENGTHS = (1, 2, 4, 8)
@@ -35,6 +36,39 @@ MAX_DRAFT = 32  # a longer draft is almost never accepted whole, and each token 
 MAX_NGRAM = 8
 MAX_ROUNDS = 200
 BASELINE = "greedy, static cache"
+
+
+@dataclass(frozen=True)
+class ChapterPlan:
+    """What the chapter runs on a device: the target's and the draft's sizes (``trained.SERVING_SIZES``) and training
+    steps, the prompt and the new tokens, the paired rounds, the dtype the models serve in, and whether the decode
+    steps are compiled (CUDA graphs)."""
+
+    target: str
+    draft: str
+    target_steps: int
+    draft_steps: int
+    prompt_len: int
+    new_tokens: int
+    rounds: int
+    dtype: torch.dtype
+    compiled: bool
+
+
+def chapter_plan(cuda: bool) -> ChapterPlan:
+    """On a GPU, GPT-2 small in bf16 with a one-block draft of its width, decode steps under CUDA graphs; on a CPU, a
+    six-block GPT with a one-block draft (both 64 wide: at batch 1 a CPU's decode step costs about its ops, so the
+    target costs several drafts), trained for seconds."""
+    if cuda:
+        return ChapterPlan("gpt2_small", "gpt2_draft", 200, 200, 256, 128, 10, torch.bfloat16, True)
+    return ChapterPlan("gpt_deep", "gpt_draft", 150, 300, 48, 48, 6, torch.float32, False)
+
+
+def prompt_tokens(length: int, index: int = 3) -> torch.Tensor:
+    """A prompt ``[1, length]``: window ``index`` of 8 spread evenly over the corpus's validation text."""
+    index = check_count("index", index, 0, 7, "one of 8 windows")
+    windows, _ = trained.validation_windows(length, None, 8)
+    return windows[index:index + 1]
 
 
 def prompt_lookup(sequence: list[int], k: int, max_ngram: int = 3) -> list[int]:
@@ -295,10 +329,12 @@ def decode_comparison(target: GPT, draft: "GPT | None", prompt: torch.Tensor, ne
                       rounds: int = 8, compiled: bool = False) -> DecodeComparison:
     """Plain greedy decoding with the static cache against speculative decoding with each drafter and each draft
     length ``k``, ``rounds`` paired rounds after one untimed warm-up round, in mirrored orders
-    (``sequential.visit_order``); every run's tokens are compared with the no-cache greedy reference."""
+    (``sequential.visit_order``), on the book's timing threads (``quiet.fix_threads``); every run's tokens are compared
+    with the no-cache greedy reference."""
     rounds = check_count("rounds", rounds, 2, MAX_ROUNDS, "paired rounds of whole generations")
     if not ks or any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_DRAFT for k in ks):
         raise OptlabError(f"ks must be draft lengths from 1 to {MAX_DRAFT}, got {ks!r}")
+    fix_threads(target.token_embedding.weight.device.type == "cuda")
     reference = generation.greedy_reference(target, prompt, new_tokens)[0].tolist()
     max_len = prompt.size(1) + new_tokens + max(ks)
     setups = {BASELINE: None} | {f"{kind}, k={k}": make_drafter(kind, k, draft, max_len, compiled)

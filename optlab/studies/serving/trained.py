@@ -21,22 +21,26 @@ import torch.nn.functional as F
 from ...core import store, text_data
 from ...core.errors import OptlabError, choice_error
 from ...core.limits import check_count
+from ...core.quiet import fix_threads
 from ...core.transformer import GPT, GPT_SIZES, GPTConfig
 
-# The CPU sizes are the book's tiny GPT (2 layers, 64 wide) and a shallower and a deeper one of the same width, each
-# with a block long enough for a prompt and its continuation; on a GPU, GPT-2 small and a one-block draft of its
-# width and vocabulary.
+# The CPU sizes are the book's tiny GPT (2 blocks, 64 wide) with a block of 512 tokens (a long prompt and its
+# continuation), and a one-block and a six-block GPT of the same width with a block of 128 (short windows learn
+# faster per second: each step sees more of them); on a GPU, GPT-2 small and a one-block draft of its width and
+# vocabulary.
 SERVING_SIZES: dict[str, GPTConfig] = {
-    "gpt_draft": GPTConfig(vocab_size=65, block_size=256, n_layer=1, n_head=2, n_embd=64),
+    "gpt_draft": GPTConfig(vocab_size=65, block_size=128, n_layer=1, n_head=2, n_embd=64),
     "gpt_tiny": GPTConfig(vocab_size=65, block_size=512, n_layer=2, n_head=2, n_embd=64),
-    "gpt_deep": GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=2, n_embd=64),
+    "gpt_deep": GPTConfig(vocab_size=65, block_size=128, n_layer=6, n_head=2, n_embd=64),
     "gpt2_draft": GPTConfig(vocab_size=50304, block_size=1024, n_layer=1, n_head=12, n_embd=768),
     "gpt2_small": GPT_SIZES["gpt2_small"],
 }
-TOKENS_PER_STEP = 1024  # training tokens per step on a CPU: whole-block windows, as many as make about this many
+TOKENS_PER_STEP = 512  # training tokens per step on a CPU: whole-block windows, as many as make about this many
 GPU_TOKENS_PER_STEP = 8192
 LEARNING_RATE = 3e-3  # AdamW; a short warm-up, then constant: a few hundred steps, not a schedule's worth
+GPU_LEARNING_RATE = 1e-3  # GPT-2 small's width: a third of the tiny GPTs' rate (GPT-2 itself used 6e-4)
 WARMUP_STEPS = 10
+CLIP_NORM = 1.0  # gradient norm clipping, as nanoGPT does
 MAX_STEPS = 100_000  # a brief training: more is a typo
 MAX_EVAL_BATCHES = 1_000
 CACHE_FOLDER = "trained"  # under the live results folder (git ignores it)
@@ -52,8 +56,8 @@ def serving_config(size: str) -> GPTConfig:
 def cache_path(size: str, steps: int, seed: int, corpus_kind: str, cache_dir: "str | Path | None" = None) -> Path:
     """The file that holds ``size``'s weights after ``steps`` steps from ``seed`` on the corpus ``corpus_kind``: its
     name carries those, the torch version and a digest of the sizes and the training recipe."""
-    recipe = {**asdict(serving_config(size)), "lr": LEARNING_RATE, "warmup": WARMUP_STEPS,
-              "tokens": (TOKENS_PER_STEP, GPU_TOKENS_PER_STEP)}
+    recipe = {**asdict(serving_config(size)), "lr": (LEARNING_RATE, GPU_LEARNING_RATE), "warmup": WARMUP_STEPS,
+              "clip": CLIP_NORM, "tokens": (TOKENS_PER_STEP, GPU_TOKENS_PER_STEP)}
     digest = hashlib.sha256(repr(sorted(recipe.items())).encode()).hexdigest()[:10]
     torch_version = torch.__version__.replace("+", "-")
     folder = Path(cache_dir) if cache_dir is not None else store.LIVE_DIR / CACHE_FOLDER
@@ -65,25 +69,28 @@ def _device(device: "str | torch.device") -> torch.device:
 
 
 def train_gpt(config: GPTConfig, steps: int, device: torch.device, seed: int = 0) -> tuple[GPT, list[float]]:
-    """A fresh GPT of ``config`` from ``seed``, trained ``steps`` AdamW steps on random whole-block windows of the
-    corpus's training text (bf16 autocast on a GPU); the model and its training losses."""
+    """A fresh GPT of ``config`` from ``seed``, trained ``steps`` AdamW steps (gradients clipped) on random whole-block
+    windows of the corpus's training text (bf16 autocast on a GPU); the model and its training losses."""
     train, _, _ = text_data.text_datasets(block_size=config.block_size, vocab_size=config.vocab_size)
     torch.manual_seed(seed)
     model = GPT(config).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, betas=(0.9, 0.99), weight_decay=0.0)
-    tokens = GPU_TOKENS_PER_STEP if device.type == "cuda" else TOKENS_PER_STEP
+    cuda = device.type == "cuda"
+    rate = GPU_LEARNING_RATE if cuda else LEARNING_RATE
+    optimizer = torch.optim.AdamW(model.parameters(), lr=rate, betas=(0.9, 0.99), weight_decay=0.0)
+    tokens = GPU_TOKENS_PER_STEP if cuda else TOKENS_PER_STEP
     batch = max(1, tokens // config.block_size)
     generator = torch.Generator().manual_seed(seed)
     losses = []
     model.train()
     for step in range(steps):
         for group in optimizer.param_groups:
-            group["lr"] = LEARNING_RATE * min(1.0, (step + 1) / WARMUP_STEPS)
+            group["lr"] = rate * min(1.0, (step + 1) / WARMUP_STEPS)
         x, y = (part.to(device) for part in text_data.random_batch(train, batch, generator))
-        with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
+        with torch.autocast(device.type, torch.bfloat16, enabled=cuda):
             loss = F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)
         optimizer.step()
         losses.append(float(loss.detach()))
     return model.eval(), losses
@@ -104,6 +111,7 @@ def trained_gpt(size: str, steps: int, device: "str | torch.device", seed: int =
         model = GPT(config).to(device)
         model.load_state_dict(torch.load(path, map_location=device, weights_only=True))
         return model.eval()
+    fix_threads(device.type == "cuda")
     model, losses = train_gpt(config, steps, device, seed)
     if not math.isfinite(losses[-1]):
         raise OptlabError(f"training {size} for {steps} steps ended on a loss of {losses[-1]}; nothing was cached")
@@ -114,7 +122,7 @@ def trained_gpt(size: str, steps: int, device: "str | torch.device", seed: int =
     return model
 
 
-def validation_windows(block_size: int, vocab_size: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+def validation_windows(block_size: int, vocab_size: "int | None", count: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``count`` windows of ``block_size`` tokens spread evenly over the corpus's validation text: (x, y) stacked."""
     _, validation, _ = text_data.text_datasets(block_size=block_size, vocab_size=vocab_size)
     starts = torch.linspace(0, len(validation) - 1, count).long().tolist()
