@@ -91,6 +91,7 @@ def test_variants_tables_and_kernels(gpt):
     assert table.loc["int4 weight-only (group 64)", "kernel"] == q.INT4_CPU
     assert table.loc["fp32 weights", "kernel"] == "F.linear"
     assert q.int8_kernel("cpu", torch.float32) == q.INT8_PACKED and q.int4_support("cpu", torch.float32) is None
+    assert table["largest error (steps)"].iloc[0] == 0 and (table["largest error (steps)"] <= 0.501).all()
 
 
 def test_decode_times_give_a_verdict_per_variant(gpt):
@@ -122,3 +123,13 @@ def test_bad_input_is_one_line(gpt, call, words):
     with pytest.raises(OptlabError, match=words) as error:
         call(gpt)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernels_multiply_by_weights_within_the_rounding_bound(gpt, dtype):
+    model = GPT(gpt.config).eval()
+    model.load_state_dict(gpt.state_dict())
+    model = model.to(dtype)
+    for scheme in q.SCHEMES:
+        error = q.largest_error_in_steps(model, q.quantize(model, scheme))
+        assert q.ROUNDING_STEPS - 0.01 < error <= q.error_bound(dtype), (scheme, dtype, error)

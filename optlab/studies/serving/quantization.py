@@ -118,12 +118,14 @@ class Int8Linear(nn.Module):
         self.register_buffer("scales", scales)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = _flat(x)
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` ``[rows, in]`` times the quantized weight, without the bias."""
         if self.kernel == INT8_PACKED:
-            y = torch._weight_int8pack_mm(flat, self.weight, self.scales)
-        else:
-            y = F.linear(flat, self.weight.to(flat.dtype)) * self.scales
+            return torch._weight_int8pack_mm(x, self.weight, self.scales)
+        return F.linear(x, self.weight.to(x.dtype)) * self.scales
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.matmul(_flat(x))
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)
@@ -152,15 +154,56 @@ class Int4Linear(nn.Module):
         self.register_buffer("scales_and_zeros", scales_and_zeros)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` ``[rows, in]`` times the quantized weight, without the bias (the padding's outputs dropped)."""
         multiply = torch._weight_int4pack_mm if self.kernel == INT4_CUDA else torch._weight_int4pack_mm_for_cpu
-        y = multiply(_flat(x), self.weight, self.group_size, self.scales_and_zeros)[:, :self.out_features]
+        return multiply(x, self.weight, self.group_size, self.scales_and_zeros)[:, :self.out_features]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.matmul(_flat(x))
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
 QUANTIZED = (Int8Linear, Int4Linear)
+ROUNDING_STEPS = 0.5  # a weight rounded to its nearest level is at most half a step away
+# In 16 bits a scale's rounding and the product's each move an int8 weight by up to a quarter step (127 levels times
+# bf16's relative half-ulp of 2^-9); a quarter step more for the kernel's own order of operations.
+SIXTEEN_BIT_STEPS = 1.25
+
+
+def error_bound(dtype: torch.dtype) -> float:
+    """How many quantization steps a kernel's weight may lie from the original with activations in ``dtype``."""
+    return ROUNDING_STEPS + 1e-3 if dtype == torch.float32 else SIXTEEN_BIT_STEPS
+
+
+def quantization_steps(weight: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+    """The spacing of ``layer``'s levels for each weight of ``weight`` ``[out, in]``, from the original weights:
+    a row's largest magnitude / 127 (int8) or a group's range / 15 (int4)."""
+    w = weight.detach().float()
+    if isinstance(layer, Int8Linear):
+        return (w.abs().amax(dim=1, keepdim=True) / INT8_MAX).expand_as(w)
+    groups = w.reshape(w.size(0), -1, layer.group_size)
+    return ((groups.amax(dim=-1) - groups.amin(dim=-1)) / 15).repeat_interleave(layer.group_size, dim=1)
+
+
+@torch.no_grad()
+def error_in_steps(linear: nn.Linear, layer: nn.Module) -> float:
+    """The largest distance between ``linear``'s weights and the weights ``layer``'s kernel multiplies by (its
+    product with the identity), in quantization steps (:func:`quantization_steps`): at most
+    ``ROUNDING_STEPS`` where the quantizer, the packing and the kernel agree."""
+    weight = linear.weight
+    effective = layer.matmul(torch.eye(linear.in_features, device=weight.device, dtype=weight.dtype)).float().T
+    steps = quantization_steps(weight, layer).clamp(min=SMALLEST_SCALE)
+    return float(((effective - weight.float()).abs() / steps).max())
+
+
+def largest_error_in_steps(original: nn.Module, quantized: nn.Module) -> float:
+    """:func:`error_in_steps` over every quantized layer of ``quantized``, against the layer of ``original`` it
+    replaced (0 when none is quantized)."""
+    return max((error_in_steps(original.get_submodule(name), layer) for name, layer in quantized.named_modules()
+                if isinstance(layer, QUANTIZED)), default=0.0)
 
 
 def _first_line(error: BaseException) -> str:
@@ -297,9 +340,12 @@ def kernel_name(model: nn.Module) -> str:
 
 
 def layers_table(models: dict[str, nn.Module]) -> pd.DataFrame:
-    """One row per variant: the kernel that ran, how many matmul layers are plain or quantized, and their bytes."""
+    """One row per variant: the kernel that ran, how many matmul layers are plain or quantized, their bytes, and the
+    largest distance of the weights its kernels multiply by from the first model's, in quantization steps."""
+    original = next(iter(models.values()))
     rows = [{"variant": label, "kernel": kernel_name(model), **layer_counts(model),
-             "matmul weights MiB": matmul_weight_bytes(model) / 2**20, "all weights MiB": model_bytes(model) / 2**20}
+             "matmul weights MiB": matmul_weight_bytes(model) / 2**20, "all weights MiB": model_bytes(model) / 2**20,
+             "largest error (steps)": largest_error_in_steps(original, model)}
             for label, model in models.items()]
     return pd.DataFrame(rows).set_index("variant").round(4)
 
