@@ -241,3 +241,19 @@ def test_branch_point_finds_where_tokens_leave_the_reference(model: GPT) -> None
     assert index == 5 and margin == pytest.approx(best - second) and margin > scheduler.TIE_MARGIN[torch.float32]
     assert not scheduler.same_as_alone(model, prompt, changed, reference)
     assert scheduler.branch_point(model, prompt, reference[:-1], reference)[0] == 7  # a token short
+
+
+TINY_SETUP = batching.Setup("gpt_tiny", 1, torch.float32, False, (1, 2), 8, 2, 2, 2, 6, (3, 6), (2, 5), (0.5, 2.0), 2)
+
+
+def test_run_reference_writes_the_chapter_tables(monkeypatch, tmp_path) -> None:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=65, block_size=16, n_layer=1, n_head=2, n_embd=16)).eval()  # the corpus's 65
+    monkeypatch.setattr(batching, "setup_for", lambda device: TINY_SETUP)
+    monkeypatch.setattr(batching, "trained_gpt", lambda size, steps, device: model)
+    paths = batching.run_reference(tmp_path, "cpu")
+    assert sorted(path.name for path in paths) == [f"serving-{name}.csv" for name in
+                                                   ("decode-sweep", "latency", "throughput", "verdicts")]
+    latency = pd.read_csv(tmp_path / "serving-latency.csv")
+    assert len(latency) == 2 * 2 * 3 and set(latency["scheduler"]) == set(scheduler.SCHEDULERS)
+    assert (latency.query("metric == 'E2E'")["requests"] == 6).all()

@@ -54,7 +54,7 @@ from ..core.techniques import technique_set
 from ..core.transformer import GPT_SIZES
 from ..core.workload import get_workload
 
-PRIORITY = ("seed", "beyond", "stack", "compile", "transformer")  # the order of the sets in a run; "all": every one
+PRIORITY = ("seed", "beyond", "stack", "compile", "transformer", "serving")  # the sets' order; "all": every one
 TECHNIQUE_ORDER = {  # within a set, where it differs: the headline comparisons first, compilation last
     "beyond": ("precision", "data_pipeline", "optimizers"),
     "transformer": ("gpt_all_together", "attention", "gpt_precision", "checkpointing", "gpt_optimizers", "gpt_shapes",
@@ -67,6 +67,7 @@ EXTRAS = {
     "stack": ("profiling", "learning"),  # profiling's "after" configuration compiles
     "compile": (),
     "transformer": (),
+    "serving": ("serving.batching",),
 }
 MANIFEST = "reference-parts"  # <out>/reference-parts.csv: every part that ran, with its key, status and seconds
 LOG = "reference.log"  # <out>/reference.log: what every run printed, one run after the other
@@ -135,7 +136,8 @@ VARIANT_SETUP_S = 0.4  # a variant's model, optimizer and loaders (ResNet101 bui
 FRESH_PROCESS_S = 4.0  # an isolated variant's own process: interpreter, torch, CUDA context, data sets
 PART_SETUP_S = 0.3  # a part's environment capture (nvidia-smi) and record writes
 TABLE_S = {"microbench": 20, "autotune": 45, "numerics": 40, "tf32": 15, "optimizer_bench": 30, "cuda_graphs": 60,
-           "pipeline": 40, "profiling": 120, "learning": 150}  # each study's tables, whole
+           "pipeline": 40, "profiling": 120, "learning": 150,  # each study's tables, whole
+           "serving.batching": 200}  # GPT-2 small's training (cached after), 8 decode graphs, 3 rates x 2 x 6 rounds
 PART_LIMIT_S = 300  # no part may need more than 5 minutes: a killed command loses only the part it was in
 CHEAP_TABLE_S = 60  # a set's tables this cheap run right after its techniques on the first model
 STARTUP_S = 15.0  # from the process start to the first part: imports, the CUDA context, the data sets

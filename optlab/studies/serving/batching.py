@@ -11,22 +11,28 @@ round by round (the book's interval and verdict), and so is its TPOT.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
+from ...core import store, text_data
+from ...core.device import resolve_device
 from ...core.limits import check_count
 from ...core.quiet import fix_threads
 from ...core.sequential import visit_order
 from ...core.timing import StepTimer, speed_up
 from ...core.transformer import GPT
 from . import generation
-from .scheduler import GPTEngine
+from .requests import Objective, Request, poisson_stream
+from .scheduler import GPTEngine, ServingStudy, capacity, compare_schedulers
+from .trained import trained_gpt
 
 MAX_BATCH = 1024
 MAX_STEPS = 1000
 MAX_ROUNDS = 100
+OBJECTIVE_STEPS = (20, 2)  # goodput's objective: TTFT and TPOT within this many full-batch decode steps
 
 
 @dataclass(frozen=True)
@@ -160,3 +166,50 @@ def decode_sweep(model: GPT, batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16), co
                 times[batch].append(seconds)
                 shifts[batch].append(order.index(name) - order.index(label(1)))
     return DecodeSweep(context, times, shifts, {b: engines[label(b)].cache_bytes for b in sizes})
+
+
+@dataclass
+class StreamStudy:
+    """The served streams: the capacity that set the rates, the rates, the objective and both schedulers' runs."""
+
+    capacity: float  # requests a second continuous batching serves with every request waiting
+    rates: list[float]
+    objective: Objective
+    served: ServingStudy
+    requests: list[Request]  # the stream's requests (the same at every rate)
+
+
+def stream_study(model: GPT, setup: Setup, sweep: DecodeSweep, text: torch.Tensor, seed: int = 0) -> StreamStudy:
+    """Both schedulers on a stream of ``setup.requests`` requests (prompts cut from ``text``) at the rates
+    ``setup.load`` of the measured capacity, the objective ``OBJECTIVE_STEPS`` full-batch steps of ``sweep``."""
+    engine = GPTEngine(model, setup.slots, setup.max_len, compiled=setup.compiled)
+    vocab = model.config.vocab_size
+
+    def stream(rate: float) -> list[Request]:
+        return poisson_stream(rate, setup.requests, setup.prompt_lengths, setup.output_lengths, vocab, seed, text)
+
+    most = capacity(engine, stream(1.0))
+    rates = [round(share * most, 1) for share in setup.load]
+    step = sweep.step_s(setup.slots)
+    objective = Objective(ttft_s=OBJECTIVE_STEPS[0] * step, tpot_s=OBJECTIVE_STEPS[1] * step)
+    served = compare_schedulers(engine, {rate: stream(rate) for rate in rates}, objective, setup.rounds)
+    return StreamStudy(most, rates, objective, served, stream(1.0))
+
+
+def run_reference(out: "str | Path", device: str = "cuda") -> list[Path]:
+    """The chapter's GPU measurement (``setup_for`` the device): the decode sweep and both schedulers at three rates,
+    saved under ``out`` as ``serving-*.csv``."""
+    info = resolve_device(device)
+    setup = setup_for(info.device)
+    model = trained_gpt(setup.model, setup.train_steps, info.device).to(setup.dtype)
+    text = text_data.text_datasets(block_size=1, vocab_size=model.config.vocab_size)[1].tokens
+    sweep = decode_sweep(model, (*setup.batch_sizes, setup.slots), setup.context, setup.sweep_steps,
+                         setup.sweep_rounds, compiled=setup.compiled)
+    study = stream_study(model, setup, sweep, text)
+    tables = {"decode-sweep": sweep.table(), "latency": study.served.latency_table(),
+              "throughput": study.served.throughput_table(), "verdicts": study.served.verdicts()}
+    folder, paths = store.writable_dir(out), []
+    for name, table in tables.items():
+        paths.append(folder / f"serving-{name}.csv")
+        store.atomic_write_text(paths[-1], table.reset_index().to_csv(index=False))
+    return paths
