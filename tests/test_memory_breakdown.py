@@ -9,7 +9,9 @@ from torch import nn
 from torch.profiler._memory_profiler import Category
 
 from optlab.core.errors import OptlabError
-from optlab.studies.memory import CATEGORIES, SUM_RTOL, step_breakdown
+from optlab.core.gpt import build_gpt
+from optlab.studies.memory import CATEGORIES, SUM_RTOL, saved_activations, step_breakdown
+from optlab.studies.tune.inputs import cross_entropy
 from optlab.studies.memory.breakdown import PROFILER_CATEGORIES
 
 
@@ -53,6 +55,15 @@ def test_the_arithmetic_agrees_with_the_measurement():
     forward_end = breakdown("sgd").at_end_of("forward")
     assert forward_end["activation"] == pytest.approx(result.expected["activation"], rel=0.01)
     assert breakdown("momentum").expected["optimizer_state"] == result.expected["gradient"]
+
+
+def test_saved_activations_layer_by_layer_from_the_shapes():
+    layers = saved_activations(mlp(), batch(), F.cross_entropy, None)
+    assert list(layers["module"]) == ["1", "3", "(loss)"]  # each ReLU's output (the next Linear's input too)
+    assert list(layers["bytes"][:2]) == [256 * 256 * 4] * 2
+    tokens = torch.zeros(2, 16, dtype=torch.long)
+    gpt = saved_activations(build_gpt("gpt_tiny"), (tokens, tokens), cross_entropy, None).set_index("module")["bytes"]
+    assert gpt["blocks.0.attn"] > 0 and gpt["blocks.1.mlp.fc"] == gpt["blocks.0.mlp.fc"] == 2 * 16 * 64 * 4
 
 
 def test_set_to_none_frees_the_gradients_before_the_next_forward():

@@ -3,6 +3,6 @@ activations, temporaries, inputs, autograd's own detail and other allocations, m
 profile (and on a GPU by the allocator too), beside the arithmetic that predicts each part (``.breakdown``).
 ``optlab tune --memory`` applies it to the reader's own model (``optlab.studies.tune.memory``).
 """
-from .breakdown import CATEGORIES, PHASES, SUM_RTOL, Breakdown, step_breakdown
+from .breakdown import CATEGORIES, PHASES, SUM_RTOL, Breakdown, saved_activations, step_breakdown
 
-__all__ = ["CATEGORIES", "PHASES", "SUM_RTOL", "Breakdown", "step_breakdown"]
+__all__ = ["CATEGORIES", "PHASES", "SUM_RTOL", "Breakdown", "saved_activations", "step_breakdown"]

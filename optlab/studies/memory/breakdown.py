@@ -227,24 +227,52 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer, grad_bytes: int, ten
 
 def saved_activation_bytes(model: nn.Module, batch: tuple[Any, torch.Tensor], loss_fn: LossFn,
                            autocast_dtype: torch.dtype | None) -> int:
-    """The bytes autograd saves for the backward in one forward of ``batch``, counted from the saved tensors'
-    shapes (elements x bytes each, each storage once), leaving out the parameters and the batch (they are counted
-    as such). The forward runs once outside the profile; its graph is dropped without a backward."""
+    """The bytes autograd saves for the backward in one forward of ``batch``: the sum of ``saved_activations``."""
+    return int(saved_activations(model, batch, loss_fn, autocast_dtype)["bytes"].sum())
+
+
+def saved_activations(model: nn.Module, batch: tuple[Any, torch.Tensor], loss_fn: LossFn,
+                      autocast_dtype: torch.dtype | None) -> pd.DataFrame:
+    """What autograd saves for the backward in one forward of ``batch``, layer by layer: one row per module (its
+    name in the model; ``(loss)`` for the loss, outside it) with the bytes of the tensors saved while it was the
+    innermost module running (the model's own name for what its forward does outside its layers),
+    counted from their shapes (elements x bytes each, each storage once, for the first module that saved it). The
+    parameters and the batch are left out (they are counted as such). The forward runs once, outside any profile;
+    its graph is dropped without a backward."""
     device = batch[1].device
     known = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *loops.input_tensors(batch[0]), batch[1])}
-    saved: dict[int, int] = {}
+    saved: dict[int, tuple[str, int]] = {}
+    running = ["(loss)"]
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         pointer = tensor.untyped_storage().data_ptr()
         if pointer not in known and tensor.device == device:
-            saved[pointer] = max(saved.get(pointer, 0), tensor.numel() * tensor.element_size())
+            owner, size = saved.get(pointer, (running[-1], 0))
+            saved[pointer] = owner, max(size, tensor.numel() * tensor.element_size())
         return tensor
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), \
-            torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-        loss = loss_fn(loops.call_model(model, batch[0]), batch[1])
-    del loss
-    return sum(saved.values())
+    def enter(name: str) -> Callable[..., None]:
+        return lambda *_: running.append(name)
+
+    def leave(*_: Any) -> None:
+        running.pop()
+
+    handles = [hook for name, module in model.named_modules() for hook in (
+        module.register_forward_pre_hook(enter(name or type(model).__name__)), module.register_forward_hook(leave))]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), \
+                torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            output = loops.call_model(model, batch[0])
+            running[:] = ["(loss)"]  # a module's forward that raised left its name
+            loss = loss_fn(output, batch[1])
+        del output, loss
+    finally:
+        for handle in handles:
+            handle.remove()
+    rows = collections.defaultdict(int)
+    for owner, size in saved.values():
+        rows[owner] += size
+    return pd.DataFrame({"module": list(rows), "bytes": list(rows.values())}, columns=["module", "bytes"])
 
 
 def cpu_increase(prof: profile) -> int:
