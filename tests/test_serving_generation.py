@@ -132,6 +132,8 @@ def test_a_full_cache_says_so(model, prompt):
         g.forward_cached(model, prompt[:, :2], cache)
     with pytest.raises(OptlabError, match="truncate"):
         cache.truncate([10, 0, 0])
+    with pytest.raises(OptlabError, match="one per row"):
+        cache.truncate([1, 2])
 
 
 @pytest.mark.cuda

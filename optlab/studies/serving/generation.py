@@ -77,7 +77,8 @@ class StaticKVCache:
 
     def load_row(self, row: int, other: StaticKVCache, src_row: int = 0) -> None:
         """Copy row ``src_row`` of ``other`` (keys, values and its length) into row ``row``."""
-        _check_rows(row, self.batch), _check_rows(src_row, other.batch)
+        _check_rows(row, self.batch)
+        _check_rows(src_row, other.batch)
         length = int(other.lengths[src_row])
         if len(other.keys) != len(self.keys) or length > self.max_len:
             raise OptlabError(f"load_row needs a cache of the same model holding at most {self.max_len} positions, "
@@ -89,7 +90,10 @@ class StaticKVCache:
 
     def truncate(self, lengths: "torch.Tensor | list[int] | int") -> None:
         """Roll rows back to ``lengths`` (one per row, or one for all), each no longer than the row holds."""
-        lengths = torch.as_tensor(lengths, dtype=torch.long, device=self.lengths.device).expand(self.batch)
+        lengths = torch.as_tensor(lengths, dtype=torch.long, device=self.lengths.device).reshape(-1)
+        if lengths.numel() not in (1, self.batch):
+            raise OptlabError(f"truncate takes one length or one per row ({self.batch}), got {lengths.numel()}")
+        lengths = lengths.expand(self.batch)
         if bool((lengths < 0).any()) or bool((lengths > self.lengths).any()):
             raise OptlabError(f"truncate lengths must lie between 0 and each row's length {self.lengths.tolist()}, "
                               f"got {lengths.tolist()}")
