@@ -133,3 +133,20 @@ def test_kernels_multiply_by_weights_within_the_rounding_bound(gpt, dtype):
     for scheme in q.SCHEMES:
         error = q.largest_error_in_steps(model, q.quantize(model, scheme))
         assert q.ROUNDING_STEPS - 0.01 < error <= q.error_bound(dtype), (scheme, dtype, error)
+
+
+def test_decode_times_read_the_speed_up_the_right_way_round(gpt, monkeypatch):
+    """Fed step times where the second variant takes twice as long, the table says 0.5 and slower."""
+    models = {"fp32 weights": gpt, "twice as slow": q.quantize(gpt, "int8")}
+    calls = iter(range(1000))
+
+    def generate(model, prompt, new_tokens, **options):
+        jitter = 1 + 0.01 * (next(calls) % 3)  # rounds differ a little, so the interval has a width
+        step = 0.001 * jitter * (2 if model is models["twice as slow"] else 1)
+        return q.generation.Generation(prompt, prompt.size(1), step, [step] * (new_tokens - 1))
+
+    monkeypatch.setattr(q.generation, "generate", generate)
+    times = q.decode_times(models, batch=4, prompt_len=2, new_tokens=3, rounds=8)
+    row = times.table().loc["twice as slow"]
+    assert abs(row["speed-up"] - 0.5) < 0.02 and row["verdict"] == "slower", row
+    assert abs(times.table().loc["fp32 weights", "tokens/s"] - 4 / 0.00101) < 50
