@@ -75,7 +75,7 @@ def test_gpu_check_lists_every_cuda_test_and_the_chapters_cuda_checks():
     assert not any("cpu" in test.partition("[")[2] for test in tests)  # a parametrized test's CPU case stays out
     assert [line for line in listed if line.startswith("chapter ")] == [
         f"chapter notebooks/{name}.ipynb" for name in ("11_cuda_graphs", "14_data_pipeline", "15_profiling",
-                                                       "26_your_model", "19_attention", "20_checkpointing",
+                                                       "31_your_model", "19_attention", "20_checkpointing",
                                                        "21_gpt_precision")]
 
 

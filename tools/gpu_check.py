@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 # chapters whose check cells have is_cuda branches
-CHAPTERS = ("11_cuda_graphs", "14_data_pipeline", "15_profiling", "26_your_model", "19_attention", "20_checkpointing",
+CHAPTERS = ("11_cuda_graphs", "14_data_pipeline", "15_profiling", "31_your_model", "19_attention", "20_checkpointing",
             "21_gpt_precision")
 NOTHING = "gpu-check: no CUDA device here, so nothing to run (the CUDA-only tests and the chapters' CUDA checks need one)"
 MARKER = "cuda"  # pytest.mark.cuda: a test that needs a CUDA device (tests/conftest.py skips it without one)

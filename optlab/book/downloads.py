@@ -27,7 +27,7 @@ SITE_FOLDER = "records"  # at the root of the built site
 FROM_PAGE = ".."  # from a page (notebooks/NN.html, book/summary.html) to the root of the site
 ARCHIVE = "optlab-records.zip"
 PAGE_RUNS = "pages"  # under the live folder: runs and tables a page keeps that are not a chapter's comparison
-PUBLISHED = (".json", ".csv", ".gz")  # records, tables, compressed profiler traces
+PUBLISHED = (".json", ".csv", ".gz", ".pickle")  # records, tables, compressed profiler traces, memory snapshots
 LOADERS = {".json": "`optlab.load_samples(path)`", ".csv": "`pandas.read_csv(path)`"}
 
 

@@ -113,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     tune.add_argument("--out", type=Path, help="a folder for the record (default: none is written)")
     tune.add_argument("--quiet", action="store_true", help="no progress bar")
+    tune.add_argument("--memory", action="store_true",
+                      help="one training step's memory by category instead: the largest, what moves it, each fix "
+                           "measured, and the largest batch that fits (on a GPU)")
     inference = tune.add_argument_group("inference", "--inference tries the inference stack, then batch sizes")
     inference.add_argument("--inference", action="store_true",
                            help="eval() + inference_mode, 16-bit autocast, channels_last, torch.compile (and CUDA "
@@ -265,13 +268,16 @@ def _tune(args: argparse.Namespace) -> None:
     try:
         result = tune(model_fn, num_classes=args.num_classes, batch_size=args.batch_size, device=args.device,
                       profile=_sized_profile(args), steps=args.steps, name=args.model, out=args.out,
-                      progress=not args.quiet, **inputs, **options)
+                      progress=not args.quiet, memory=args.memory, **inputs, **options)
     except NothingRecommended as failed:  # its table shows what failed; then the one line
         _print_tune_tables(failed.result, False)
         raise
     except Interrupted as stop:
         stop.args = (f"{stop}: the tune ended before its recommendation, and wrote nothing",)
         raise
+    if args.memory:
+        print(result.report())
+        return
     _print_tune_tables(result, args.inference)
     print(result.describe())
 

@@ -6,15 +6,32 @@ latency (:mod:`.batch_sweep`), and the recommendation both return (:mod:`.recomm
 The modules' earlier paths (``optlab.studies.tune_inference``, ``tune_inputs``, ``output_check``, ``batch_sweep``)
 still import, as names of the same modules.
 """
+import functools
+import inspect
 import sys
 
-from . import batch_sweep, inference, inputs, output_check
+from . import batch_sweep, inference, inputs, output_check, training
 from .inference import InferenceResult
+from .memory import MemoryResult, tune_memory
 from .recommendation import NothingRecommended
-from .training import TuneResult, stack_steps, tune
+from .training import TuneResult, stack_steps
+
+
+@functools.wraps(training.tune)
+def tune(model_fn, *, memory=False, **options):
+    return tune_memory(model_fn, **options) if memory else training.tune(model_fn, **options)
+
+
+tune.__doc__ += ("\n    ``memory=True`` breaks one training step's memory down instead, names its largest category and what "
+                 "moves it,\n    measures each fix that applies, and finds the largest batch that fits on a GPU: "
+                 "``tune_memory`` returns a\n    ``MemoryResult``; the inputs are given as above.\n")
+tune.__signature__ = inspect.signature(training.tune).replace(parameters=[
+    *inspect.signature(training.tune).parameters.values(),
+    inspect.Parameter("memory", inspect.Parameter.KEYWORD_ONLY, default=False, annotation="bool")],
+    return_annotation="TuneResult | InferenceResult | MemoryResult")
 
 for _old, _module in {"tune_inference": inference, "tune_inputs": inputs, "output_check": output_check,
                       "batch_sweep": batch_sweep}.items():
     sys.modules[f"{__name__.rsplit('.', 1)[0]}.{_old}"] = _module
 
-__all__ = ["InferenceResult", "NothingRecommended", "TuneResult", "stack_steps", "tune"]
+__all__ = ["InferenceResult", "MemoryResult", "NothingRecommended", "TuneResult", "stack_steps", "tune"]

@@ -1,0 +1,107 @@
+"""The memory-bandwidth bound of decoding: bytes read per step, the device's peak bandwidth, and MBU.
+
+A decode step reads every weight once (whatever the batch) and each row's cached keys and values. At batch 1 nothing
+else is large, so a step cannot take less than those bytes over the peak bandwidth: tokens/s <= peak / bytes per
+token. Memory-bandwidth utilisation (MBU, gpt-fast's measure) is the bytes a step reads times steps per second, over
+the peak. GPU peaks are NVIDIA's datasheet figures; a device missing from the table (every CPU) gets a measured
+ceiling instead: the median rate of a large tensor copy (bytes read plus bytes written), labelled as measured.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+from torch.utils import benchmark
+
+from ...core.errors import OptlabError
+from ...core.gpt.transformer import GPT, GPTConfig
+
+# (name fragments that must all appear in torch.cuda.get_device_name, table name, TB/s): datasheets' HBM bandwidth
+DATASHEET_TBS: tuple[tuple[tuple[str, ...], str, float], ...] = (
+    (("H200",), "NVIDIA H200", 4.8),
+    (("H100", "PCIe"), "NVIDIA H100 PCIe", 2.0),
+    (("H100",), "NVIDIA H100 SXM", 3.35),
+    (("A100", "80GB", "PCIe"), "NVIDIA A100 80GB PCIe", 1.935),
+    (("A100", "80GB"), "NVIDIA A100 80GB SXM", 2.039),
+    (("A100",), "NVIDIA A100 40GB", 1.555),
+    (("V100",), "NVIDIA V100", 0.9),
+)
+COPY_MIB = 256  # the measured copy: large enough to leave every CPU cache
+MAX_COPY_MIB = 4096
+
+
+@dataclass(frozen=True)
+class Peak:
+    """A peak memory bandwidth in bytes/s, and where it comes from (a datasheet, or a measured copy)."""
+
+    bytes_per_s: float
+    name: str
+    source: str
+
+    def label(self) -> str:
+        return f"{self.bytes_per_s / 1e12:.3g} TB/s ({self.name}, {self.source})"
+
+
+def datasheet_peak(device_name: str) -> Peak | None:
+    """The datasheet bandwidth of the GPU named ``device_name``, None when the table does not know it."""
+    for fragments, name, tbs in DATASHEET_TBS:
+        if all(fragment.lower() in device_name.lower() for fragment in fragments):
+            return Peak(tbs * 1e12, name, "datasheet")
+    return None
+
+
+def measured_copy_bandwidth(device: torch.device, mib: int = COPY_MIB) -> Peak:
+    """The median rate of copying a ``mib`` MiB tensor into another on ``device``: bytes read plus bytes written
+    per second, timed by ``torch.utils.benchmark`` (synchronized on a GPU)."""
+    if isinstance(mib, bool) or not isinstance(mib, int) or not 1 <= mib <= MAX_COPY_MIB:
+        raise OptlabError(f"mib must be a whole number from 1 to {MAX_COPY_MIB}, got {mib!r}")
+    source = torch.empty(mib * 2**20, dtype=torch.uint8, device=device).fill_(1)
+    target = torch.empty_like(source)
+    timer = benchmark.Timer("target.copy_(source)", globals={"target": target, "source": source},
+                            num_threads=torch.get_num_threads())
+    seconds = timer.blocked_autorange(min_run_time=0.2).median
+    return Peak(2 * source.numel() / seconds, f"a {mib} MiB copy on {device.type}", "measured")
+
+
+@lru_cache(maxsize=None)
+def peak_bandwidth(device: str) -> Peak:
+    """The peak bandwidth of ``device`` ("cpu", "cuda", "cuda:1"): the datasheet's for a known GPU, else a measured
+    copy (once per process)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        known = datasheet_peak(torch.cuda.get_device_name(device))
+        if known is not None:
+            return known
+    return measured_copy_bandwidth(device)
+
+
+def weight_bytes(model: GPT) -> int:
+    """Bytes of the weights a decode step reads: every distinct parameter (the tied head once), except the position
+    table, of which a step reads one row per token."""
+    skip = model.position_embedding.weight
+    distinct = {id(p): p for p in model.parameters() if p is not skip}.values()
+    return sum(p.numel() * p.element_size() for p in distinct)
+
+
+def kv_bytes(config: GPTConfig, batch: int, positions: int, element_size: int) -> int:
+    """Bytes of keys and values for ``batch`` rows of ``positions`` each: 2 x layers x width x positions x batch x
+    bytes (width = heads x head_dim)."""
+    return 2 * config.n_layer * config.n_embd * positions * batch * element_size
+
+
+def step_bytes(model: GPT, batch: int, attended: int) -> int:
+    """Bytes one decode step reads: the weights once, and the keys and values of ``attended`` positions per row
+    (a static cache attends to all of its ``max_len`` slots, masked or not)."""
+    element_size = model.token_embedding.weight.element_size()
+    return weight_bytes(model) + kv_bytes(model.config, batch, attended, element_size)
+
+
+def bound_tokens_per_s(bytes_per_step: int, batch: int, peak: Peak) -> float:
+    """The most tokens/s a decode that reads ``bytes_per_step`` per step of ``batch`` tokens can reach at ``peak``."""
+    return batch * peak.bytes_per_s / bytes_per_step
+
+
+def mbu(bytes_per_step: int, step_s: float, peak: Peak) -> float:
+    """Memory-bandwidth utilisation: ``bytes_per_step`` per ``step_s`` seconds, as a fraction of ``peak``."""
+    return bytes_per_step / step_s / peak.bytes_per_s

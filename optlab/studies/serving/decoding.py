@@ -1,0 +1,275 @@
+"""The KV cache chapter's measurement: greedy decoding with no cache, a dynamic cache, a static cache and a compiled
+static cache, timed in paired rounds, with TTFT, TPOT, memory, the bandwidth bound and MBU.
+
+Every round runs each variant once (a whole generation), in the book's rotating order (``sequential.visit_order``);
+a round's time for a variant is its median decode step (TPOT), so the speed-ups over no cache are per-token decode
+speed-ups with the book's interval and verdict, read once after the fixed rounds. The compiled variant is compiled
+before the rounds and its compile time reported apart. Every variant's tokens are checked against the no-cache
+greedy reference.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ...core.errors import OptlabError
+from ...core.knobs.limits import check_count
+from ...core.measuring.memory import cpu_step_increase_mb, graph_pool_mb, phase_peak_mb, phase_start, resident_mb
+from ...core.stats.sequential import visit_order
+from ...core.measuring.timing import INTERVAL, speed_up
+from ...core.gpt.transformer import GPT
+from . import bandwidth
+from .generation import (
+    Generation, StaticKVCache, compiled_decode, forward_cached, generate, greedy_reference, make_cache,
+)
+from .trained import trained_gpt, validation_windows
+
+VARIANTS = {"no cache": ("none", False), "dynamic cache": ("dynamic", False), "static cache": ("static", False),
+            "static cache, compiled": ("static", True)}
+BASELINE = "no cache"
+MAX_ROUNDS = 64
+
+
+@dataclass(frozen=True)
+class DecodeSize:
+    """The chapter's size on a device: the trained GPT (a name of ``trained.SERVING_SIZES``) and its training
+    steps, the dtype it decodes in, the prompt, the new tokens and the paired rounds."""
+
+    size: str
+    steps: int
+    dtype: torch.dtype
+    prompt_len: int
+    new_tokens: int
+    rounds: int
+
+
+# On a CPU the book's tiny GPT with a prompt long enough that recomputing it costs clearly more than reading a
+# cache; on a GPU GPT-2 small in bf16, where a decode step is launch-bound and CUDA graphs pay.
+DECODE_SIZES = {"cpu": DecodeSize("gpt_tiny", 200, torch.float32, 384, 32, 6),
+                "cuda": DecodeSize("gpt2_small", 300, torch.bfloat16, 512, 128, 6)}
+
+
+def decode_size(device: "str | torch.device") -> DecodeSize:
+    """The chapter's size for ``device``'s type."""
+    return DECODE_SIZES["cuda" if torch.device(device).type == "cuda" else "cpu"]
+
+
+def chapter_model(device: "str | torch.device", dtype: "torch.dtype | None" = None) -> GPT:
+    """The size's trained GPT on ``device`` in ``dtype`` (default: the size's), in eval mode."""
+    size = decode_size(device)
+    return trained_gpt(size.size, size.steps, device).to(dtype or size.dtype).eval()
+
+
+def chapter_prompt(model: GPT, prompt_len: int) -> torch.Tensor:
+    """A prompt ``[1, prompt_len]``: the start of a window of the corpus's validation text."""
+    x, _ = validation_windows(model.config.block_size, model.config.vocab_size, 1)
+    return x[:, :prompt_len].to(model.token_embedding.weight.device)
+
+
+@dataclass
+class DecodeStudy:
+    """Per-round TTFT and TPOT of each variant, with what each read and held, on one prompt."""
+
+    device: str
+    batch: int
+    prompt_len: int
+    new_tokens: int
+    peak: bandwidth.Peak
+    weight_bytes: int
+    element_size: int
+    n_layer: int
+    n_embd: int
+    ttft_s: dict[str, list[float]] = field(default_factory=dict)
+    tpot_s: dict[str, list[float]] = field(default_factory=dict)
+    slot_shifts: dict[str, list[float]] = field(default_factory=dict)
+    peak_mb: dict[str, float] = field(default_factory=dict)
+    cache_bytes: dict[str, int] = field(default_factory=dict)
+    tokens_equal: dict[str, bool] = field(default_factory=dict)
+    compile_s: float = math.nan
+
+    @property
+    def rounds(self) -> int:
+        return len(self.tpot_s[BASELINE])
+
+    def attended(self, label: str) -> float:
+        """Cached positions each decode step reads per row, on average: all of a static cache's slots (masked or
+        not), a dynamic cache's growing length, none without a cache (it recomputes them instead)."""
+        cache = VARIANTS[label][0]
+        if cache == "none":
+            return 0.0
+        last = self.prompt_len + self.new_tokens - 1
+        return float(last) if cache == "static" else self.prompt_len + (self.new_tokens - 1) / 2
+
+    def step_bytes(self, label: str) -> float:
+        """Bytes a decode step reads: the weights and the cached keys and values it attends to (no cache: the
+        weights alone, a lower bound, since it also recomputes the prefix)."""
+        kv = 2 * self.n_layer * self.n_embd * self.attended(label) * self.batch * self.element_size
+        return self.weight_bytes + kv
+
+    def table(self) -> pd.DataFrame:
+        """One row per variant: median TTFT and TPOT, tokens/s, the speed-up of decoding over no cache with its
+        interval and verdict, the cache's and the peak memory, bytes per step, the bandwidth bound and MBU."""
+        rows = []
+        for label, tpots in self.tpot_s.items():
+            tpot = float(np.median(tpots))
+            step_bytes = self.step_bytes(label)
+            row = {"variant": label, "TTFT ms": 1e3 * float(np.median(self.ttft_s[label])), "TPOT ms": 1e3 * tpot,
+                   "tokens/s": self.batch / tpot, "rounds": len(tpots)}
+            if label == BASELINE:
+                row |= {"decode speed-up": 1.0, "low": math.nan, "high": math.nan, "verdict": "reference"}
+            else:
+                result = speed_up(self.tpot_s[BASELINE], tpots, self.slot_shifts[label])
+                row |= {"decode speed-up": result.ratio, "low": result.low, "high": result.high,
+                        "verdict": result.verdict}
+            row |= {"KV cache MiB": self.cache_bytes[label] / 2**20, "peak memory MiB": self.peak_mb[label],
+                    "MB read per step": step_bytes / 1e6,
+                    "bound tokens/s": bandwidth.bound_tokens_per_s(step_bytes, self.batch, self.peak),
+                    "MBU %": 100 * bandwidth.mbu(step_bytes, tpot, self.peak),
+                    "tokens = reference": self.tokens_equal[label]}
+            rows.append(row)
+        return pd.DataFrame(rows).set_index("variant")
+
+    def speedups(self) -> pd.DataFrame:
+        """The cached variants' decode speed-ups over no cache as tidy rows, in the columns
+        ``optlab.book.report`` plots."""
+        table = self.table().drop(index=BASELINE)
+        return pd.DataFrame({"model": "GPT", "phase": "decode", "variant": table.index, "source": "live",
+                             "speedup": table["decode speed-up"], "ci_low": table["low"], "ci_high": table["high"],
+                             "verdict": table["verdict"], "role": None, "versus": BASELINE}).reset_index(drop=True)
+
+    def describe(self) -> str:
+        return (f"batch {self.batch}, a {self.prompt_len}-token prompt, {self.new_tokens} new tokens, "
+                f"{self.rounds} paired rounds on {self.device}; speed-ups with the {INTERVAL}, read once; "
+                f"peak bandwidth {self.peak.label()}")
+
+
+def _peak_mb(model: GPT, run: Callable[[], object], device: torch.device, compiled: bool) -> float:
+    """MiB the model holds plus the most one generation allocated above its start (and, compiled on a GPU, the
+    CUDA graphs' private pool, which a replay uses without allocating)."""
+    resident = resident_mb([model], device)
+    if device.type == "cuda":
+        start = phase_start(device)
+        run()
+        return phase_peak_mb(device, start, resident) + (graph_pool_mb(device) if compiled else 0.0)
+    return resident + cpu_step_increase_mb(run)
+
+
+def _one_run(model: GPT, prompt: torch.Tensor, new_tokens: int, label: str) -> Generation:
+    cache, compiled = VARIANTS[label]
+    return generate(model, prompt, new_tokens, cache=cache, compiled=compiled)
+
+
+def decode_study(model: GPT, prompt: torch.Tensor, new_tokens: int, rounds: int = 6,
+                 variants: "tuple[str, ...] | list[str]" = tuple(VARIANTS)) -> DecodeStudy:
+    """Time greedy decoding of ``new_tokens`` after ``prompt`` ``[B, T0]`` with each of ``variants`` (names of
+    ``VARIANTS``, no cache among them) in ``rounds`` paired rounds; check each variant's tokens against the no-cache
+    reference and measure its peak memory and its cache's bytes on an untimed run."""
+    check_count("rounds", rounds, 2, MAX_ROUNDS, "paired rounds of a decoding comparison")
+    unknown = [label for label in variants if label not in VARIANTS]
+    if unknown or BASELINE not in variants:
+        raise OptlabError(f"variants must be names of {list(VARIANTS)} including {BASELINE!r}, got {list(variants)}")
+    weight = model.token_embedding.weight
+    device = weight.device
+    study = DecodeStudy(str(device), prompt.size(0), prompt.size(1), new_tokens,
+                        bandwidth.peak_bandwidth(str(device)), bandwidth.weight_bytes(model), weight.element_size(),
+                        model.config.n_layer, model.config.n_embd)
+    reference = greedy_reference(model, prompt, new_tokens)
+    for label in variants:
+        started = time.perf_counter()
+        first = _one_run(model, prompt, new_tokens, label)  # warm-up; for the compiled variant, the compile
+        first_s = time.perf_counter() - started
+        if VARIANTS[label][1]:
+            again = _one_run(model, prompt, new_tokens, label)
+            study.compile_s = first_s - again.prefill_s - sum(again.decode_s)
+        study.tokens_equal[label] = bool(torch.equal(first.tokens, reference))
+        study.peak_mb[label] = _peak_mb(model, lambda: _one_run(model, prompt, new_tokens, label), device,
+                                        VARIANTS[label][1])
+        study.cache_bytes[label] = _cache_bytes(study, label)
+        study.ttft_s[label], study.tpot_s[label], study.slot_shifts[label] = [], [], []
+    labels = list(variants)
+    for index in range(rounds):
+        order = visit_order(labels, index)
+        for label in order:
+            result = _one_run(model, prompt, new_tokens, label)
+            study.ttft_s[label].append(result.ttft_s)
+            study.tpot_s[label].append(result.tpot_s)
+            study.slot_shifts[label].append(float(order.index(label) - order.index(BASELINE)))
+    return study
+
+
+def _cache_bytes(study: DecodeStudy, label: str) -> int:
+    """Bytes of keys and values the variant holds at the end of a generation: a static cache's whole allocation,
+    a dynamic cache's final length, nothing without a cache."""
+    cache = VARIANTS[label][0]
+    if cache == "none":
+        return 0
+    positions = study.prompt_len + study.new_tokens - 1
+    return 2 * study.n_layer * study.n_embd * positions * study.batch * study.element_size
+
+
+def tokens_match(model: GPT, prompt: torch.Tensor, new_tokens: int,
+                 variants: "tuple[str, ...] | list[str]" = tuple(VARIANTS)) -> dict[str, bool]:
+    """Whether each variant's greedy tokens equal the no-cache reference's, token for token."""
+    reference = greedy_reference(model, prompt, new_tokens)
+    return {label: bool(torch.equal(_one_run(model, prompt, new_tokens, label).tokens, reference))
+            for label in variants}
+
+
+def _decode_step(model: GPT, token: torch.Tensor, cache: "StaticKVCache", compiled: bool) -> torch.Tensor:
+    """Logits ``[B, 1, V]`` of one decode step, through the compiled step (as ``generate`` runs it) or eagerly."""
+    if not compiled:
+        return forward_cached(model, token, cache)
+    torch.compiler.cudagraph_mark_step_begin()
+    logits = compiled_decode(token.device)(model, token, cache)[:, None].clone()  # a graph's output is reused
+    cache.longest += 1  # the compiled step leaves the host-side count to its caller, as in ``generate``
+    return logits
+
+
+@torch.no_grad()
+def logit_errors(model: GPT, tokens: torch.Tensor, prompt_len: int,
+                 variants: "tuple[str, ...] | list[str]" = tuple(VARIANTS)) -> dict[str, float]:
+    """The largest difference between each cached variant's logits and the full forward pass's over ``tokens``
+    ``[B, T]``: the prompt's first ``prompt_len`` tokens prefilled, then the rest fed one by one through the variant's
+    decode step (teacher forcing), as ``generate`` runs them: the last token is never fed, so the caches have
+    ``generate``'s sizes. Stale or misplaced keys show here even where the greedy tokens survive them."""
+    tokens = tokens[:, :-1]
+    full = model(tokens).float()
+    errors = {}
+    for label in variants:
+        kind, compiled = VARIANTS[label]
+        if kind == "none":
+            continue
+        cache = make_cache(model, kind, tokens.size(0), tokens.size(1))
+        pieces = [forward_cached(model, tokens[:, :prompt_len], cache)]
+        for index in range(prompt_len, tokens.size(1)):
+            token = tokens[:, index:index + 1].clone(memory_format=torch.contiguous_format)  # generate's strides
+            pieces.append(_decode_step(model, token, cache, compiled))
+        errors[label] = float((torch.cat(pieces, dim=1).float() - full).abs().max())
+    return errors
+
+
+@torch.no_grad()
+def static_cache_checks(model: GPT, prompt: torch.Tensor, steps: int = 8) -> dict[str, float | bool]:
+    """A static cache through a prefill and ``steps`` decode steps: whether its storage stayed where it was
+    allocated, and the largest logit difference from the full forward pass when its rows hold different lengths
+    and stale keys lie past each row's end (wrong masking shows here)."""
+    prompt = prompt[:1]
+    cache = StaticKVCache(model, 2, prompt.size(1) + steps)
+    pointers = cache.data_pointers()
+    forward_cached(model, prompt.expand(2, -1), cache)
+    for index in range(steps):
+        forward_cached(model, prompt[:, index:index + 1].expand(2, -1), cache)
+    fixed = cache.data_pointers() == pointers
+    short = prompt.size(1) // 2
+    cache.truncate([prompt.size(1) - 1, short])  # past each row's end: stale keys from the steps above
+    step = torch.stack([prompt[0, -1], prompt[0, short]])[:, None]
+    logits = forward_cached(model, step, cache)[:, 0].float()
+    full = torch.stack([model(prompt)[0, -1], model(prompt[:, :short + 1])[0, -1]]).float()
+    return {"storage fixed": fixed, "masking error": float((logits - full).abs().max()),
+            "logit scale": float(full.abs().max())}

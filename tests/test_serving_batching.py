@@ -1,0 +1,259 @@
+"""The serving chapter's parts: the request stream, its latency statistics, static and continuous batching."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from optlab.core.errors import OptlabError
+from optlab.core.gpt.transformer import GPT, GPTConfig
+from optlab.studies.serving import batching, generation
+from optlab.studies.serving import requests as rq
+from optlab.studies.serving import scheduler
+
+
+class HashEngine:
+    """A stand-in model whose next token is a hash of everything its row holds: a row that is not emptied between
+    two requests, or a token fed to the wrong row, changes the tokens."""
+
+    def __init__(self, slots: int, max_len: int = 64, vocab: int = 97) -> None:
+        self.slots, self.max_len, self.vocab, self.device = slots, max_len, vocab, torch.device("cpu")
+        self.rows: list[list[int]] = [[] for _ in range(slots)]
+
+    def _next(self, slot: int) -> int:
+        value = 7
+        for token in self.rows[slot]:
+            value = (value * 31 + token) % 1_000_003
+        return value % self.vocab
+
+    def prefill(self, slot: int, prompt: tuple[int, ...]) -> int:
+        self.rows[slot] = list(prompt)
+        return self._next(slot)
+
+    def decode(self, tokens: list[int], occupied: list[bool]) -> list[int]:
+        assert len(tokens) == len(occupied) == self.slots
+        for slot, token in enumerate(tokens):
+            self.rows[slot].append(token)
+            assert len(self.rows[slot]) <= self.max_len, "a row outgrew the cache"
+        outputs = [self._next(slot) for slot in range(self.slots)]
+        for slot in range(self.slots):
+            if not occupied[slot]:
+                self.rows[slot].pop()  # computed, then rolled back
+        return outputs
+
+    def release(self, slots: list[int]) -> None:
+        for slot in slots:
+            self.rows[slot] = []
+
+
+def fixed_cost(function):
+    """A timer that charges every prefill or decode step 10 ms: the schedule, not the machine, sets the clock."""
+    return function(), 0.01
+
+
+def alone(request: rq.Request) -> list[int]:
+    """The request's tokens served by itself, one slot."""
+    run = scheduler.serve([rq.Request(0, 0.0, request.prompt, request.output_len)], HashEngine(1), "continuous",
+                          fixed_cost)
+    return run.served[0].tokens
+
+
+@pytest.mark.parametrize("name", scheduler.SCHEDULERS)
+@pytest.mark.parametrize("rate", [5.0, 50.0, 500.0])
+def test_every_request_served_once_with_its_own_tokens(name: str, rate: float) -> None:
+    stream = rq.poisson_stream(rate, 40, prompt_lengths=(2, 12), output_lengths=(1, 20), vocab_size=97, seed=3)
+    engine = HashEngine(4)
+    run = scheduler.serve(stream, engine, name, fixed_cost)
+    assert [item.request.index for item in run.served] == list(range(40))
+    assert engine.rows == [[]] * 4  # every request left its row empty
+    for item in run.served:
+        assert item.tokens == alone(item.request), item.request.index
+        assert all(item.request.arrival_s <= t for t in item.token_times_s)
+        assert item.token_times_s == sorted(item.token_times_s)
+    assert max(run.occupancy) <= 4
+
+
+def test_continuous_batching_waits_less_than_static_under_load() -> None:
+    stream = rq.poisson_stream(200.0, 60, output_lengths=(2, 30), seed=1)
+    latency = {name: rq.latency_frame(scheduler.serve(stream, HashEngine(4), name, fixed_cost).served)
+               for name in scheduler.SCHEDULERS}
+    assert latency["continuous"]["e2e_s"].mean() < latency["static"]["e2e_s"].mean()
+    assert latency["continuous"]["ttft_s"].median() < latency["static"]["ttft_s"].median()
+
+
+def test_static_batch_holds_its_slots_until_its_longest_request_ends() -> None:
+    stream = [rq.Request(0, 0.0, (1, 2), 10), rq.Request(1, 0.0, (3,), 2), rq.Request(2, 0.001, (4,), 2)]
+    static = scheduler.serve(stream, HashEngine(2), "static", fixed_cost).served
+    continuous = scheduler.serve(stream, HashEngine(2), "continuous", fixed_cost).served
+    # static: request 2 is prefilled after request 0's nine decode steps; continuous: as soon as request 1 leaves
+    assert static[2].token_times_s[0] == pytest.approx(0.01 * (2 + 9 + 1))
+    assert continuous[2].token_times_s[0] == pytest.approx(0.01 * (2 + 1 + 1))
+
+
+def test_idle_server_jumps_to_the_next_arrival() -> None:
+    stream = [rq.Request(0, 5.0, (1,), 3)]
+    run = scheduler.serve(stream, HashEngine(2), "continuous", fixed_cost)
+    assert run.served[0].token_times_s == pytest.approx([5.01, 5.02, 5.03])
+    assert run.compute_s == pytest.approx(0.03)
+
+
+def test_stream_is_seeded_poisson_with_lengths_in_range() -> None:
+    stream = rq.poisson_stream(20.0, 2000, prompt_lengths=(3, 9), output_lengths=(2, 5), seed=7)
+    assert stream == rq.poisson_stream(20.0, 2000, prompt_lengths=(3, 9), output_lengths=(2, 5), seed=7)
+    gaps = np.diff([0.0] + [request.arrival_s for request in stream])
+    assert gaps.min() > 0 and abs(gaps.mean() - 1 / 20) < 0.005  # mean gap 1/rate (sd of the mean 0.0011)
+    assert abs(np.std(gaps) / np.mean(gaps) - 1) < 0.1  # exponential gaps: sd equals the mean
+    assert {len(r.prompt) for r in stream} == set(range(3, 10)) and {r.output_len for r in stream} == set(range(2, 6))
+    text = torch.arange(100)
+    windowed = rq.poisson_stream(1.0, 20, prompt_lengths=(3, 9), text=text, seed=0)
+    assert all(np.all(np.diff(r.prompt) == 1) for r in windowed)  # consecutive windows of the text
+
+
+@pytest.mark.parametrize("kwargs, message", [({"rate": 0}, "rate"), ({"count": 0}, "count"),
+                                             ({"count": rq.MAX_REQUESTS + 1}, "at most"),
+                                             ({"prompt_lengths": (5, 4)}, "prompt_lengths"),
+                                             ({"output_lengths": (1,)}, "pair")])
+def test_stream_rejects_bad_input(kwargs: dict, message: str) -> None:
+    arguments = {"rate": 1.0, "count": 5} | kwargs
+    with pytest.raises(OptlabError, match=message):
+        rq.poisson_stream(**arguments)
+
+
+def served(arrival: float, times: list[float]) -> rq.Served:
+    item = rq.Served(rq.Request(0, arrival, (1, 2), len(times)))
+    for time in times:
+        item.emit(1, time)
+    return item
+
+
+def test_latencies_of_one_request() -> None:
+    frame = rq.latency_frame([served(1.0, [1.5, 1.7, 2.1]), served(2.0, [2.25])])
+    assert frame["ttft_s"].tolist() == pytest.approx([0.5, 0.25])
+    assert frame["tpot_s"].iloc[0] == pytest.approx(0.3) and math.isnan(frame["tpot_s"].iloc[1])
+    assert frame["e2e_s"].tolist() == pytest.approx([1.1, 0.25])
+    with pytest.raises(OptlabError, match="output tokens"):
+        rq.latency_frame([rq.Served(rq.Request(0, 0.0, (1,), 3))])
+
+
+def test_percentiles_and_counts() -> None:
+    values = np.arange(1, 101) / 1e3  # 1 .. 100 ms, shuffled
+    frame = pd.DataFrame({"ttft_s": np.random.default_rng(0).permutation(values), "e2e_s": values,
+                          "tpot_s": np.r_[values[:40], [np.nan] * 60]})
+    table = rq.percentile_table(frame).set_index("metric")
+    assert table.loc["TTFT", ["p50 ms", "p90 ms", "p99 ms"]].tolist() == pytest.approx([50.5, 90.1, 99.01])
+    assert table.loc["TPOT", "requests"] == 40 and table.loc["TPOT", "p50 ms"] == pytest.approx(20.5)
+    # 95 % order-statistic interval of the median of 100: the 40th and 61st values (tables give 40 and 61)
+    assert table.loc["E2E", ["median low ms", "median high ms"]].tolist() == pytest.approx([40.0, 61.0])
+
+
+def test_median_interval_covers_at_its_level() -> None:
+    rng = np.random.default_rng(1)
+    for n in (6, 15, 60):
+        covered = [low <= 0 <= high for low, high in (rq.median_interval(rng.standard_normal(n)) for _ in range(2000))]
+        assert 0.93 <= np.mean(covered) <= 0.995, (n, np.mean(covered))  # at least 95 %, binomial noise of 2000 draws
+    assert all(math.isnan(end) for end in rq.median_interval([1.0, 2.0, 3.0, 4.0, 5.0]))
+
+
+def test_throughput_and_goodput() -> None:
+    frame = rq.latency_frame([served(0.0, [0.1, 0.2, 0.3]), served(0.5, [0.9, 1.0]), served(1.0, [1.2])])
+    objective = rq.Objective(ttft_s=0.2, tpot_s=0.15)
+    result = rq.throughput(frame, objective)
+    assert result["span_s"] == pytest.approx(1.2) and result["tokens_per_s"] == pytest.approx(6 / 1.2)
+    assert result["goodput_per_s"] == pytest.approx(2 / 1.2)  # the second request's TTFT (0.4 s) misses
+    assert result["met_share"] == pytest.approx(2 / 3)
+    with pytest.raises(OptlabError, match="ttft_s"):
+        rq.Objective(ttft_s=0, tpot_s=1.0)
+
+
+def test_same_seed_same_requests_at_every_rate() -> None:
+    slow, fast = (rq.poisson_stream(rate, 50, seed=2) for rate in (1.0, 4.0))
+    assert [(r.prompt, r.output_len) for r in slow] == [(r.prompt, r.output_len) for r in fast]
+    assert [4 * r.arrival_s for r in fast] == pytest.approx([r.arrival_s for r in slow])
+
+
+@pytest.fixture(scope="module")
+def model() -> GPT:
+    """Weights drawn wider than GPT-2's init, so that the greedy tokens depend on the whole context."""
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig(vocab_size=50, block_size=48, n_layer=2, n_head=2, n_embd=32)).eval()
+    with torch.no_grad():
+        for parameter in gpt.parameters():
+            if parameter.dim() == 2:
+                parameter.normal_(0.0, 0.3)
+    return gpt
+
+
+@pytest.mark.parametrize("name", scheduler.SCHEDULERS)
+def test_gpt_engine_serves_each_request_its_own_greedy_tokens(model: GPT, name: str) -> None:
+    stream = rq.poisson_stream(1e4, 12, prompt_lengths=(3, 10), output_lengths=(1, 12), vocab_size=50, seed=4)
+    engine = scheduler.GPTEngine(model, 3, 24)
+    run = scheduler.serve(stream, engine, name, fixed_cost)
+    assert len(run.served) == 12 and max(run.occupancy) == 3
+    assert engine.cache.lengths.tolist() == [0, 0, 0]  # every request left its row empty
+    for item in run.served:
+        prompt = torch.tensor([item.request.prompt])
+        reference = generation.greedy_reference(model, prompt, item.request.output_len)[0, prompt.size(1):]
+        assert item.tokens == reference.tolist(), item.request.index
+
+
+def test_a_request_longer_than_the_cache_is_refused(model: GPT) -> None:
+    with pytest.raises(OptlabError, match="more than the engine's cache holds"):
+        scheduler.serve([rq.Request(0, 0.0, (1,) * 20, 10)], scheduler.GPTEngine(model, 2, 24), "static")
+
+
+def test_compare_schedulers_tables(model: GPT) -> None:
+    streams = {rate: rq.poisson_stream(rate, 10, prompt_lengths=(3, 8), output_lengths=(2, 8), vocab_size=50)
+               for rate in (100.0, 1e4)}
+    study = scheduler.compare_schedulers(scheduler.GPTEngine(model, 4, 24), streams, rq.Objective(1.0, 1.0), rounds=2)
+    latency = study.latency_table()
+    assert len(latency) == 2 * 2 * 3 and (latency.xs("E2E", level="metric")["requests"] == 10).all()
+    assert (study.throughput_table()["met_share"] == 1.0).all()
+    verdicts = study.verdicts()
+    assert list(verdicts.index) == [100.0, 1e4] and verdicts["verdict"].isin(
+        ["faster", "slower", "same within 2 %", "can't tell yet"]).all()
+    assert study.slot_shifts[100.0] == [1, -1]
+
+
+def test_decode_sweep(model: GPT) -> None:
+    sweep = batching.decode_sweep(model, (4, 2), context=8, steps=3, rounds=2)
+    table = sweep.table()
+    assert list(table.index) == [1, 2, 4] and (table["rounds"] == 2).all()
+    assert table.loc[4, "KV cache MiB"] == pytest.approx(4 * table.loc[1, "KV cache MiB"])
+    assert table.loc[2, "tokens/s"] == pytest.approx(2 / sweep.step_s(2))
+    for batch in (2, 4):  # a step of B rows gives B tokens: throughput is B times the TPOT ratio, round by round
+        assert table.loc[batch, "throughput x"] == pytest.approx(batch * table.loc[batch, "TPOT x"])
+        assert table.loc[batch, "low"] == pytest.approx(batch * table.loc[batch, "TPOT low"])
+    assert set(sweep.speedups()["variant"]) == {"batch 2", "batch 4"}
+    with pytest.raises(OptlabError, match="context"):
+        batching.decode_sweep(model, (2,), context=45, steps=3)
+
+
+def test_branch_point_finds_where_tokens_leave_the_reference(model: GPT) -> None:
+    prompt = (3, 1, 4, 1, 5)
+    reference = generation.greedy_reference(model, torch.tensor([prompt]), 8)[0, 5:].tolist()
+    assert scheduler.branch_point(model, prompt, reference, reference) == (None, math.inf)
+    changed = reference[:5] + [(reference[5] + 1) % 50] + reference[6:]
+    index, margin = scheduler.branch_point(model, prompt, changed, reference)
+    best, second = model(torch.tensor([list(prompt) + reference[:5]]))[0, -1].topk(2).values.tolist()
+    assert index == 5 and margin == pytest.approx(best - second) and margin > scheduler.TIE_MARGIN[torch.float32]
+    assert not scheduler.same_as_alone(model, prompt, changed, reference)
+    assert scheduler.branch_point(model, prompt, reference[:-1], reference)[0] == 7  # a token short
+
+
+TINY_SETUP = batching.Setup("gpt_tiny", 1, torch.float32, False, (1, 2), 8, 2, 2, 2, 6, (3, 6), (2, 5), (0.5, 2.0), 2)
+
+
+def test_run_reference_writes_the_chapter_tables(monkeypatch, tmp_path) -> None:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=65, block_size=16, n_layer=1, n_head=2, n_embd=16)).eval()  # the corpus's 65
+    monkeypatch.setattr(batching, "setup_for", lambda device: TINY_SETUP)
+    monkeypatch.setattr(batching, "trained_gpt", lambda size, steps, device: model)
+    paths = batching.run_reference(tmp_path, "cpu")
+    assert sorted(path.name for path in paths) == [f"serving-{name}.csv" for name in
+                                                   ("decode-sweep", "latency", "throughput", "verdicts")]
+    latency = pd.read_csv(tmp_path / "serving-latency.csv")
+    assert len(latency) == 2 * 2 * 3 and set(latency["scheduler"]) == set(scheduler.SCHEDULERS)
+    assert (latency.query("metric == 'E2E'")["requests"] == 6).all()
