@@ -42,7 +42,8 @@ def test_int4_groups_reconstruct_within_half_a_step():
 
 @pytest.mark.parametrize("make", [lambda linear: q.Int8Linear(linear, q.INT8_PACKED),
                                   lambda linear: q.Int8Linear(linear, q.INT8_DEQUANTIZED),
-                                  lambda linear: q.Int4Linear(linear, 32)], ids=["int8 packed", "int8 F.linear", "int4"])
+                                  lambda linear: q.Int4Linear(linear, 32)],
+                         ids=["int8 packed", "int8 F.linear", "int4"])
 def test_kernels_multiply_by_their_dequantized_weights(make):
     torch.manual_seed(2)
     linear = nn.Linear(64, 40)  # 40 outputs: int4 pads to 48 and drops the padding's outputs

@@ -11,6 +11,7 @@ from optlab.core.measuring.timing import VERDICTS
 from optlab.core.gpt.transformer import GPT, GPTConfig
 from optlab.studies.serving import generation
 from optlab.studies.serving import speculative as sp
+from optlab.studies.serving import trained
 
 PROMPT_LEN, NEW = 8, 24
 
@@ -123,3 +124,14 @@ def test_the_comparison_flags_a_decoder_that_keeps_rejected_guesses(target, prom
     comparison = sp.decode_comparison(target, perturbed(target, 0.5), prompt, 12, ks=(2,), rounds=2)
     assert comparison.identical[sp.BASELINE]
     assert not comparison.identical["draft model, k=2"] and not comparison.identical["prompt lookup, k=2"]
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_the_chapters_plan_fits_both_models_blocks(cuda):
+    plan = sp.chapter_plan(cuda)
+    for size in (plan.target, plan.draft):
+        config = trained.serving_config(size)
+        assert plan.prompt_len + plan.new_tokens + max(sp.DRAFT_LENGTHS) <= config.block_size, size
+    assert trained.serving_config(plan.target).n_layer > trained.serving_config(plan.draft).n_layer
+    assert plan.compiled == cuda and (plan.dtype == torch.bfloat16) == cuda
+    assert sp.prompt_tokens(plan.prompt_len).shape == (1, plan.prompt_len)

@@ -50,6 +50,7 @@ SMALLEST_SCALE = 1e-12  # a row (or group) of zeros gets this scale, not a divis
 MAX_ROUNDS = 100  # paired rounds of a decode comparison: an interval hardly narrows past this
 MAX_BATCH = 1_024  # decode batch: far beyond what a CPU decodes in a page's time
 MAX_PROMPT, MAX_NEW_TOKENS = 4_096, 1_024
+DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 def int8_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -191,7 +192,7 @@ def quantization_steps(weight: torch.Tensor, layer: nn.Module) -> torch.Tensor:
 @torch.no_grad()
 def error_in_steps(linear: nn.Linear, layer: nn.Module) -> float:
     """The largest distance between ``linear``'s weights and the weights ``layer``'s kernel multiplies by (its
-    product with the identity), in quantization steps (:func:`quantization_steps`): at most
+    product with the identity), in quantization steps (``quantization_steps``): at most
     ``ROUNDING_STEPS`` where the quantizer, the packing and the kernel agree."""
     weight = linear.weight
     effective = layer.matmul(torch.eye(linear.in_features, device=weight.device, dtype=weight.dtype)).float().T
@@ -200,7 +201,7 @@ def error_in_steps(linear: nn.Linear, layer: nn.Module) -> float:
 
 
 def largest_error_in_steps(original: nn.Module, quantized: nn.Module) -> float:
-    """:func:`error_in_steps` over every quantized layer of ``quantized``, against the layer of ``original`` it
+    """``error_in_steps`` over every quantized layer of ``quantized``, against the layer of ``original`` it
     replaced (0 when none is quantized)."""
     return max((error_in_steps(original.get_submodule(name), layer) for name, layer in quantized.named_modules()
                 if isinstance(layer, QUANTIZED)), default=0.0)
@@ -236,7 +237,8 @@ def int4_support(device: "torch.device | str", dtype: torch.dtype) -> str | None
     return None if why is None else f"no int4 kernel on {torch.device(device).type} for {dtype}: {why}"
 
 
-def _replacer(scheme: str, device: torch.device, dtype: torch.dtype, group_size: int) -> Callable[[nn.Linear], nn.Module]:
+def _replacer(scheme: str, device: torch.device, dtype: torch.dtype,
+              group_size: int) -> Callable[[nn.Linear], nn.Module]:
     if scheme == "int8":
         kernel = int8_kernel(device, dtype)
         return lambda linear: Int8Linear(linear, kernel)
@@ -248,7 +250,7 @@ def _replacer(scheme: str, device: torch.device, dtype: torch.dtype, group_size:
 
 def quantize(model: nn.Module, scheme: str, group_size: int = 64) -> nn.Module:
     """A copy of ``model`` with every ``nn.Linear`` replaced by its ``scheme`` ("int8" or "int4") weight-only
-    module (the original is left as it was). int4 needs a kernel on the model's device (:func:`int4_support`)
+    module (the original is left as it was). int4 needs a kernel on the model's device (``int4_support``)
     and a ``group_size`` from ``INT4_GROUP_SIZES`` that divides every layer's input features."""
     if scheme not in SCHEMES:
         raise choice_error("quantization scheme", scheme, SCHEMES)
@@ -310,12 +312,13 @@ def chapter_plan(cuda: bool) -> ChapterPlan:
     in fp32 at batch 1 and 16."""
     if cuda:
         return ChapterPlan("gpt2_small", 300, torch.bfloat16, (1, 64), 32, 64, 6, 64)
-    return ChapterPlan("gpt_tiny", 200, torch.float32, (1, 16), 8, 16, 8, 64)
+    return ChapterPlan("gpt_tiny", 200, torch.float32, (1, 16), 8, 16, 16, 64)
 
 
 def weight_label(model: nn.Module) -> str:
     """The unquantized model's row: "fp32 weights" or "bf16 weights"."""
-    return f"{str(next(model.parameters()).dtype).removeprefix('torch.').replace('float32', 'fp32').replace('bfloat16', 'bf16')} weights"
+    name = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return f"{DTYPE_NAMES.get(name, name)} weights"
 
 
 def variants(model: nn.Module, group_size: int = 64) -> tuple[dict[str, nn.Module], list[str]]:
@@ -352,7 +355,7 @@ def layers_table(models: dict[str, nn.Module]) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class DecodeTimes:
-    """Decode steps of every variant at one batch size, timed in paired rounds (:func:`decode_times`)."""
+    """Decode steps of every variant at one batch size, timed in paired rounds (``decode_times``)."""
 
     batch: int
     baseline: str
@@ -404,7 +407,7 @@ def _peak_mib(model: nn.Module, run: Callable[[], object], device: torch.device)
 def decode_times(models: dict[str, nn.Module], batch: int, prompt_len: int = 8, new_tokens: int = 16,
                  rounds: int = 6, seed: int = 0) -> DecodeTimes:
     """Greedy generation with the static KV cache (compiled, CUDA graphs, on a GPU) from the same random prompt of
-    ``batch`` rows by every variant, in ``rounds`` paired rounds (:func:`optlab.core.stats.sequential.visit_order`) after an
+    ``batch`` rows by every variant, in ``rounds`` paired rounds (``optlab.core.stats.sequential.visit_order``) after an
     untimed one that also measures peak memory; each round keeps a variant's mean decode step. The first model is
     the baseline."""
     batch = check_count("batch", batch, 1, MAX_BATCH, "a decode batch")
@@ -442,6 +445,7 @@ def quality_table(models: dict[str, nn.Module], windows: torch.Tensor, prompt: t
     on ``windows`` equal to the first model's, and the share of greedy tokens after ``prompt`` equal to the first
     model's (once a token differs, the text after it is another text: a strict measure)."""
     reference = next(iter(models.values()))
+    fix_threads(windows.device.type == "cuda")  # on a CPU, the threads the timed runs use: no waiting for busy cores
     reference_tokens = generation.generate(reference, prompt, new_tokens).new_tokens
     base_loss = loss(reference)
     rows = []

@@ -2,15 +2,15 @@
 
 A decode step of a small model at batch 1 costs about the same for one token as for a few: the weights are read (on a
 GPU) or the layers' ops launched (on a CPU) once either way. So the target verifies ``k`` drafted tokens in one
-:func:`~optlab.studies.serving.generation.forward_cached` call over ``[last token, d1 .. dk]``: its greedy choice at
+``generation.forward_cached`` call over ``[last token, d1 .. dk]``: its greedy choice at
 each position says whether the draft there was right. The longest agreeing prefix is kept, plus the target's own next
 token after it (so every round gains at least one token), and both caches roll back (``truncate``) past what was
 rejected. Every kept token is one the target chose itself, so the output equals the target's greedy decoding token for
 token; only the speed depends on how often the drafter guesses right (the acceptance rate).
 
-Two drafters: a small GPT trained on the same text (:class:`ModelDrafter`, with its own static cache), and prompt
-lookup (:class:`PromptLookupDrafter`: the tokens that followed the latest earlier occurrence of the text's last few
-tokens, at no model cost). :func:`decode_comparison` times each drafter and draft length against plain greedy decoding
+Two drafters: a small GPT trained on the same text (``ModelDrafter``, with its own static cache), and prompt
+lookup (``PromptLookupDrafter``: the tokens that followed the latest earlier occurrence of the text's last few
+tokens, at no model cost). ``decode_comparison`` times each drafter and draft length against plain greedy decoding
 with the static cache, in paired rounds, and checks every run's tokens against the greedy reference.
 """
 from __future__ import annotations
@@ -56,12 +56,13 @@ class ChapterPlan:
 
 
 def chapter_plan(cuda: bool) -> ChapterPlan:
-    """On a GPU, GPT-2 small in bf16 with a one-block draft of its width, decode steps under CUDA graphs; on a CPU, a
-    six-block GPT with a one-block draft (both 64 wide: at batch 1 a CPU's decode step costs about its ops, so the
-    target costs several drafts), trained for seconds."""
+    """On a GPU, GPT-2 small in bf16 with a one-block draft of its width, the one-token decode steps (the baseline's
+    and the draft's) under CUDA graphs and the target's verification over ``k + 1`` tokens eager (``generation``
+    compiles a one-token step only); on a CPU, a six-block GPT with a one-block draft (both 64 wide: at batch 1 a
+    CPU's decode step costs about its ops, so the target costs several drafts), trained for seconds, all eager."""
     if cuda:
-        return ChapterPlan("gpt2_small", "gpt2_draft", 200, 200, 256, 128, 10, torch.bfloat16, True)
-    return ChapterPlan("gpt_deep", "gpt_draft", 150, 300, 48, 48, 6, torch.float32, False)
+        return ChapterPlan("gpt2_small", "gpt2_draft", 300, 200, 256, 128, 10, torch.bfloat16, True)
+    return ChapterPlan("gpt_deep", "gpt_draft", 150, 300, 48, 48, 8, torch.float32, False)
 
 
 def prompt_tokens(length: int, index: int = 3) -> torch.Tensor:
@@ -83,7 +84,7 @@ def prompt_lookup(sequence: list[int], k: int, max_ngram: int = 3) -> list[int]:
 
 
 class PromptLookupDrafter:
-    """Drafts by :func:`prompt_lookup` in the prompt and the text generated so far. A lookup that finds fewer than
+    """Drafts by ``prompt_lookup`` in the prompt and the text generated so far. A lookup that finds fewer than
     ``k`` tokens is padded by repeating its last guess, so that every verification has the same shape (what CUDA
     graphs need); a padded guess is checked like any other."""
 
@@ -313,7 +314,7 @@ class DecodeComparison:
 
 def make_drafter(kind: str, k: int, draft: "GPT | None", max_len: int,
                  compiled: bool = False) -> "ModelDrafter | PromptLookupDrafter":
-    """A drafter of ``kind`` (one of :data:`DRAFTERS`) drafting ``k`` tokens a round."""
+    """A drafter of ``kind`` (one of ``DRAFTERS``) drafting ``k`` tokens a round."""
     if kind == "prompt lookup":
         return PromptLookupDrafter(k)
     if kind != "draft model":

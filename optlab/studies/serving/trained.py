@@ -1,7 +1,7 @@
 """Briefly trained GPTs for the serving chapters, cached on disk: generation only means something from weights that
 have learned a little of the text (an untrained model's greedy output is one character repeated).
 
-``trained_gpt`` trains the book's :class:`~optlab.core.gpt.transformer.GPT` of a named size (:data:`SERVING_SIZES`) on
+``trained_gpt`` trains the book's GPT (``optlab.core.gpt.transformer``) of a named size (``SERVING_SIZES``) on
 the book's corpus (``optlab.core.gpt.text_data``: tiny Shakespeare when present, the stand-in otherwise), on windows of
 the size's whole block (every position the serving chapters use is trained), and keeps the weights in a file keyed by
 the size, the steps, the seed, the corpus and the torch version; a second call with the same key loads them.
@@ -48,7 +48,7 @@ CACHE_FOLDER = "trained"  # under the live results folder (git ignores it)
 
 
 def serving_config(size: str) -> GPTConfig:
-    """The sizes of ``size``, a name of :data:`SERVING_SIZES`."""
+    """The sizes of ``size``, a name of ``SERVING_SIZES``."""
     if size not in SERVING_SIZES:
         raise choice_error("serving GPT size", size, tuple(SERVING_SIZES))
     return SERVING_SIZES[size]
@@ -99,7 +99,7 @@ def train_gpt(config: GPTConfig, steps: int, device: torch.device, seed: int = 0
 
 def trained_gpt(size: str, steps: int, device: "str | torch.device", seed: int = 0,
                 cache_dir: "str | Path | None" = None) -> GPT:
-    """The GPT of ``size`` (:data:`SERVING_SIZES`) after ``steps`` training steps from ``seed`` on the book's corpus,
+    """The GPT of ``size`` (``SERVING_SIZES``) after ``steps`` training steps from ``seed`` on the book's corpus,
     in fp32 on ``device``, in eval mode: loaded from the cache when this key was trained before (``cache_dir``, else
     ``trained/`` under the live results folder), else trained now and saved there."""
     config = serving_config(size)
