@@ -67,16 +67,18 @@ def test_gpu_check_lists_every_cuda_test_and_the_chapters_cuda_checks():
     tests = [line.split(" ", 1)[1] for line in listed if line.startswith("test ")]
     files = {test.split("::")[0] for test in tests}
     assert files == {f"tests/test_{name}.py" for name in ("attention_check", "autotune", "cuda_graphs", "fp8",
-                                                          "largest_batch", "microbench", "numerics", "optimizer_bench",
-                                                          "profiling", "tf32", "transformer")}
+                                                          "largest_batch", "memory_breakdown", "microbench", "numerics",
+                                                          "optimizer_bench", "profiling", "serving_generation", "tf32",
+                                                          "transformer", "tune_memory")}
     assert "tests/test_cuda_graphs.py::test_graphed_inference_and_training_match_eager" in tests
     assert any(test.startswith("tests/test_fp8.py::") and test.endswith("[cuda]") for test in tests)
     assert any(test.startswith("tests/test_transformer.py::") and test.endswith("-cuda]") for test in tests)
     assert not any("cpu" in test.partition("[")[2] for test in tests)  # a parametrized test's CPU case stays out
     assert [line for line in listed if line.startswith("chapter ")] == [
         f"chapter notebooks/{name}.ipynb" for name in ("11_cuda_graphs", "14_data_pipeline", "15_profiling",
-                                                       "31_your_model", "19_attention", "20_checkpointing",
-                                                       "21_gpt_precision")]
+                                                       "19_attention", "20_checkpointing", "21_gpt_precision",
+                                                       "26_memory", "27_kv_cache", "28_quantization",
+                                                       "29_speculative_decoding", "30_serving", "31_your_model")]
 
 
 def test_gpu_check_runs_a_chapters_cells_with_its_magics_made_pass():

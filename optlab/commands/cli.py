@@ -71,8 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "$OPTLAB_GIT_COMMIT where the copy has no .git (set it to the commit the copy was made from).")
     _add_common(reference, default_out=REFERENCE_OUT)
     reference.add_argument("--set", help="which techniques: seed (the default for a run), beyond, compile "
-                                         "(torch.compile and CUDA graphs), stack (all together) or all (the default "
-                                         "for --plan)")
+                                         "(torch.compile and CUDA graphs), stack (all together), transformer (the "
+                                         "GPT's), serving (serving the GPT: tables only) or all (the default for "
+                                         "--plan)")
     reference.add_argument("--plan", action="store_true",
                            help="print every part with its steps and estimated H200 seconds, and run nothing")
     reference.add_argument("--budget", type=float, metavar="SECONDS",
