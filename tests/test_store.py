@@ -61,3 +61,10 @@ def test_foreign_or_broken_files_are_refused(tmp_path):
 
 def test_records_are_strict_json(saved):
     json.loads(saved.path.read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+
+
+def test_results_are_found_at_the_repository_root_whatever_folder_the_store_sits_in():
+    """The stored references and the live records sit in the repository's own results/: a store moved one folder
+    deeper once looked for them inside the package."""
+    assert (store.REPO_ROOT / "pyproject.toml").is_file() and (store.REPO_ROOT / "optlab" / "__init__.py").is_file()
+    assert store.REFERENCE_DIR == store.REPO_ROOT / "results" / "reference"

@@ -236,7 +236,8 @@ def saved_activations(model: nn.Module, batch: tuple[Any, torch.Tensor], loss_fn
     """What autograd saves for the backward in one forward of ``batch``, layer by layer: one row per module (its
     name in the model; ``(loss)`` for the loss, outside it) with the bytes of the tensors saved while it was the
     innermost module running (the model's own name for what its forward does outside its layers),
-    counted from their shapes (elements x bytes each, each storage once, for the first module that saved it). The
+    counted by the storage behind each (a view, such as attention's q, k and v of one projection, keeps its
+    whole storage: each storage once, for the first module that saved it). The
     parameters and the batch are left out (they are counted as such). The forward runs once, outside any profile;
     its graph is dropped without a backward."""
     device = batch[1].device
@@ -247,8 +248,8 @@ def saved_activations(model: nn.Module, batch: tuple[Any, torch.Tensor], loss_fn
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         pointer = tensor.untyped_storage().data_ptr()
         if pointer not in known and tensor.device == device:
-            owner, size = saved.get(pointer, (running[-1], 0))
-            saved[pointer] = owner, max(size, tensor.numel() * tensor.element_size())
+            owner = saved.get(pointer, (running[-1], 0))[0]
+            saved[pointer] = owner, tensor.untyped_storage().nbytes()  # a view keeps its whole storage
         return tensor
 
     def enter(name: str) -> Callable[..., None]:
