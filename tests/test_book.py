@@ -22,7 +22,7 @@ MACHINE_PATHS = [str(Path(__file__).resolve().parent.parent), str(Path.home()), 
 SPEEDUP_FIGURE = 'img[class~="speedup-figure"]'
 NO_COMPARISON = {"notebooks/15_profiling"}  # profiles one step before and after; it times no comparison
 GPU_ONLY = {"notebooks/11_cuda_graphs",  # its comparison needs CUDA graphs, so a CPU build has none to show
-            "notebooks/23_gpt_compile"}  # compiling the GPT takes longer on a CPU than a page may: a CPU compiles its MLP
+            "notebooks/26_gpt_compile"}  # compiling the GPT takes longer on a CPU than a page may: a CPU compiles its MLP
 
 
 def chapters(pages: list[str]) -> list[str]:

@@ -1,4 +1,4 @@
-"""The studies of chapters 21-25 on the tiny GPT: FP8 numerics, AdamW's state bytes and agreement, the compile
+"""The studies of chapters 24-28 on the tiny GPT: FP8 numerics, AdamW's state bytes and agreement, the compile
 check of one part of the GPT (on a fast backend: Inductor's C++ compile takes tens of seconds on a CPU), and the
 learning check against the text's entropy levels."""
 import math

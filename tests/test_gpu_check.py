@@ -76,19 +76,19 @@ def test_gpu_check_lists_every_cuda_test_and_the_chapters_cuda_checks():
     assert not any("cpu" in test.partition("[")[2] for test in tests)  # a parametrized test's CPU case stays out
     assert [line for line in listed if line.startswith("chapter ")] == [
         f"chapter notebooks/{name}.ipynb" for name in ("11_cuda_graphs", "14_data_pipeline", "15_profiling",
-                                                       "19_attention", "20_checkpointing", "21_gpt_precision",
-                                                       "26_memory", "27_kv_cache", "28_quantization",
-                                                       "29_speculative_decoding", "30_serving", "31_your_model")]
+                                                       "22_attention", "23_checkpointing", "24_gpt_precision",
+                                                       "29_memory", "30_kv_cache", "31_quantization",
+                                                       "32_speculative_decoding", "33_serving", "37_your_model")]
 
 
 def test_gpu_check_runs_a_chapters_cells_with_its_magics_made_pass():
     """The install cell's ``%pip`` is the only line of its ``except`` block: dropped, the cell would not compile."""
-    install = gpu_check.check_cells("19_attention")[0]
+    install = gpu_check.check_cells("22_attention")[0]
     compile(install, "install cell", "exec")
     assert "    pass" in install and "%pip" not in install
 
 
 def test_a_chapters_cells_get_display_without_importing_it_as_in_jupyter(capsys):
-    """Chapters 14, 15 and 26 call ``display`` as a Jupyter kernel's builtin; plain Python has none."""
+    """Chapters 14, 15 and 29 call ``display`` as a Jupyter kernel's builtin; plain Python has none."""
     exec("display('shown')", gpu_check.chapter_namespace())
     assert "shown" in capsys.readouterr().out

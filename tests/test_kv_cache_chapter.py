@@ -1,4 +1,4 @@
-"""Chapter 27's plumbing: the bandwidth bound's arithmetic and peaks, the published serving figures, and the decoding
+"""Chapter 30's plumbing: the bandwidth bound's arithmetic and peaks, the published serving figures, and the decoding
 study's table and checks on a small GPT."""
 import math
 

@@ -81,8 +81,8 @@ def test_every_changed_knob_shows_the_lines_that_read_it(experiment, stacked):
         assert "config.attention is read inside the model: the gpt workload builds the model with it" in text
 
 
-OUR_GPT_CHAPTERS = ("19_attention", "20_checkpointing", "22_gpt_optimizers", "23_gpt_compile", "24_gpt_shapes",
-                    "25_gpt_all_together")
+OUR_GPT_CHAPTERS = ("22_attention", "23_checkpointing", "25_gpt_optimizers", "26_gpt_compile", "27_gpt_shapes",
+                    "28_gpt_all_together")
 
 
 def chapter_cells(stem: str, kind: str) -> list[str]:
@@ -99,11 +99,11 @@ def test_a_chapter_counts_its_variants_from_the_run_and_names_each_devices_preci
 
 
 def test_chapter_20_reads_the_precision_of_its_kernel_check_from_the_comparison():
-    prose, code = "\n".join(chapter_cells("19_attention", "markdown")), "\n".join(chapter_cells("19_attention", "code"))
+    prose, code = "\n".join(chapter_cells("22_attention", "markdown")), "\n".join(chapter_cells("22_attention", "code"))
     assert "fp32 on a CPU, bf16 autocast on a GPU" in prose and "in the comparison's precision (fp32)" not in prose
     assert ".amp_dtype" in code
 
 
 def test_chapter_24_prints_its_counts_from_the_registry_and_the_record():
-    code = "\n".join(chapter_cells("23_gpt_compile", "code"))
+    code = "\n".join(chapter_cells("26_gpt_compile", "code"))
     assert "len(labels)" in code and "len(timed)" in code

@@ -22,8 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 # chapters whose check cells have is_cuda branches
-CHAPTERS = ("11_cuda_graphs", "14_data_pipeline", "15_profiling", "19_attention", "20_checkpointing", "21_gpt_precision",
-            "26_memory", "27_kv_cache", "28_quantization", "29_speculative_decoding", "30_serving", "31_your_model")
+CHAPTERS = ("11_cuda_graphs", "14_data_pipeline", "15_profiling", "22_attention", "23_checkpointing", "24_gpt_precision",
+            "29_memory", "30_kv_cache", "31_quantization", "32_speculative_decoding", "33_serving", "37_your_model")
 NOTHING = "gpu-check: no CUDA device here, so nothing to run (the CUDA-only tests and the chapters' CUDA checks need one)"
 MARKER = "cuda"  # pytest.mark.cuda: a test that needs a CUDA device (tests/conftest.py skips it without one)
 
