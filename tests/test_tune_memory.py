@@ -69,6 +69,98 @@ def test_every_fix_has_a_row_and_each_moves_its_category(result):
     assert "largest:" in result.report() and "peak change" in result.report()
 
 
+def test_the_fixes_are_ranked_by_what_they_do_to_the_peak(result):
+    measured = result.fixes.dropna(subset=["peak after MiB"])
+    change = list(measured["peak after MiB"] / measured["peak before MiB"])
+    assert len(measured) == len(FIXES) and change == sorted(change) and change[0] < change[-1]
+    best = measured.iloc[0]
+    assert f"lowers the peak most here: {best['fix']}, " in result.describe()
+    assert f"it moves {best['moves']}: " in result.describe()
+    assert list(result.fixes.columns[:4]) == ["fix", "peak before MiB", "peak after MiB", "peak change"]
+
+
+class Detached(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc(x).detach()
+
+
+class FailsWithGradients(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 4)
+
+    def forward(self, x):
+        if torch.is_grad_enabled():
+            raise RuntimeError("this layer is for inference only")
+        return self.fc(x)
+
+
+class BackwardFails(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("no backward for this op")
+
+
+class FailsInBackward(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return BackwardFails.apply(self.fc(x))
+
+
+def detached() -> nn.Module:
+    return Detached()
+
+
+def fails_with_gradients() -> nn.Module:
+    return FailsWithGradients()
+
+
+def fails_in_backward() -> nn.Module:
+    return FailsInBackward()
+
+
+@pytest.mark.parametrize("model, message", [
+    ("detached", "optlab: error: the loss does not depend on any trainable parameter, so a training step has nothing "
+                 "to do: is the model's output detached"),
+    ("fails_with_gradients", "optlab: error: the training step (forward, loss, backward) failed on 2 samples: "
+                             "RuntimeError: this layer is for inference only"),
+    ("fails_in_backward", "optlab: error: the training step (forward, loss, backward) failed on 2 samples: "
+                          "RuntimeError: no backward for this op"),
+])
+def test_a_model_whose_training_step_fails_is_one_line_and_exit_2(capsys, model, message):
+    argv = ["tune", "--memory", "--model", f"tests.test_tune_memory:{model}", "--input-shape", "16",
+            "--num-classes", "4", "--device", "cpu", "--quiet"]
+    assert cli(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(message) and captured.err.count("\n") == 1 and "Traceback" not in captured.err
+    assert "optlab tune --memory" not in captured.out  # refused by the probe, before the breakdown starts
+
+
+def test_a_batch_that_does_not_fit_says_out_of_memory_in_one_line():
+    """The probe's two samples fit; the baseline step's batch of 64 runs out of memory (as a GPU, or the CPU's
+    allocator, would say)."""
+    def loss(output, targets):
+        if len(targets) > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return cross_entropy(output, targets)
+
+    with pytest.raises(OptlabError) as error:
+        memory_tune(flat, loss_fn=loss)
+    assert str(error.value) == ("the training step at batch 64 ran out of memory on cpu: give a smaller batch_size "
+                                "(--batch-size)")
+
+
 def test_checkpointing_wraps_the_repeated_blocks_only():
     assert len(repeated_blocks(stacked())) == 4 and repeated_blocks(flat()) == []
     assert len(repeated_blocks(build_gpt("gpt_tiny"))) == 2
@@ -133,7 +225,8 @@ def test_the_cli_on_a_token_model(capsys, monkeypatch):
     assert out.startswith("optlab tune --memory optlab.core.gpt:build_gpt: one training step, batch 4")
     assert "\nlargest: " in out and "not bounded on a CPU" in out
     fix = next(line for line in out.splitlines() if line.strip().startswith("activation checkpointing"))
-    assert fix.split()[2:4] == ["activation", "forward's"] and fix.split()[-1].endswith("%")  # measured, no note
+    cells = fix.split()  # fix, peak before, after, change, then the category at its moment: measured, no note
+    assert cells[4].endswith("%") and cells[5:7] == ["activation", "forward's"] and float(cells[-1]) >= 0
 
 
 def test_the_cli_on_a_torchvision_model(capsys, monkeypatch):

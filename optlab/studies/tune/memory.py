@@ -4,9 +4,13 @@ One step of the model (the same inputs ``tune`` accepts) is broken down by categ
 parameters, gradients, optimizer state, activations, temporaries, ...). The largest category is named with the
 techniques that move it (``MOVED_BY``), and each technique that applies to this model is measured against the
 same step: set_to_none, activation checkpointing of the model's repeated blocks, 16-bit autocast, a foreach or fused
-optimizer, and gradient accumulation at the same effective batch. On a GPU the largest batch that fits comes last
-(doubling, then bisecting, until the allocator runs out of memory); a CPU does not bound it (the operating system
-swaps or ends the process first).
+optimizer, and gradient accumulation at the same effective batch. The fixes are ranked by what they do to the step's
+peak, the category each should move beside it. On a GPU the largest batch that fits comes last (doubling, then
+bisecting, until the allocator runs out of memory); a CPU does not bound it (the operating system swaps or ends the
+process first).
+
+Before any of it, a training probe runs the forward, the loss and the backward on two samples: a model whose output
+is detached, or whose training step fails, is one error line; so is a batch whose baseline step does not fit.
 """
 from __future__ import annotations
 
@@ -32,8 +36,8 @@ from ..transformer.largest_batch import MAX_LIMIT, free_memory, largest_fitting
 from ..memory.breakdown import Breakdown, step_breakdown, train_step
 from .examples import Examples, examples_from
 from .inputs import (
-    Batches, LossFn, ModelFn, batch_limit, build_model, check_batch, cross_entropy, dataset_batches, gib,
-    loader_batches, model_name, probe, synthetic_batches,
+    Batches, LossFn, ModelFn, batch_limit, build_model, check_batch, cross_entropy, dataset_batches, describe_error,
+    gib, loader_batches, model_name, probe, synthetic_batches,
 )
 
 MOVED_BY = {
@@ -41,8 +45,8 @@ MOVED_BY = {
     "gradient": "set_to_none (frees them between steps); FSDP2 (shards them)",
     "optimizer_state": "an optimizer with less state (SGD keeps one tensor per parameter with momentum, Adam two); "
                        "FSDP2 (shards it)",
-    "activation": "activation checkpointing (recomputes them); 16-bit autocast (halves them); gradient accumulation "
-                  "(a micro-batch's); a smaller batch",
+    "activation": "activation checkpointing (recomputes them); 16-bit autocast (stores many of them in 16 bits, "
+                  "and keeps a 16-bit copy of the weights); gradient accumulation (a micro-batch's); a smaller batch",
     "temporary": "the optimizer's implementation (for-loop, foreach, fused); checkpointing and autocast change the "
                  "backward's",
     "input": "a smaller batch; gradient accumulation (a micro-batch on the device at a time)",
@@ -51,8 +55,9 @@ MOVED_BY = {
              "workspaces, such as a CPU convolution's backward buffers)",
 }
 ACCUMULATION = 4  # micro-batches of the accumulation fix (the same effective batch)
-FIX_COLUMNS = ["fix", "moves", "measured at", "before MiB", "after MiB", "peak before MiB", "peak after MiB",
-               "peak change", "note"]
+FIX_COLUMNS = ["fix", "peak before MiB", "peak after MiB", "peak change", "moves", "measured at", "before MiB",
+               "after MiB", "note"]
+PROBE_SAMPLES = 2  # samples the training probe runs a forward and a backward on
 NOT_MEMORY = ("steps", "techniques", "loss_tolerance", "out", "inference", "output_fn", "max_batch", "amp_dtype",
               "sweep_compile", "request_seconds", "request_batches")
 
@@ -119,12 +124,12 @@ class MemoryResult:
         share = self.breakdown.categories[largest] / peak if peak else 0.0
         lines = [f"largest: {largest}, {share:.0%} of the step's {gib(peak)} peak (during the "
                  f"{self.breakdown.peak_phase}); moved by {MOVED_BY[largest]}"]
-        measured = self.fixes[self.fixes["moves"] == largest].dropna(subset=["after MiB"])
-        if not measured.empty:
-            best = measured.loc[(measured["after MiB"] - measured["before MiB"]).idxmin()]
-            lines.append(f"measured here: {best['fix']} takes {largest} from {best['before MiB']:.3g} to "
-                         f"{best['after MiB']:.3g} MiB at the {best['measured at']}, the peak from "
-                         f"{best['peak before MiB']:.3g} to {best['peak after MiB']:.3g} MiB")
+        measured = self.fixes.dropna(subset=["peak after MiB"])
+        if not measured.empty:  # the rows are ranked by the peak's change: the first lowers it most
+            best = measured.iloc[0]
+            lines.append(f"lowers the peak most here: {best['fix']}, from {best['peak before MiB']:.3g} to "
+                         f"{best['peak after MiB']:.3g} MiB ({best['peak change']}); it moves {best['moves']}: "
+                         f"{best['before MiB']:.3g} to {best['after MiB']:.3g} MiB at the {best['measured at']}")
         lines.append(f"largest batch: {self.batch_note}")
         return "\n".join(lines)
 
@@ -162,6 +167,7 @@ def tune_memory(model_fn: ModelFn, *, input_shape: Any = None, num_classes: int 
     examples, batches = _batches(data, input_shape, inputs, targets, num_classes, batch_size,
                                  get_profile(profile, info.is_cuda).batch_size, seed, info.device)
     probe(model_fn, batches, loss_fn, info.device, seed)
+    training_probe(model_fn, batches.first, loss_fn, info.device, seed)
     name = name or model_name(model_fn)
     print(f"optlab tune --memory {name}: one training step, batch {batches.batch_size}, {optimizer}, on "
           f"{info.describe()}")
@@ -171,12 +177,52 @@ def tune_memory(model_fn: ModelFn, *, input_shape: Any = None, num_classes: int 
                file=sys.stderr, leave=False)
     try:
         base = measure(BASE, bar)
+        if isinstance(base, str):
+            raise OptlabError(baseline_failure(base, batches.batch_size, info))
         rows = [fix_row(fix, reason, measure, bar) for fix, reason in fixes]
     finally:
         bar.close()
     largest, note = largest_batch(measure, examples, info)
-    return MemoryResult(name, info.device, batches.batch_size, base, pd.DataFrame(rows, columns=FIX_COLUMNS),
+    return MemoryResult(name, info.device, batches.batch_size, base, ranked(pd.DataFrame(rows, columns=FIX_COLUMNS)),
                         largest, note)
+
+
+def training_probe(model_fn: ModelFn, batch: tuple[Any, torch.Tensor], loss_fn: LossFn, device: torch.device,
+                   seed: int) -> None:
+    """A forward, the loss and a backward on ``PROBE_SAMPLES`` samples of ``batch``, in training mode: a loss that
+    no trainable parameter reaches (a detached output, a forward under ``no_grad``) or a backward that fails is
+    one ``OptlabError`` naming it, before any breakdown."""
+    model = build_model(model_fn, seed).to(device).train()
+    inputs = loops.inputs_to(loops.map_inputs(lambda t: t[:PROBE_SAMPLES], batch[0]), device)
+    targets = batch[1][:PROBE_SAMPLES].to(device)
+    try:
+        loss = loss_fn(loops.call_model(model, inputs), targets)
+        if not loss.requires_grad:
+            raise OptlabError("the loss does not depend on any trainable parameter, so a training step has nothing "
+                              "to do: is the model's output detached, or its forward run under torch.no_grad()?")
+        loss.backward()
+    except OptlabError:
+        raise
+    except Exception as error:  # noqa: BLE001  (the reader's model: its error, in one line)
+        raise OptlabError(f"the training step (forward, loss, backward) failed on {PROBE_SAMPLES} samples: "
+                          f"{describe_error(error)}") from None
+    finally:
+        del model
+        free_memory(device)
+
+
+def baseline_failure(outcome: str, batch_size: int, info: DeviceInfo) -> str:
+    """The line for a baseline step that could not be measured: out of memory says so, with what to change."""
+    if outcome == "out of memory":
+        return (f"the training step at batch {batch_size} ran out of memory on {info.device}: give a smaller "
+                f"batch_size (--batch-size)")
+    return f"the training step at batch {batch_size} could not be broken down: {outcome.removeprefix('failed: ')}"
+
+
+def ranked(fixes: pd.DataFrame) -> pd.DataFrame:
+    """The fixes ranked by what they do to the peak, the largest fall first; those not measured last."""
+    change = (fixes["peak after MiB"] / fixes["peak before MiB"]).sort_values(kind="stable", na_position="last")
+    return fixes.loc[change.index].reset_index(drop=True)
 
 
 def _batches(data: Any, input_shape: Any, inputs: Any, targets: Any, num_classes: int | None, batch_size: int | None,
