@@ -57,3 +57,109 @@ def test_on_a_gpu_the_tiny_gpt_fits_the_limit_in_every_setting():
     search = largest_batch.largest_batches("cuda", size="gpt_tiny", limit=16)
     assert list(search.table["largest batch"]) == [16, 16, 16] and search.table["stopped at the limit"].all()
     assert (search.table["peak MiB at that batch"] > 0).all()
+
+
+class RunsOutInBackward(torch.autograd.Function):
+    """Passes its input on; its backward runs out of memory above ``most`` samples, as a GPU's would: the layers
+    after it have their gradients by then."""
+
+    @staticmethod
+    def forward(ctx, x, most):
+        ctx.too_many = len(x) > most
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.too_many:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return grad, None
+
+
+class FailingModel(torch.nn.Module):
+    def __init__(self, most: int) -> None:
+        super().__init__()
+        self.most, self.first, self.last = most, torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.last(RunsOutInBackward.apply(self.first(x), self.most))
+
+
+def watch_the_frees(monkeypatch, model: torch.nn.Module, kept: list) -> list[str]:
+    """At every free before the next try: what of the try is still held (gradients, the try's tensors)."""
+    held = []
+
+    def free(device):
+        gc_free(device)
+        grads = [name for name, p in model.named_parameters() if p.grad is not None]
+        alive = [ref() for ref in kept if ref() is not None]
+        held.append(f"gradients {grads}, {len(alive)} tensors of the try" if grads or alive else "")
+        kept.clear()
+
+    gc_free = largest_batch.free_memory
+    monkeypatch.setattr(largest_batch, "free_memory", free)
+    return held
+
+
+def test_a_failed_try_leaves_no_gradients_for_the_next(monkeypatch):
+    """A try that runs out of memory in its backward has the last layer's gradients by then: they are dropped before
+    the next try, which would otherwise start with them held (and find a smaller batch than fits)."""
+    model = FailingModel(most=5)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    held = watch_the_frees(monkeypatch, model, [])
+
+    def step(batch):
+        model(torch.randn(batch, 8)).sum().backward()
+        optimizer.step()
+
+    device = torch.device("cpu")
+    assert largest_batch.largest_fitting(lambda n: largest_batch.fits_in_memory(step, n, device, optimizer), 64) == \
+        (5, 6)
+    assert len(held) == 6 and not any(held), held
+
+
+def test_the_memory_chapters_search_frees_each_failed_try(monkeypatch):
+    from optlab.studies.memory import fixes
+
+    models = []
+
+    def build(checkpointing):
+        models.append(FailingModel(most=12))
+        return models[-1]
+
+    subject = fixes.Subject("failing", build, lambda n, device: (torch.randn(n, 8), torch.randint(4, (n,))),
+                            fixes.class_loss, 8, checkpointing=False)
+    held = []
+    gc_free = largest_batch.free_memory
+
+    def free(device):
+        gc_free(device)
+        held.extend(name for name, p in models[-1].named_parameters() if p.grad is not None)
+
+    monkeypatch.setattr(largest_batch, "free_memory", free)
+    assert fixes.largest_batch_of(subject, fixes.Setting(), torch.device("cpu"), 64) == (12, 8)
+    assert not held, held
+
+
+def test_tune_memorys_search_frees_the_failed_tries_tensors(monkeypatch):
+    """The batch, the outputs and autograd's graph of a failed try are gone before the allocator's cache is emptied
+    (a GPU could not hand their blocks back otherwise)."""
+    import weakref
+
+    from optlab.core.machine.device import resolve_device
+    from optlab.studies.tune.examples import examples_from
+    from optlab.studies.tune.inputs import cross_entropy
+    from optlab.studies.tune.memory import Measure, search_batch
+
+    kept = []
+
+    def loss(output, targets):
+        kept.extend([weakref.ref(output), weakref.ref(targets)])
+        return cross_entropy(output, targets)
+
+    examples = examples_from(None, None, (8,), 4, 0)
+    measure = Measure(lambda: FailingModel(most=40), examples.make(2, 0), loss, "sgd", resolve_device("cpu"), 0)
+    model = FailingModel(most=40)
+    monkeypatch.setattr(measure, "model", lambda setting: (model, torch.optim.SGD(model.parameters(), lr=0.1)))
+    held = watch_the_frees(monkeypatch, model, kept)
+    assert search_batch(measure, examples, 1000) == (40, 12)
+    assert len(held) == 12 and not any(held), held

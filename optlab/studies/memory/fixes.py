@@ -440,17 +440,24 @@ def largest_batches(subject: Subject, device: "torch.device | str", labels: Sequ
         if reason := subject.applies(setting):
             rows.append({"setting": label, "not measured": reason})
             continue
-        model, optimizer = prepared(subject, setting, device)
-
-        def step(n: int) -> None:
-            n = max(n, setting.accumulation) // setting.accumulation * setting.accumulation
-            train_step(model, optimizer, subject, setting, *subject.batch(n, device))
-
-        batch, tries = largest_fitting(lambda n: fits_in_memory(step, n, device), limit)
+        batch, tries = largest_batch_of(subject, setting, device, limit)
         rows.append({"setting": label, "largest batch": batch, "tries": tries, "stopped at the limit": batch == limit})
-        del model, optimizer
-        free_memory(device)
     return pd.DataFrame(rows).set_index("setting")
+
+
+def largest_batch_of(subject: Subject, setting: Setting, device: torch.device, limit: int) -> tuple[int, int]:
+    """The largest batch up to ``limit`` one training step of ``setting`` fits, and the tries it took; a failed try's
+    gradients and tensors are freed before the next (``largest_batch.fits_in_memory``)."""
+    model, optimizer = prepared(subject, setting, device)
+
+    def step(n: int) -> None:
+        n = max(n, setting.accumulation) // setting.accumulation * setting.accumulation
+        train_step(model, optimizer, subject, setting, *subject.batch(n, device))
+
+    found = largest_fitting(lambda n: fits_in_memory(step, n, device, optimizer), limit)
+    del model, optimizer
+    free_memory(device)
+    return found
 
 
 def sharded_share(subject: Subject, world_sizes: Sequence[int] = (1, 2, 4, 8), batch_size: int = 2) -> pd.DataFrame:

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from ...core.knobs.config import CHECKPOINTINGS
 from ...core.errors import OptlabError, choice_error
 from ...core.gpt.transformer import GPT, GPT_SIZES
+from ...core.measuring.memory import is_out_of_memory
 
 MAX_LIMIT = 65_536  # sequences: far beyond what any GPU holds for the GPTs here
 
@@ -59,13 +60,22 @@ def free_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def fits_in_memory(step: Callable[[int], object], batch: int, device: torch.device) -> bool:
-    """Whether ``step(batch)`` runs without ``torch.OutOfMemoryError``; memory is freed after it either way."""
+def fits_in_memory(step: Callable[[int], object], batch: int, device: torch.device,
+                   optimizer: "torch.optim.Optimizer | None" = None) -> bool:
+    """Whether ``step(batch)`` runs without running out of memory (``is_out_of_memory``: a GPU's
+    ``torch.OutOfMemoryError`` or the CPU allocator's failure; any other error is raised). Before the next try
+    everything this one kept is freed, whether it fitted or not: ``optimizer``'s gradients (a step that failed in its
+    backward leaves some), and the try's own tensors (its batch and autograd's graph die with the step's frame, which
+    a failed step's traceback holds until the error is handled), then the allocator's cache."""
     try:
         step(batch)
         fitted = True
-    except torch.OutOfMemoryError:
+    except Exception as error:  # noqa: BLE001  (out of memory is the answer; anything else is raised)
+        if not is_out_of_memory(error):
+            raise
         fitted = False
+    if optimizer is not None:
+        optimizer.zero_grad(set_to_none=True)
     free_memory(device)
     return fitted
 

@@ -32,7 +32,7 @@ from ...core.machine.device import DeviceInfo, native_bf16, resolve_device
 from ...core.errors import OptlabError
 from ...core.measuring.memory import is_out_of_memory
 from ...core.knobs.profiles import Profile, get_profile
-from ..transformer.largest_batch import MAX_LIMIT, free_memory, largest_fitting
+from ..transformer.largest_batch import MAX_LIMIT, fits_in_memory, free_memory, largest_fitting
 from ..memory.breakdown import Breakdown, step_breakdown, train_step
 from .examples import Examples, examples_from
 from .inputs import (
@@ -353,19 +353,10 @@ def search_batch(measure: Measure, examples: Examples, limit: int) -> tuple[int,
     device = measure.info.device
     model, optimizer = measure.model(BASE)
 
-    def fits(size: int) -> bool:
+    def step(size: int) -> None:  # the try's batch and graph live in this frame only
         inputs, targets = examples.make(size, 0)
-        try:
-            chunks = [(loops.inputs_to(inputs, device), targets.to(device))]
-            for _ in range(2):
-                train_step(model, chunks, measure.loss_fn, optimizer, device, None, True)
-            fitted = True
-        except Exception as error:  # noqa: BLE001  (out of memory is the answer; anything else is raised)
-            if not is_out_of_memory(error):
-                raise
-            fitted = False
-        optimizer.zero_grad(set_to_none=True)
-        free_memory(device)
-        return fitted
+        chunks = [(loops.inputs_to(inputs, device), targets.to(device))]
+        for _ in range(2):
+            train_step(model, chunks, measure.loss_fn, optimizer, device, None, True)
 
-    return largest_fitting(fits, limit)
+    return largest_fitting(lambda size: fits_in_memory(step, size, device, optimizer), limit)
