@@ -3,8 +3,10 @@
 the measurement; what needs a GPU says so in one line on a CPU; bad input ends in one line."""
 import gzip
 import json
+import os
 from dataclasses import replace
 from functools import cache
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -164,3 +166,18 @@ def test_the_timeline_download_is_gzipped_json_beside_the_records(tmp_path):
         downloads.save_timeline(step, tmp_path / "timeline.json")
     with pytest.raises(OptlabError, match="ending in .pickle, not 'snapshot.pkl'"):
         downloads.save_snapshot(step, tmp_path / "snapshot.pkl")
+
+
+def test_a_child_process_imports_this_optlab_from_a_chapters_folder(monkeypatch):
+    """The allocator comparison's child inherits ``PYTHONPATH=.`` while the working folder is notebooks/ (as the
+    book's runs start it): it must still import the optlab that started it, not another one or none."""
+    import optlab
+
+    root = Path(optlab.__file__).resolve().parents[1]
+    monkeypatch.setenv("PYTHONPATH", ".")
+    monkeypatch.chdir(root / "notebooks")
+    done = fixes.run_python("import optlab.studies.memory.fixes as f, optlab; print(optlab.__file__)", {})
+    assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip()).resolve() == Path(optlab.__file__).resolve()
+    entries = fixes.child_environment({"X": "1"})["PYTHONPATH"].split(os.pathsep)
+    assert entries == [str(root), str(root / "notebooks")] and all(Path(entry).is_absolute() for entry in entries)

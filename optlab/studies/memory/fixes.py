@@ -25,6 +25,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -402,6 +403,23 @@ def allocator_child(batch_size: int, steps: int) -> None:
     print(json.dumps({"allocated": torch.cuda.max_memory_allocated(), "reserved": torch.cuda.max_memory_reserved()}))
 
 
+PACKAGE_ROOT = Path(__file__).resolve().parents[3]  # the folder that holds this optlab
+
+
+def child_environment(extra: dict[str, str]) -> dict[str, str]:
+    """This process's environment for a child Python, with ``extra`` set and an import path that finds this very
+    optlab wherever the child runs: its folder first, then each inherited ``PYTHONPATH`` entry made absolute (a
+    relative ``PYTHONPATH=.`` names another folder once the working folder is a chapter's)."""
+    inherited = [str(Path(entry).resolve()) for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    return os.environ | extra | {"PYTHONPATH": os.pathsep.join(dict.fromkeys([str(PACKAGE_ROOT), *inherited]))}
+
+
+def run_python(code: str, extra: dict[str, str]) -> subprocess.CompletedProcess:
+    """``code`` run by this Python in a fresh process with ``child_environment(extra)``; its output captured."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_environment(extra),
+                          check=False)
+
+
 def allocator_table(device: "torch.device | str", batch_size: int = 8, steps: int = 16) -> "pd.DataFrame | str":
     """Peak reserved against peak allocated GiB, with and without ``expandable_segments``, each in a fresh process
     training the GPU's GPT on sequences of varying length; on any other device, one line saying why not."""
@@ -412,8 +430,7 @@ def allocator_table(device: "torch.device | str", batch_size: int = 8, steps: in
     rows = []
     for name, setting in ALLOCATORS.items():
         code = f"from {__name__} import allocator_child; allocator_child({batch_size}, {steps})"
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              env=os.environ | {ALLOCATOR_ENV: setting}, check=False)
+        done = run_python(code, {ALLOCATOR_ENV: setting})
         if done.returncode:
             raise OptlabError(f"the {name} allocator's run failed: {done.stderr.strip().splitlines()[-1:]}")
         peaks = json.loads(done.stdout.strip().splitlines()[-1])
