@@ -12,6 +12,7 @@ from optlab.core.errors import OptlabError
 from optlab.core.gpt import build_gpt
 from optlab.studies.memory import CATEGORIES, SUM_RTOL, saved_activations, step_breakdown
 from optlab.studies.tune.inputs import cross_entropy
+from optlab.studies.memory import breakdown as breakdown_module
 from optlab.studies.memory.breakdown import PROFILER_CATEGORIES
 
 
@@ -133,3 +134,47 @@ def test_on_a_gpu_the_allocator_agrees_and_a_snapshot_is_kept(tmp_path):
     assert result.adds_up(), (result.total, result.peak_bytes)
     assert result.allocator["peak reserved"] >= result.allocator["peak allocated"] > 0
     assert result.save_snapshot(tmp_path / "snapshot.pickle").stat().st_size > 0
+
+
+def odd_sized() -> nn.Module:
+    """Parameters of 120, 12, 60 and 20 bytes: none a multiple of the CUDA allocator's 512-byte block."""
+    return nn.Sequential(nn.Linear(10, 3), nn.Linear(3, 5))
+
+
+@pytest.mark.parametrize("implementation", ["for_loop", "foreach", "fused"])
+def test_the_optimizer_state_is_counted_where_torch_keeps_it(implementation):
+    """On a CPU every state tensor is in the count; on a GPU the for-loop and foreach AdamW keep their step counts on
+    the CPU and the fused one beside the parameters, and every tensor takes whole 512-byte blocks."""
+    model = odd_sized()
+    flags = {"for_loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[implementation]
+    optimizer = torch.optim.AdamW(model.parameters(), **flags)
+    model(torch.randn(4, 10)).sum().backward()
+    optimizer.step()
+    trainable = list(model.parameters())
+    held = sum(t.untyped_storage().nbytes() for state in optimizer.state.values() for t in state.values())
+    assert breakdown_module.optimizer_state_bytes(optimizer, trainable, torch.device("cpu")) == held == 2 * 212 + 4 * 4
+    on_gpu = breakdown_module.optimizer_state_bytes(optimizer, trainable, torch.device("cuda"))
+    assert on_gpu == 2 * 4 * 512 + (4 * 512 if implementation == "fused" else 0)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("implementation", ["for_loop", "foreach", "fused"])
+def test_on_a_gpu_the_state_count_is_what_the_allocator_holds(implementation):
+    model = odd_sized().cuda()
+    flags = {"for_loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[implementation]
+    optimizer = torch.optim.AdamW(model.parameters(), **flags)
+    model(torch.randn(4, 10, device="cuda")).sum().backward()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    optimizer.step()
+    torch.cuda.synchronize()
+    grown = torch.cuda.memory_allocated() - before
+    assert breakdown_module.optimizer_state_bytes(optimizer, list(model.parameters()), torch.device("cuda")) == grown
+
+
+def test_the_allocator_history_keeps_python_stacks_only(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", lambda *args, **kwargs: calls.append(kwargs))
+    breakdown_module.record_history(True)
+    breakdown_module.record_history(False)
+    assert calls[0]["stacks"] == "python" and calls[0]["clear_history"] and len(calls) == 2

@@ -181,3 +181,17 @@ def test_a_child_process_imports_this_optlab_from_a_chapters_folder(monkeypatch)
     assert Path(done.stdout.strip()).resolve() == Path(optlab.__file__).resolve()
     entries = fixes.child_environment({"X": "1"})["PYTHONPATH"].split(os.pathsep)
     assert entries == [str(root), str(root / "notebooks")] and all(Path(entry).is_absolute() for entry in entries)
+
+
+def test_only_the_kept_setting_records_an_allocator_snapshot(monkeypatch):
+    """Recording the allocator's history costs time on a GPU; the page keeps the baseline's snapshot only."""
+    asked = []
+    measure = fixes.step_breakdown
+
+    def recorded(*args, **options):
+        asked.append(options["snapshot"])
+        return measure(*args, **options)
+
+    monkeypatch.setattr(fixes, "step_breakdown", recorded)
+    found = study(SET_TO_NONE)
+    assert list(found.breakdowns) == [fixes.BASELINE, "set_to_none=False"] and asked == [True, False]

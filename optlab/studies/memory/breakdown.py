@@ -47,6 +47,7 @@ MAX_ACCUMULATION = 64
 MARKS = {f"optlab.{phase}": phase for phase in PHASES}
 AUTOCAST_DTYPES = (torch.bfloat16, torch.float16)
 SNAPSHOT_ENTRIES = 100_000
+CUDA_BLOCK = 512  # the CUDA caching allocator rounds every allocation up to a multiple of this many bytes
 
 LossFn = Callable[[Any, torch.Tensor], torch.Tensor]
 
@@ -123,7 +124,7 @@ class Breakdown:
 def step_breakdown(model: nn.Module, inputs: tuple[Any, torch.Tensor], loss_fn: LossFn,
                    optimizer: torch.optim.Optimizer, *, device: str | torch.device, steps: int = 2,
                    set_to_none: bool = True, autocast_dtype: torch.dtype | None = None,
-                   accumulation: int = 1, warmup_steps: int = 0) -> Breakdown:
+                   accumulation: int = 1, warmup_steps: int = 0, snapshot: bool = True) -> Breakdown:
     """Run ``steps`` training steps of ``model`` on one batch ``inputs`` = ``(model inputs, targets)`` (the inputs a
     tensor, a tuple or a dict of keyword tensors) and break their memory peak down by category.
 
@@ -132,7 +133,8 @@ def step_breakdown(model: nn.Module, inputs: tuple[Any, torch.Tensor], loss_fn: 
     ``optimizer.zero_grad(set_to_none=set_to_none)``. The model is moved to ``device`` (the optimizer's parameters
     move with it). The first step creates the optimizer's state and the second finds it there, so ``steps`` of 2 or
     more shows a settled step; so does one step after ``warmup_steps`` of 1, run before the profile (in half the
-    time: the profile's analysis grows with its events).
+    time: the profile's analysis grows with its events). On a GPU, ``snapshot`` keeps the allocator's history of the
+    steps (with Python stacks) for pytorch.org/memory_viz; give False where it would not be kept.
     """
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
@@ -147,7 +149,7 @@ def step_breakdown(model: nn.Module, inputs: tuple[Any, torch.Tensor], loss_fn: 
     model.to(device)
     for _ in range(warmup_steps):
         train_step(model, chunks, loss_fn, optimizer, device, autocast_dtype, set_to_none)
-    expected = expected_bytes(model, optimizer, batch) | {
+    expected = expected_bytes(model, optimizer, batch, device) | {
         "activation": saved_activation_bytes(model, chunks[0], loss_fn, autocast_dtype)}
     resident = round(resident_mb([model, optimizer, *loops.input_tensors(batch[0]), batch[1]], device) * 2**20)
     cuda = device.type == "cuda"
@@ -155,7 +157,8 @@ def step_breakdown(model: nn.Module, inputs: tuple[Any, torch.Tensor], loss_fn: 
         torch.cuda.synchronize(device)
         start_allocated = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
-        _record_history(True)
+        if snapshot:
+            record_history(True)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     try:
         with profile(activities=activities, profile_memory=True, record_shapes=True, with_stack=True) as prof:
@@ -163,14 +166,14 @@ def step_breakdown(model: nn.Module, inputs: tuple[Any, torch.Tensor], loss_fn: 
                 train_step(model, chunks, loss_fn, optimizer, device, autocast_dtype, set_to_none)
             if cuda:
                 torch.cuda.synchronize(device)
-        allocator, snapshot = (_allocator(device), _cuda_snapshot()) if cuda else ({}, None)
+        allocator, history = (_allocator(device), _cuda_snapshot() if snapshot else None) if cuda else ({}, None)
     finally:
-        if cuda:
-            _record_history(False)
+        if cuda and snapshot:
+            record_history(False)
     increase = allocator["peak allocated"] - start_allocated if cuda else cpu_increase(prof)
     marks = phase_marks(prof)
     timeline = category_timeline(prof, device, marks)
-    return _summarize(timeline, resident + increase, expected, device, allocator, snapshot)
+    return _summarize(timeline, resident + increase, expected, device, allocator, history)
 
 
 def micro_batches(batch: tuple[Any, torch.Tensor], accumulation: int) -> list[tuple[Any, torch.Tensor]]:
@@ -199,29 +202,42 @@ def train_step(model: nn.Module, chunks: list[tuple[Any, torch.Tensor]], loss_fn
         optimizer.zero_grad(set_to_none=set_to_none)
 
 
-def expected_bytes(model: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple[Any, torch.Tensor]) -> dict[str, int]:
-    """The arithmetic: parameters (elements x bytes each), their gradients (the trainable ones), the optimizer's
-    state where its kind is known (Adam and AdamW two tensors per parameter, three with amsgrad, and a one-element
-    step count; SGD one with momentum, none without) and the batch's inputs and targets."""
+def expected_bytes(model: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple[Any, torch.Tensor],
+                   device: torch.device) -> dict[str, int]:
+    """The arithmetic, as ``device`` holds it: parameters (elements x bytes each), their gradients (the trainable
+    ones), the optimizer's state where its kind is known (``optimizer_state_bytes``) and the batch's inputs and
+    targets; on a GPU each tensor is rounded up to the allocator's ``CUDA_BLOCK``."""
     parameters = {p.untyped_storage().data_ptr(): p for p in model.parameters()}.values()
     trainable = [p for p in parameters if p.requires_grad]
-    param_bytes = sum(p.numel() * p.element_size() for p in parameters)
-    grad_bytes = sum(p.numel() * p.element_size() for p in trainable)
-    expected = {"parameter": param_bytes, "gradient": grad_bytes,
-                "input": sum(t.numel() * t.element_size() for t in (*loops.input_tensors(batch[0]), batch[1]))}
-    state = optimizer_state_bytes(optimizer, grad_bytes, len(trainable))
+    expected = {"parameter": sum(held_bytes(p.numel() * p.element_size(), device) for p in parameters),
+                "gradient": sum(held_bytes(p.numel() * p.element_size(), device) for p in trainable),
+                "input": sum(held_bytes(t.numel() * t.element_size(), device)
+                             for t in (*loops.input_tensors(batch[0]), batch[1]))}
+    state = optimizer_state_bytes(optimizer, trainable, device)
     return expected | ({"optimizer_state": state} if state is not None else {})
 
 
-def optimizer_state_bytes(optimizer: torch.optim.Optimizer, grad_bytes: int, tensors: int) -> int | None:
-    """The state an optimizer keeps for trainable parameters of ``grad_bytes`` bytes in ``tensors`` tensors; None
-    for an optimizer whose state is not counted here."""
-    defaults = optimizer.defaults
+def held_bytes(nbytes: int, device: torch.device) -> int:
+    """The bytes ``device`` holds for a tensor of ``nbytes``: the CUDA allocator's block (a multiple of
+    ``CUDA_BLOCK``), or the bytes themselves elsewhere."""
+    return -(-nbytes // CUDA_BLOCK) * CUDA_BLOCK if torch.device(device).type == "cuda" else nbytes
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer, trainable: list[torch.Tensor],
+                          device: torch.device) -> int | None:
+    """The state an optimizer keeps on ``device`` for the ``trainable`` parameters; None for an optimizer whose
+    state is not counted here. Adam and AdamW keep two moments per parameter (three with amsgrad) and a one-element
+    float32 step count, which the for-loop and foreach implementations keep on the CPU and the fused or capturable
+    ones beside the parameter; SGD keeps one tensor per parameter with momentum, none without."""
+    defaults, device = optimizer.defaults, torch.device(device)
+    sizes = [held_bytes(p.numel() * p.element_size(), device) for p in trainable]
     if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
         moments = 3 if defaults.get("amsgrad") else 2
-        return moments * grad_bytes + 4 * tensors  # the step count: a one-element float32 tensor per parameter
+        step_device = device if defaults.get("fused") or defaults.get("capturable") else torch.device("cpu")
+        steps = held_bytes(4, device) * len(sizes) if step_device.type == device.type else 0
+        return moments * sum(sizes) + steps
     if type(optimizer) is torch.optim.SGD:
-        return grad_bytes if defaults.get("momentum") else 0
+        return sum(sizes) if defaults.get("momentum") else 0
     return None
 
 
@@ -354,12 +370,13 @@ def _summarize(wide: pd.DataFrame, peak_bytes: int, expected: dict[str, int], de
                      timeline=timeline, expected=expected, device=device, allocator=allocator, snapshot=snapshot)
 
 
-def _record_history(enabled: bool) -> None:
-    """Start (or stop) the CUDA allocator's record of every allocation, with its stack, for the snapshot."""
+def record_history(enabled: bool) -> None:
+    """Start (or stop) the CUDA allocator's record of every allocation, with its Python stack, for the snapshot
+    (Python frames only: symbolising the C++ ones can take minutes a snapshot)."""
     from torch.cuda.memory import _record_memory_history
 
     if enabled:  # an earlier breakdown's history is dropped: the snapshot shows these steps only
-        _record_memory_history("all", max_entries=SNAPSHOT_ENTRIES, clear_history=True)
+        _record_memory_history("all", stacks="python", max_entries=SNAPSHOT_ENTRIES, clear_history=True)
     else:
         _record_memory_history(None)
 

@@ -221,15 +221,17 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, subject: Subj
     optimizer.zero_grad(set_to_none=setting.set_to_none)
 
 
-def breakdown_of(subject: Subject, setting: Setting, device: torch.device, seed: int = 0) -> Breakdown:
+def breakdown_of(subject: Subject, setting: Setting, device: torch.device, seed: int = 0,
+                 snapshot: bool = False) -> Breakdown:
     """The breakdown of one settled training step of ``subject`` under ``setting``: a first step, not profiled,
-    creates the optimizer's state (and, without set_to_none, leaves the gradients), the second is broken down."""
+    creates the optimizer's state (and, without set_to_none, leaves the gradients), the second is broken down (on a
+    GPU with the allocator's snapshot where ``snapshot`` asks for it)."""
     model, optimizer = prepared(subject, setting, device, seed)
     inputs, targets = subject.batch(subject.batch_size, device)
     train_step(model, optimizer, subject, setting, inputs, targets)
     return step_breakdown(model, (inputs, targets), subject.loss, optimizer, device=device, steps=1,
                           set_to_none=setting.set_to_none, autocast_dtype=autocast_dtype(setting),
-                          accumulation=setting.accumulation)
+                          accumulation=setting.accumulation, snapshot=snapshot)
 
 
 def synchronize(device: torch.device) -> None:
@@ -334,7 +336,8 @@ def study_fixes(subject: Subject, device: "torch.device | str", rounds: int = 8,
     skipped = {label: subject.applies(setting) or "not in this study" for label, setting in SETTINGS.items()
                if label not in labels or subject.applies(setting)}
     settings = {label: setting for label, setting in SETTINGS.items() if label not in skipped}
-    breakdowns = {label: breakdown_of(subject, setting, device, seed) for label, setting in settings.items()}
+    breakdowns = {label: breakdown_of(subject, setting, device, seed, snapshot=label == BASELINE)  # the one kept
+                  for label, setting in settings.items()}
     timings = time_settings(subject, settings, device, rounds, steps, seed)
     return FixStudy(subject.name, device.type, breakdowns, timings, skipped)
 

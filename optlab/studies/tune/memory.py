@@ -301,7 +301,7 @@ class Measure:
                 self.done[setting] = step_breakdown(
                     model, self.batch, self.loss_fn, optimizer, device=self.info.device,
                     set_to_none=setting.set_to_none, autocast_dtype=AUTOCAST[setting.autocast],
-                    accumulation=setting.accumulation, steps=1, warmup_steps=1)
+                    accumulation=setting.accumulation, steps=1, warmup_steps=1, snapshot=False)
             except Exception as error:  # noqa: BLE001  (a setting that fails is a row that says why)
                 self.done[setting] = "out of memory" if is_out_of_memory(error) else \
                     f"failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
