@@ -58,7 +58,8 @@ class Breakdown:
     memory peaked), ``peak_bytes`` (the measured peak), ``peak_time`` (seconds from the first step's start) and
     ``peak_phase``, ``timeline`` (time, phase, category, bytes: every category after each change), and ``expected``
     (bytes that arithmetic predicts, for the categories it can count: ``expected_bytes``). On a GPU,
-    ``allocator`` holds the caching allocator's peaks (allocated, reserved) and ``snapshot`` its history."""
+    ``allocator`` holds the caching allocator's peaks (allocated, reserved) and ``snapshot`` its history;
+    ``tracked`` the independent count of ``tracker.tracked_peak`` where it was run."""
 
     categories: dict[str, int]
     peak_bytes: int
@@ -69,6 +70,7 @@ class Breakdown:
     device: torch.device
     allocator: dict[str, int] = field(default_factory=dict)
     snapshot: dict | None = None
+    tracked: dict[str, int] = field(default_factory=dict)  # MemTracker's peak by its kinds, where it was run
 
     @property
     def total(self) -> int:
@@ -188,15 +190,18 @@ def micro_batches(batch: tuple[Any, torch.Tensor], accumulation: int) -> list[tu
 
 def train_step(model: nn.Module, chunks: list[tuple[Any, torch.Tensor]], loss_fn: LossFn,
                optimizer: torch.optim.Optimizer, device: torch.device, autocast_dtype: torch.dtype | None,
-               set_to_none: bool) -> None:
-    """One optimizer step over ``chunks`` (micro-batches), each phase marked for the profiler."""
-    for inputs, targets in chunks:
+               set_to_none: bool, between: Callable[[], None] | None = None) -> None:
+    """One optimizer step over ``chunks`` (micro-batches), each phase marked for the profiler; ``between`` is
+    called after each micro-batch's backward but the last."""
+    for index, (inputs, targets) in enumerate(chunks):
         with record_function("optlab.forward"), torch.autocast(device.type, dtype=autocast_dtype,
                                                                enabled=autocast_dtype is not None):
             loss = loss_fn(loops.call_model(model, inputs), targets) / len(chunks)
         with record_function("optlab.backward"):
             loss.backward()
         del loss
+        if between is not None and index < len(chunks) - 1:
+            between()
     with record_function("optlab.optimizer"):
         optimizer.step()
         optimizer.zero_grad(set_to_none=set_to_none)

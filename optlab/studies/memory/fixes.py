@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ from ..distributed.shard_scaling import fake_rank_bytes
 from ..distributed.sharding import Workload as ShardWorkload
 from ..transformer.largest_batch import fits_in_memory, free_memory, largest_fitting
 from .breakdown import SUM_RTOL, Breakdown, step_breakdown
+from .tracker import TRACKER_RTOL, tracked_peak, tracker_table
 
 OPTIMIZERS = ("for_loop", "foreach", "fused")
 MAX_ACCUMULATION = 64  # micro-batches a step is split into
@@ -229,9 +230,10 @@ def breakdown_of(subject: Subject, setting: Setting, device: torch.device, seed:
     model, optimizer = prepared(subject, setting, device, seed)
     inputs, targets = subject.batch(subject.batch_size, device)
     train_step(model, optimizer, subject, setting, inputs, targets)
-    return step_breakdown(model, (inputs, targets), subject.loss, optimizer, device=device, steps=1,
-                          set_to_none=setting.set_to_none, autocast_dtype=autocast_dtype(setting),
-                          accumulation=setting.accumulation, snapshot=snapshot)
+    options = {"device": device, "set_to_none": setting.set_to_none, "autocast_dtype": autocast_dtype(setting),
+               "accumulation": setting.accumulation}
+    measured = step_breakdown(model, (inputs, targets), subject.loss, optimizer, steps=1, snapshot=snapshot, **options)
+    return replace(measured, tracked=tracked_peak(model, (inputs, targets), subject.loss, optimizer, **options))
 
 
 def synchronize(device: torch.device) -> None:
@@ -344,8 +346,9 @@ def study_fixes(subject: Subject, device: "torch.device | str", rounds: int = 8,
 
 def fix_failures(study: FixStudy) -> list[str]:
     """One line per fix that did not move its category the way it should (or left the peak where it was, where it
-    must lower it), per setting whose categories do not add up to its measured peak (within ``SUM_RTOL``), and per
-    setting whose parameters at the peak differ from the baseline's (no fix here changes the weights a model keeps)."""
+    must lower it), per setting whose categories do not add up to its measured peak (within ``SUM_RTOL``), per
+    setting whose measured peak and MemTracker's differ by more than ``TRACKER_RTOL``, and per setting whose
+    parameters at the peak differ from the baseline's (no fix here changes the weights a model keeps)."""
     table = study.table()
     lines = [f"{name}: {row['category']} went from {row['category MiB before']:.3f} to "
              f"{row['category MiB after']:.3f} MiB at {row['measured at']}, the peak from {row['peak MiB before']:.3f} "
@@ -357,6 +360,10 @@ def fix_failures(study: FixStudy) -> list[str]:
     lines += [f"{label}: the categories add up to {b.total / MiB:.3f} MiB, the measured peak is "
               f"{b.peak_bytes / MiB:.3f} MiB (tolerance {SUM_RTOL:.0%})" for label, b in study.breakdowns.items()
               if not b.adds_up(SUM_RTOL)]
+    checked = tracker_table(study.breakdowns)
+    lines += [f"{label}: MemTracker's peak is {row['peak MiB (MemTracker)']:.3f} MiB, the measured "
+              f"{row['peak MiB (profiler)']:.3f} MiB (tolerance {TRACKER_RTOL:.0%})"
+              for label, row in checked.iterrows() if not row["agrees"]]
     return lines
 
 
