@@ -178,3 +178,10 @@ def test_the_allocator_history_keeps_python_stacks_only(monkeypatch):
     breakdown_module.record_history(True)
     breakdown_module.record_history(False)
     assert calls[0]["stacks"] == "python" and calls[0]["clear_history"] and len(calls) == 2
+
+
+def test_the_counted_column_says_when_its_count_holds():
+    table = breakdown("adam", steps=1, warmup_steps=1).table().set_index("category")
+    assert "expected MiB" not in table and table.loc["optimizer_state", "counted when"] == "after the first step"
+    assert table.loc["gradient", "counted when"] == "after each backward" and table.loc["other", "counted when"] == ""
+    assert table.loc["activation", "counted when"] == "at the forward's end"

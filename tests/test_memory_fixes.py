@@ -4,6 +4,7 @@ the measurement; what needs a GPU says so in one line on a CPU; bad input ends i
 import gzip
 import json
 import os
+import re
 from dataclasses import replace
 from functools import cache
 from pathlib import Path
@@ -195,3 +196,74 @@ def test_only_the_kept_setting_records_an_allocator_snapshot(monkeypatch):
     monkeypatch.setattr(fixes, "step_breakdown", recorded)
     found = study(SET_TO_NONE)
     assert list(found.breakdowns) == [fixes.BASELINE, "set_to_none=False"] and asked == [True, False]
+
+
+def test_checkpointing_is_read_at_the_forwards_end_with_the_peak_beside():
+    """At the peak a checkpointed block's recomputed tensors are back (and partly counted as another category): the
+    activations are read where checkpointing acts, the forward's end, and the peak is in the same row."""
+    found = unbroken(CHECKPOINTING)
+    table = found.table()
+    for name, label in (("checkpointing (full)", "checkpointing full"), (fixes.BASELINE, fixes.BASELINE)):
+        at_end = found.breakdowns[label].at_end_of("forward")["activation"] / fixes.MiB
+        column = "category MiB before" if label == fixes.BASELINE else "category MiB after"
+        assert table.loc["checkpointing (full)", column] == pytest.approx(at_end)
+    assert set(table.loc[["checkpointing (full)", "checkpointing (selective)"], "measured at"]) == {"the forward's end"}
+    assert table.loc["checkpointing (full)", "peak MiB after"] < table.loc["checkpointing (full)", "peak MiB before"]
+    assert {fix.name for fix in fixes.FIXES if fix.at_end_of == "forward"} == {
+        "checkpointing (full)", "checkpointing (selective)", "bf16 autocast", "gradient accumulation"}
+
+
+def test_an_interval_too_wide_to_read_is_not_printed_or_drawn():
+    found = unbroken(SET_TO_NONE)
+    wild = fixes.Timings({fixes.BASELINE: [1.0, 1.0, 1.0, 1.0], "set_to_none=False": [0.01, 9.0, 0.02, 7.0]},
+                         {fixes.BASELINE: [0, 1, 0, 1], "set_to_none=False": [1, 0, 1, 0]})
+    noisy = replace(found, timings=wild)
+    row = noisy.table().loc["set_to_none"]
+    assert row["interval"] == "too wide to tell (4 rounds)" and row["verdict"] == "can't tell yet"
+    drawn = noisy.speedups().set_index("variant").loc["set_to_none"]
+    assert pd.isna(drawn["ci_low"]) and pd.isna(drawn["ci_high"]) and drawn["speedup"] > 0
+    said = fixes.fix_sentence("set_to_none", row)
+    assert "(can't tell yet, interval too wide to tell (4 rounds))" in said and not re.search(r"\d-\d", said)
+
+
+def test_each_fix_is_said_as_its_numbers_and_verdict_have_it():
+    found = unbroken(SET_TO_NONE)
+    [line] = found.describe()
+    row = found.table().loc["set_to_none"]
+    assert line.startswith(f"set_to_none: gradient {row['category MiB before']:.3g} -> {row['category MiB after']:.3g} "
+                           "MiB at the step's peak")
+    assert f"({row['verdict']}" in line and f"the peak {row['peak MiB before']:.3g} -> " in line
+
+
+def test_the_summary_rows_come_from_the_stored_tables(tmp_path):
+    found = unbroken(SET_TO_NONE)
+    live, reference = tmp_path / "live", tmp_path / "reference" / "h200"
+    for folder in (live, reference):
+        store.save_table(found.record_table(), folder, fixes.SUMMARY_TABLE)
+    rows = fixes.summary_rows(reference_dir=tmp_path / "reference", live_dir=live)
+    assert list(rows.columns) == fixes.SUMMARY_COLUMNS and list(rows["source"]) == ["h200", "live"]
+    assert set(rows["fix"]) == {"set_to_none"} and set(rows["model"]) == {"small GPT"}  # not-measured rows left out
+    table = found.table().loc["set_to_none"]
+    assert rows.loc[0, "peak change"] == pytest.approx(table["peak MiB after"] / table["peak MiB before"] - 1)
+    assert rows.loc[0, "peak change"] < 0 and rows.loc[0, "category change"] < 0
+    empty = fixes.summary_rows(reference_dir=tmp_path / "none", live_dir=tmp_path / "none")
+    assert empty.empty and list(empty.columns) == fixes.SUMMARY_COLUMNS
+
+
+def test_torchs_future_warning_about_hooks_does_not_reach_the_reader():
+    """Saved-tensor hooks around selective checkpointing make torch warn about a future default under every cell
+    that counts saved tensors or runs MemTracker; the page does not show it."""
+    import warnings
+
+    from optlab.studies.memory import saved_activations, tracked_peak
+
+    torch.manual_seed(0)
+    subject = small_gpt()
+    model = subject.build("selective")
+    batch = subject.batch(4, torch.device("cpu"))
+    optimizer = fixes.make_optimizer(model, "for_loop")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert saved_activations(model, batch, subject.loss, None)["bytes"].sum() > 0
+        assert tracked_peak(model, batch, subject.loss, optimizer, device="cpu")["total"] > 0
+    assert not [str(w.message)[:80] for w in caught if issubclass(w.category, FutureWarning)]

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
 import itertools
 import json
 import pickle
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pandas as pd
 import torch
@@ -48,6 +50,11 @@ MARKS = {f"optlab.{phase}": phase for phase in PHASES}
 AUTOCAST_DTYPES = (torch.bfloat16, torch.float16)
 SNAPSHOT_ENTRIES = 100_000
 CUDA_BLOCK = 512  # the CUDA caching allocator rounds every allocation up to a multiple of this many bytes
+
+COUNTED_WHEN = {  # when each count holds whole: weights from the start; gradients after a backward; the
+    # optimizer's state after its first step; the activations the backward needs at the forward's end
+    "parameter": "from the start", "gradient": "after each backward", "optimizer_state": "after the first step",
+    "activation": "at the forward's end", "input": "while the batch is held"}
 
 LossFn = Callable[[Any, torch.Tensor], torch.Tensor]
 
@@ -97,12 +104,14 @@ class Breakdown:
         return {name: int(rows.loc[rows["category"] == name, "bytes"].iloc[-1]) for name in CATEGORIES}
 
     def table(self) -> pd.DataFrame:
-        """The categories as a reader sees them: MiB at the peak, share of the peak, and the arithmetic's MiB."""
+        """The categories as a reader sees them: MiB at the peak, share of the peak, and the arithmetic's MiB with
+        the moment it counts (``COUNTED_WHEN``: not the peak's, where some may be partly built or already freed)."""
         rows = [{"category": name, "MiB at the peak": size / 2**20,
                  "share": size / self.peak_bytes if self.peak_bytes else 0.0,
-                 "expected MiB": self.expected[name] / 2**20 if name in self.expected else None}
+                 "counted MiB": self.expected[name] / 2**20 if name in self.expected else None,
+                 "counted when": COUNTED_WHEN[name] if name in self.expected else ""}
                 for name, size in self.categories.items()]
-        return pd.DataFrame(rows).round({"MiB at the peak": 2, "share": 3, "expected MiB": 2})
+        return pd.DataFrame(rows).round({"MiB at the peak": 2, "share": 3, "counted MiB": 2})
 
     def save_timeline(self, path: str | Path) -> Path:
         """Write the timeline as JSON (records of time, phase, category, bytes) with the peak, for a download."""
@@ -282,7 +291,7 @@ def saved_activations(model: nn.Module, batch: tuple[Any, torch.Tensor], loss_fn
     handles = [hook for name, module in model.named_modules() for hook in (
         module.register_forward_pre_hook(enter(name or type(model).__name__)), module.register_forward_hook(leave))]
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), \
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), quiet_hooks(), \
                 torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
             output = loops.call_model(model, batch[0])
             running[:] = ["(loss)"]  # a module's forward that raised left its name
@@ -295,6 +304,19 @@ def saved_activations(model: nn.Module, batch: tuple[Any, torch.Tensor], loss_fn
     for owner, size in saved.values():
         rows[owner] += size
     return pd.DataFrame({"module": list(rows), "bytes": list(rows.values())}, columns=["module", "bytes"])
+
+
+SAC_HOOKS_WARNING = "A saved_tensors_hooks context"  # torch's FutureWarning when such hooks meet selective checkpointing
+
+
+@contextlib.contextmanager
+def quiet_hooks() -> Iterator[None]:
+    """Drop torch's FutureWarning about saved-tensor hooks around a selective checkpoint (the tensors selective
+    checkpointing saves bypass the hooks, so a count of saved tensors leaves them out): it speaks of a future default,
+    not of the measurement, and a reader would see it under every cell."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=SAC_HOOKS_WARNING, category=FutureWarning)
+        yield
 
 
 def cpu_increase(prof: profile) -> int:

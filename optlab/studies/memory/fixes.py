@@ -4,8 +4,11 @@ A *setting* is one way to train the same model on the same batch: ``zero_grad(se
 checkpointing (the book's GPT has the knob), 16-bit autocast, AdamW's implementation (for-loop, foreach, fused) and
 gradient accumulation (the same effective batch in micro-batches). A *fix* is a pair of settings, before and after,
 with the category of the breakdown it should move: set_to_none frees the gradients before the next forward,
-checkpointing drops the activations a block keeps, autocast halves the activations (not the fp32 weights), the
-optimizer's implementation changes its step's temporaries, accumulation shrinks the activations to a micro-batch's.
+checkpointing drops the activations a block keeps, autocast stores many activations in 16 bits (but keeps a 16-bit
+copy of each weight it casts for the backward, and the norms, softmax and loss in fp32), the optimizer's
+implementation changes its step's temporaries, accumulation shrinks the activations to a micro-batch's. The
+activation fixes are read at the forward's end, where they act (what the backward will need): at the peak a
+checkpointed block's recomputation is under way and its tensors are counted there too; the peak is beside each.
 
 Each setting's breakdown comes from ``breakdown.step_breakdown``; each fix's time cost from the same settings timed in
 mirrored rounds (``optlab.core.stats.sequential.visit_order``) and read by ``optlab.core.measuring.timing.speed_up``: the speed-up
@@ -41,7 +44,8 @@ from ...core.cifar.models import build_model
 from ...core.knobs.profiles import get_profile
 from ...core.process.quiet import fix_threads
 from ...core.stats.sequential import visit_order
-from ...core.measuring.timing import speed_up
+from ...core.measuring.timing import interval_text, speed_up, too_wide
+from ...core.results import store
 from ...core.workload import get_workload
 from ..distributed.shard_scaling import fake_rank_bytes
 from ..distributed.sharding import Workload as ShardWorkload
@@ -94,7 +98,8 @@ class Fix:
     and whether the step's measured peak must fall with it (a category can also fall by being counted as another:
     tensors that checkpointing keeps may be seen as autograd's detail rather than activations; the peak cannot).
     ``during`` names a phase where the category is read at its largest during that phase rather than at the step's
-    peak: an optimizer's temporaries live only in its step, which is not where a small model's step peaks."""
+    peak: an optimizer's temporaries live only in its step, which is not where a small model's step peaks.
+    ``at_end_of`` names a phase at whose end it is read instead: the activations at the forward's end."""
 
     name: str
     before: str
@@ -103,25 +108,32 @@ class Fix:
     direction: str = "down"
     during: str | None = None
     lowers_peak: bool = True
+    at_end_of: str | None = None
 
     @property
     def measured_at(self) -> str:
+        if self.at_end_of is not None:
+            return f"the {self.at_end_of}'s end"
         return "the step's peak" if self.during is None else f"its largest in the {self.during} phase"
 
 
 FIXES = (
     Fix("set_to_none", "set_to_none=False", BASELINE, "gradient"),
-    Fix("checkpointing (full)", BASELINE, "checkpointing full", "activation"),
-    Fix("checkpointing (selective)", BASELINE, "checkpointing selective", "activation"),
-    Fix("bf16 autocast", BASELINE, "bf16 autocast", "activation"),
+    Fix("checkpointing (full)", BASELINE, "checkpointing full", "activation", at_end_of="forward"),
+    Fix("checkpointing (selective)", BASELINE, "checkpointing selective", "activation", at_end_of="forward"),
+    Fix("bf16 autocast", BASELINE, "bf16 autocast", "activation", at_end_of="forward"),
     Fix("foreach AdamW", BASELINE, "foreach AdamW", "temporary", "up", "optimizer", False),  # lists of intermediates
     Fix("fused AdamW", BASELINE, "fused AdamW", "temporary", "down", "optimizer", False),  # one pass, in place
-    Fix("gradient accumulation", BASELINE, "2 micro-batches", "activation"),
+    Fix("gradient accumulation", BASELINE, "2 micro-batches", "activation", at_end_of="forward"),
 )
 
 
-def category_bytes(breakdown: Breakdown, category: str, during: str | None = None) -> int:
-    """Bytes of ``category`` at the step's peak, or at its largest during the phase ``during``."""
+def category_bytes(breakdown: Breakdown, category: str, during: str | None = None,
+                   at_end_of: str | None = None) -> int:
+    """Bytes of ``category`` at the step's peak, at its largest during the phase ``during``, or at the end of the
+    phase ``at_end_of``."""
+    if at_end_of is not None:
+        return breakdown.at_end_of(at_end_of)[category]
     if during is None:
         return breakdown.categories[category]
     rows = breakdown.timeline.query("phase == @during and category == @category")
@@ -298,11 +310,24 @@ class FixStudy:
         the setting before it (below 1: the fix costs time), with the interval and the verdict."""
         rows = [dict(fix_row) | {"fix": name} for name, fix_row in self.table().iterrows()
                 if not fix_row["not measured"]]
+        for row in rows:  # an interval too wide to mean anything is not drawn (its verdict says so)
+            if too_wide(row["ci_low"], row["ci_high"]):
+                row["ci_low"] = row["ci_high"] = float("nan")
         return pd.DataFrame({"model": self.subject, "phase": "train", "variant": [row["fix"] for row in rows],
                              "source": "live", "speedup": [row["speed-up"] for row in rows],
                              "ci_low": [row["ci_low"] for row in rows], "ci_high": [row["ci_high"] for row in rows],
                              "verdict": [row["verdict"] for row in rows], "role": None,
                              "versus": "the setting before the fix"})
+
+    def record_table(self) -> pd.DataFrame:
+        """The fixes' table as it is kept for download and for the summary page: one row per fix, with the model
+        and the device type it ran on."""
+        return self.table().reset_index().assign(model=self.subject, device=self.device)
+
+    def describe(self) -> list[str]:
+        """What each measured fix did, as a sentence from its row: the category where it was read, the peak, and
+        the time as its verdict says it (no adjective the verdict does not support)."""
+        return [fix_sentence(name, row) for name, row in self.table().iterrows() if not row["not measured"]]
 
     def row(self, fix: Fix) -> dict[str, Any]:
         row: dict[str, Any] = {"fix": fix.name, "category": fix.category}
@@ -310,18 +335,60 @@ class FixStudy:
         if reason:
             return row | {"not measured": reason}
         before, after = self.breakdowns[fix.before], self.breakdowns[fix.after]
-        was, now = (category_bytes(b, fix.category, fix.during) for b in (before, after))
+        was, now = (category_bytes(b, fix.category, fix.during, fix.at_end_of) for b in (before, after))
         cost = self.timings.cost(fix.before, fix.after)
+        rounds = len(self.timings.seconds[fix.after])
         return row | {
             "measured at": fix.measured_at, "category MiB before": was / MiB, "category MiB after": now / MiB,
             "peak MiB before": before.peak_bytes / MiB, "peak MiB after": after.peak_bytes / MiB,
             "MiB saved": (before.peak_bytes - after.peak_bytes) / MiB,
             "share of the peak saved": 1 - after.peak_bytes / before.peak_bytes,
-            "speed-up": cost.ratio, "ci_low": cost.low, "ci_high": cost.high, "verdict": cost.verdict,
+            "speed-up": cost.ratio, "interval": interval_text(cost.low, cost.high, rounds), "ci_low": cost.low,
+            "ci_high": cost.high, "verdict": cost.verdict,
             "moved as expected": (now < was if fix.direction == "down" else now > was)
                                  and (after.peak_bytes < before.peak_bytes or not fix.lowers_peak),
             "not measured": "",
         }
+
+
+def fix_sentence(name: str, row: "pd.Series | dict[str, Any]") -> str:
+    """One measured fix in words: its category before and after where it was read, the peak before and after, and
+    the time cost as the verdict has it (with the interval where one can be read)."""
+    def change(before: float, after: float) -> str:
+        return f"{after / before - 1:+.0%}" if before else "from nothing"
+
+    interval = f", interval {row['interval']}" if row["interval"] else ""
+    return (f"{name}: {row['category']} {row['category MiB before']:.3g} -> {row['category MiB after']:.3g} MiB at "
+            f"{row['measured at']} ({change(row['category MiB before'], row['category MiB after'])}); the peak "
+            f"{row['peak MiB before']:.3g} -> {row['peak MiB after']:.3g} MiB "
+            f"({change(row['peak MiB before'], row['peak MiB after'])}); time: {row['speed-up']:.2f}x the step before "
+            f"({row['verdict']}{interval})")
+
+
+SUMMARY_TABLE = "memory-fixes"  # the name the chapter keeps its fixes' table under (``record_table``)
+SUMMARY_COLUMNS = ["source", "model", "fix", "category", "measured at", "category change", "peak MiB before",
+                   "peak change", "speed-up", "ci_low", "ci_high", "verdict"]
+
+
+def summary_rows(reference_dir: "str | Path | None" = None, live_dir: "str | Path | None" = None) -> pd.DataFrame:
+    """The memory fixes' compact rows for the summary page, from the stored tables: every GPU folder's
+    ``memory-fixes.csv`` under the reference folder (source: its machine) and the live run's page table (source:
+    "live"), one row per measured fix: what it moves, where, by how much, what it does to the peak, and its time
+    cost with the interval and the verdict. Empty (with the columns) where none is stored."""
+    frames = []
+    stored = store.reference_tables(SUMMARY_TABLE, reference_dir)
+    if stored is not None:
+        frames.append(stored.rename(columns={"machine": "source"}))
+    live = Path(live_dir) if live_dir is not None else store.LIVE_DIR / "pages"
+    if (live / f"{SUMMARY_TABLE}.csv").is_file():
+        frames.append(pd.read_csv(live / f"{SUMMARY_TABLE}.csv").assign(source="live"))
+    if not frames:
+        return pd.DataFrame(columns=SUMMARY_COLUMNS)
+    table = pd.concat(frames, ignore_index=True)
+    table = table[table["not measured"].fillna("").eq("")] if "not measured" in table else table
+    return table.assign(**{"category change": table["category MiB after"] / table["category MiB before"] - 1,
+                           "peak change": table["peak MiB after"] / table["peak MiB before"] - 1},
+                        ).reindex(columns=SUMMARY_COLUMNS).reset_index(drop=True)
 
 
 def study_fixes(subject: Subject, device: "torch.device | str", rounds: int = 8, steps: int = 2, seed: int = 0,

@@ -17,7 +17,7 @@ from torch import nn
 from torch.distributed import _tools  # torch's memory tools: MemTracker
 
 from ...core.measuring import loops
-from .breakdown import Breakdown, LossFn, micro_batches, train_step
+from .breakdown import Breakdown, LossFn, micro_batches, quiet_hooks, train_step
 
 TRACKER_RTOL = 0.02  # the two peaks, relative: both see every tensor the step holds; a GPU's blocks are rounded alike
 MiB = 2**20
@@ -36,7 +36,7 @@ def tracked_peak(model: nn.Module, inputs: tuple[Any, torch.Tensor], loss_fn: Lo
     chunks = micro_batches(batch, accumulation)
     tracker = _tools.MemTracker()
     tracker.track_external(model, optimizer, *loops.input_tensors(batch[0]), batch[1])
-    with tracker:
+    with tracker, quiet_hooks():
         train_step(model, chunks, loss_fn, optimizer, device, autocast_dtype, set_to_none,
                    between=tracker.reset_mod_stats)  # its per-module record takes one forward at a time
     peak = tracker.get_tracker_snapshot("peak").get(device, {})
