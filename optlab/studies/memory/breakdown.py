@@ -306,7 +306,7 @@ def saved_activations(model: nn.Module, batch: tuple[Any, torch.Tensor], loss_fn
     return pd.DataFrame({"module": list(rows), "bytes": list(rows.values())}, columns=["module", "bytes"])
 
 
-SAC_HOOKS_WARNING = "A saved_tensors_hooks context"  # torch's FutureWarning when such hooks meet selective checkpointing
+SAC_HOOKS_WARNING = "A saved_tensors_hooks context"  # torch's FutureWarning: such hooks around selective checkpointing
 
 
 @contextlib.contextmanager

@@ -10,9 +10,11 @@ implementation changes its step's temporaries, accumulation shrinks the activati
 activation fixes are read at the forward's end, where they act (what the backward will need): at the peak a
 checkpointed block's recomputation is under way and its tensors are counted there too; the peak is beside each.
 
-Each setting's breakdown comes from ``breakdown.step_breakdown``; each fix's time cost from the same settings timed in
-mirrored rounds (``optlab.core.stats.sequential.visit_order``) and read by ``optlab.core.measuring.timing.speed_up``: the speed-up
-of the fix over its before, with its interval and one of the four verdicts.
+Each setting's breakdown comes from ``breakdown.step_breakdown`` (with MemTracker's independent count of its peak,
+``tracker.tracked_peak``); each fix's time cost from the same settings timed in mirrored rounds
+(``optlab.core.stats.sequential.visit_order``) and read by ``optlab.core.measuring.timing.speed_up``: the speed-up of
+the fix over its before, with its interval and one of the four verdicts. ``summary_rows`` reads the fixes' stored
+tables back for the summary page.
 
 On a GPU three more answers: the allocator's reserved memory against the allocated with and without
 ``expandable_segments`` (in a fresh process each: the allocator reads its setting once, at start), the largest batch
