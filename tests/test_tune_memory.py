@@ -1,5 +1,7 @@
 """``optlab tune --memory``: one training step's memory on the reader's own model, the largest category and what moves
 it, each fix measured, and bad input in one line."""
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -77,6 +79,10 @@ def test_the_fixes_are_ranked_by_what_they_do_to_the_peak(result):
     assert f"lowers the peak most here: {best['fix']}, " in result.describe()
     assert f"it moves {best['moves']}: " in result.describe()
     assert list(result.fixes.columns[:4]) == ["fix", "peak before MiB", "peak after MiB", "peak change"]
+    unchanged = result.fixes.assign(**{"peak after MiB": result.fixes["peak before MiB"]})
+    none_lower = dataclasses.replace(result, fixes=unchanged)
+    assert "no fix lowered the peak here; the closest: " in none_lower.describe()
+    assert "lowers the peak most" not in none_lower.describe()
 
 
 class Detached(nn.Module):

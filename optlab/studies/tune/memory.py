@@ -119,7 +119,8 @@ class MemoryResult:
         return self.breakdown.table().assign(**{"moved by": [MOVED_BY[name] for name in self.breakdown.categories]})
 
     def describe(self) -> str:
-        """The largest category, what moves it and which measured fix moved it most; then the batch line."""
+        """The largest category and what moves it; the measured fix that lowered the peak most (or that none did);
+        then the batch line."""
         largest, peak = self.breakdown.largest(), self.breakdown.peak_bytes
         share = self.breakdown.categories[largest] / peak if peak else 0.0
         lines = [f"largest: {largest}, {share:.0%} of the step's {gib(peak)} peak (during the "
@@ -127,7 +128,9 @@ class MemoryResult:
         measured = self.fixes.dropna(subset=["peak after MiB"])
         if not measured.empty:  # the rows are ranked by the peak's change: the first lowers it most
             best = measured.iloc[0]
-            lines.append(f"lowers the peak most here: {best['fix']}, from {best['peak before MiB']:.3g} to "
+            lowers = best["peak after MiB"] < best["peak before MiB"]
+            lines.append(f"{'lowers the peak most here' if lowers else 'no fix lowered the peak here; the closest'}: "
+                         f"{best['fix']}, from {best['peak before MiB']:.3g} to "
                          f"{best['peak after MiB']:.3g} MiB ({best['peak change']}); it moves {best['moves']}: "
                          f"{best['before MiB']:.3g} to {best['after MiB']:.3g} MiB at the {best['measured at']}")
         lines.append(f"largest batch: {self.batch_note}")
