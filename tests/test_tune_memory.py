@@ -166,6 +166,15 @@ def test_a_batch_that_does_not_fit_says_out_of_memory_in_one_line():
     assert str(error.value) == ("the training step at batch 64 ran out of memory on cpu: give a smaller batch_size "
                                 "(--batch-size)")
 
+    def other(output, targets):
+        if len(targets) > 2:
+            raise ValueError("labels out of order")
+        return cross_entropy(output, targets)
+
+    with pytest.raises(OptlabError, match=r"^the training step at batch 64 could not be broken down: ValueError: "
+                                          r"labels out of order$"):
+        memory_tune(flat, loss_fn=other)
+
 
 def test_checkpointing_wraps_the_repeated_blocks_only():
     assert len(repeated_blocks(stacked())) == 4 and repeated_blocks(flat()) == []
