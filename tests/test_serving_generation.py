@@ -1,11 +1,14 @@
 """Generation with and without a KV cache: every variant gives the no-cache reference's tokens, the static cache keeps
 its storage, masking hides what lies beyond a row's length, and bad sizes get one-line errors."""
+import math
+
 import pytest
 import torch
 
 from optlab.core.errors import OptlabError
 from optlab.core.gpt.transformer import GPT, GPTConfig
 from optlab.studies.serving import generation as g
+from optlab.studies.serving.generation import Generation
 
 
 @pytest.fixture(scope="module")
@@ -146,3 +149,9 @@ def test_compiled_decoding_with_cuda_graphs_reproduces_the_reference(model, prom
     for _ in range(3):
         assert torch.equal(g.generate(gpu, tokens, 20, cache="static", compiled=True).tokens, reference)
     assert g.compiled_decode(tokens.device) is g.compiled_decode(tokens.device)
+
+
+def test_tpot_is_the_mean_gap_as_vllm_defines_it():
+    result = Generation(torch.zeros(1, 5, dtype=torch.long), 1, 0.5, [0.01, 0.01, 0.04, 0.02])
+    assert result.tpot_s == pytest.approx(0.02) and result.median_step_s == pytest.approx(0.015)
+    assert math.isnan(Generation(torch.zeros(1, 2, dtype=torch.long), 1, 0.5, []).tpot_s)

@@ -211,7 +211,13 @@ class Generation:
 
     @property
     def tpot_s(self) -> float:
-        """Time per output token after the first: the median decode step (NaN with one new token)."""
+        """Time per output token after the first, as vLLM defines it: the mean of the gaps between the request's
+        tokens (its decode steps), NaN with one new token."""
+        return float(np.mean(self.decode_s)) if self.decode_s else math.nan
+
+    @property
+    def median_step_s(self) -> float:
+        """The median decode step (NaN with one new token): robust to a slow step, and not the TPOT."""
         return float(np.median(self.decode_s)) if self.decode_s else math.nan
 
     @property
