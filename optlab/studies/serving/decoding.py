@@ -159,14 +159,17 @@ class DecodeStudy:
                 f"peak bandwidth {self.peak.label()}")
 
 
-def _peak_mb(model: GPT, run: Callable[[], object], device: torch.device, compiled: bool) -> float:
-    """MiB the model holds plus the most one generation allocated above its start (and, compiled on a GPU, the
-    CUDA graphs' private pool, which a replay uses without allocating)."""
+def _peak_mb(model: GPT, run: Callable[[], object], device: torch.device, pool_before: "float | None") -> float:
+    """MiB the model holds plus the most one generation allocated above its start (and, compiled on a GPU, what
+    the variant's CUDA graphs added to the private pools since ``pool_before`` MiB, measured before the variant's
+    first run: a replay uses that memory without allocating, and other variants' or earlier runs' pools are not
+    this variant's)."""
     resident = resident_mb([model], device)
     if device.type == "cuda":
         start = phase_start(device)
         run()
-        return phase_peak_mb(device, start, resident) + (graph_pool_mb(device) if compiled else 0.0)
+        added = graph_pool_mb(device) - pool_before if pool_before is not None else 0.0
+        return phase_peak_mb(device, start, resident) + added
     return resident + cpu_step_increase_mb(run)
 
 
@@ -191,6 +194,7 @@ def decode_study(model: GPT, prompt: torch.Tensor, new_tokens: int, rounds: int 
                         model.config, bandwidth.last_level_cache_bytes(device))
     reference = greedy_reference(model, prompt, new_tokens)
     for label in variants:
+        pool_before = graph_pool_mb(device) if VARIANTS[label][1] else None
         started = time.perf_counter()
         first = _one_run(model, prompt, new_tokens, label)  # warm-up; for the compiled variant, the compile
         first_s = time.perf_counter() - started
@@ -199,7 +203,7 @@ def decode_study(model: GPT, prompt: torch.Tensor, new_tokens: int, rounds: int 
             study.compile_s = first_s - again.prefill_s - sum(again.decode_s)
         study.tokens_equal[label] = bool(torch.equal(first.tokens, reference))
         study.peak_mb[label] = _peak_mb(model, lambda: _one_run(model, prompt, new_tokens, label), device,
-                                        VARIANTS[label][1])
+                                        pool_before)
         study.cache_bytes[label] = _cache_bytes(study, label)
         study.ttft_s[label], study.tpot_s[label], study.step_s[label], study.slot_shifts[label] = [], [], [], []
     labels = list(variants)
