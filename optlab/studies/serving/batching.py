@@ -207,10 +207,11 @@ class StreamStudy:
                 "so goodput here measures the machine more than the schedulers.")
 
 
-def stream_study(model: GPT, setup: Setup, text: torch.Tensor, seed: int = 0) -> StreamStudy:
-    """Both schedulers on a stream of ``setup.requests`` requests (prompts cut from ``text``) at the rates
-    ``setup.load`` of the capacity measured first, under ``setup.objective``; the capacity is measured again at the
-    start of every round, between the streams."""
+def stream_study(model: GPT, setup: Setup, text: "torch.Tensor | None", seed: int = 0,
+                 rates: "list[float] | None" = None) -> StreamStudy:
+    """Both schedulers on a stream of ``setup.requests`` requests (prompts cut from ``text``, random tokens without
+    it) at ``rates`` (requests/s), by default the shares ``setup.load`` of the capacity measured first, under
+    ``setup.objective``; the capacity is measured again at the start of every round, between the streams."""
     engine = GPTEngine(model, setup.slots, setup.max_len, compiled=setup.compiled)
     vocab = model.config.vocab_size
 
@@ -218,7 +219,7 @@ def stream_study(model: GPT, setup: Setup, text: torch.Tensor, seed: int = 0) ->
         return poisson_stream(rate, setup.requests, setup.prompt_lengths, setup.output_lengths, vocab, seed, text)
 
     most = capacity(engine, stream(1.0))
-    rates = [round(share * most, 1) for share in setup.load]
+    rates = list(rates) if rates else [round(share * most, 1) for share in setup.load]
     served = compare_schedulers(engine, {rate: stream(rate) for rate in rates}, setup.objective, setup.rounds,
                                 capacity_requests=stream(1.0))
     return StreamStudy(most, rates, setup.objective, served, stream(1.0))

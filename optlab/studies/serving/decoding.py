@@ -154,7 +154,8 @@ class DecodeStudy:
 
     def describe(self) -> str:
         return (f"batch {self.batch}, a {self.prompt_len}-token prompt, {self.new_tokens} new tokens, "
-                f"{self.rounds} paired rounds on {self.device}; speed-ups of the median decode step with the {INTERVAL}, "
+                f"{self.rounds} paired rounds on {self.device}; speed-ups of the median decode step with the "
+                f"{INTERVAL}, "
                 f"read once; TPOT is the mean decode step (vLLM's); "
                 f"peak bandwidth {self.peak.label()}")
 
