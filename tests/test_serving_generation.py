@@ -7,6 +7,7 @@ import torch
 
 from optlab.core.errors import OptlabError
 from optlab.core.gpt.transformer import GPT, GPTConfig
+from optlab.studies.serving import decoding
 from optlab.studies.serving import generation as g
 from optlab.studies.serving.generation import Generation
 
@@ -155,3 +156,19 @@ def test_tpot_is_the_mean_gap_as_vllm_defines_it():
     result = Generation(torch.zeros(1, 5, dtype=torch.long), 1, 0.5, [0.01, 0.01, 0.04, 0.02])
     assert result.tpot_s == pytest.approx(0.02) and result.median_step_s == pytest.approx(0.015)
     assert math.isnan(Generation(torch.zeros(1, 2, dtype=torch.long), 1, 0.5, []).tpot_s)
+
+
+@pytest.mark.cuda
+def test_the_compiled_variant_counts_only_its_own_graph_pool():
+    """A CUDA graph recorded before the study holds 64 MiB in a private pool of its own: the compiled variant's peak
+    is its pool's growth during the variant, so that other pool stays out of it."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=40, block_size=64, n_layer=2, n_head=2, n_embd=32)).cuda().eval()
+    other = torch.cuda.CUDAGraph()
+    source = torch.ones(2**24, device="cuda")  # 64 MiB of fp32
+    with torch.cuda.graph(other):
+        held = source * 2
+    prompt = torch.randint(0, 40, (1, 24), generator=torch.Generator().manual_seed(2)).cuda()
+    study = decoding.decode_study(model, prompt, 4, rounds=2, variants=("no cache", "static cache, compiled"))
+    assert held.numel() == 2**24 and study.tokens_equal["static cache, compiled"]
+    assert study.peak_mb["static cache, compiled"] < 32, study.peak_mb
