@@ -102,6 +102,19 @@ def test_load_row_and_reset_rows(model, prompt):
 
 
 @torch.no_grad()
+def test_a_loaded_row_longer_than_the_others_moves_longest(model, prompt):
+    """A row loaded into a cache whose rows are shorter raises ``longest``, the bound forward_cached checks: a stale
+    one would let a step write past the cache's end."""
+    single = g.StaticKVCache(model, 1, 8)
+    g.forward_cached(model, prompt[:1, :7], single)
+    batch = g.StaticKVCache(model, 2, 8)  # both rows empty: longest 0
+    batch.load_row(0, single)
+    assert batch.longest == 7
+    with pytest.raises(OptlabError, match="do not fit"):
+        g.forward_cached(model, prompt[:2, :2], batch)
+
+
+@torch.no_grad()
 def test_dynamic_cache_truncates_to_one_length(model, prompt):
     cache = g.DynamicKVCache(model, 3)
     g.forward_cached(model, prompt, cache)
