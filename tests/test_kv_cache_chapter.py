@@ -57,11 +57,38 @@ def test_bytes_a_decode_step_reads():
     assert bandwidth.mbu(weights, weights / 4.8e12 * 2, h200) == pytest.approx(0.5)
 
 
+def test_the_decode_study_counts_every_row_s_cache(model, prompt):
+    """At batch 3 a step reads three rows of keys and values, and the cache holds three: a formula that forgets the
+    batch agrees with this one only at batch 1."""
+    study = decoding.decode_study(model, prompt.expand(3, -1), 4, rounds=2, variants=("no cache", "static cache"))
+    row_bytes = 2 * 2 * 32 * 4  # keys and values x layers x width x fp32, per position
+    assert study.step_bytes("static cache") == bandwidth.weight_bytes(model) + 3 * (24 + 4 - 1) * row_bytes
+    assert study.table().loc["static cache", "KV cache MiB"] * 2**20 == 3 * (24 + 4 - 1) * row_bytes
+    assert bandwidth.step_bytes(model, 3, 10) == bandwidth.weight_bytes(model) + 3 * 10 * row_bytes
+
+
+def test_mbu_is_given_only_where_a_step_reads_memory(tmp_path):
+    h200, measured = bandwidth.datasheet_peak("NVIDIA H200"), bandwidth.Peak(1e11, "a copy", "measured")
+    assert "fit in the 32 MiB" in bandwidth.mbu_reason(8e5, 32 * 2**20, measured, cuda=False)
+    assert bandwidth.mbu_reason(40e6, 32 * 2**20, measured, cuda=False) is None
+    assert bandwidth.mbu_reason(248e6, 60 * 2**20, h200, cuda=True) is None
+    assert "datasheet" in bandwidth.mbu_reason(248e6, 60 * 2**20, measured, cuda=True)
+    assert "unknown" in bandwidth.mbu_reason(248e6, None, h200, cuda=True)
+    for index, (level, size) in enumerate([(1, "32K"), (2, "1024K"), (3, "32768K"), (2, "2M")]):
+        folder = tmp_path / f"index{index}"
+        folder.mkdir()
+        (folder / "level").write_text(f"{level}\n")
+        (folder / "size").write_text(f"{size}\n")
+    assert bandwidth.last_level_cache_bytes("cpu", tmp_path) == 32 * 2**20  # the highest level, not the largest
+    assert bandwidth.last_level_cache_bytes("cpu", tmp_path / "absent") is None
+
+
 def test_published_figures_are_consistent():
     table = published.all_figures()
     assert list(table.columns) == published.COLUMNS
-    for chapter in ("kv_cache", "quantization", "speculative"):
-        assert len(published.published_serving(chapter)) > 0
+    for chapter in published.CHAPTERS:  # every serving chapter sets published figures beside its own
+        rows = published.published_serving(chapter)
+        assert len(rows) > 0 and rows["url"].str.startswith("https://").all() and rows["gpu"].notna().all()
     rates = table[table["unit"] == "tokens/s"]
     for _, row in rates.dropna(subset=["baseline_setting"]).iterrows():
         base = rates[(rates["source"] == row["source"]) & (rates["model"] == row["model"])
@@ -82,7 +109,9 @@ def test_decode_study_table(model, prompt):
     assert table.loc["no cache", "verdict"] == "reference" and table["rounds"].eq(2).all()
     assert table.loc["no cache", "KV cache MiB"] == 0
     assert table.loc["static cache", "KV cache MiB"] * 2**20 == 2 * 2 * 32 * (24 + 5) * 4
-    assert (table["peak memory MiB"] > 0).all() and (table["MBU %"] > 0).all()
+    assert (table["peak memory MiB"] > 0).all()
+    # the small GPT's step fits in any CPU's last-level cache: no MBU figure, and the reason instead
+    assert table["MBU %"].isna().all() and all("fit in" in study.mbu_reason(v) for v in variants)
     assert study.step_bytes("static cache") > study.step_bytes("dynamic cache") > study.step_bytes("no cache")
     assert math.isnan(study.compile_s)
     assert set(study.speedups()["variant"]) == {"dynamic cache", "static cache"}
@@ -112,3 +141,4 @@ def test_the_chapter_sizes():
     gpu = decoding.decode_size("cuda")
     assert (gpu.size, gpu.dtype) == ("gpt2_small", torch.bfloat16)
     assert gpu.prompt_len + gpu.new_tokens <= GPT_SIZES["gpt2_small"].block_size
+

@@ -151,3 +151,33 @@ def test_decode_times_read_the_speed_up_the_right_way_round(gpt, monkeypatch):
     row = times.table().loc["twice as slow"]
     assert abs(row["speed-up"] - 0.5) < 0.02 and row["verdict"] == "slower", row
     assert abs(times.table().loc["fp32 weights", "tokens/s"] - 4 / 0.00101) < 50
+
+
+def test_decode_times_reuse_one_cache_per_variant(gpt, monkeypatch):
+    """Every timed run fills the variant's one static cache again, emptied first: a new cache each run would move
+    the storage, and on a GPU each run would record its CUDA graphs inside the timed steps."""
+    models, _ = q.variants(gpt)
+    pointers: dict[int, set] = {}
+    real = q.generation.generate
+
+    def generate(model, prompt, new_tokens, **options):
+        cache = options.get("reuse")
+        assert cache is not None and options["cache"] == "static", "a run without a reused static cache"
+        pointers.setdefault(id(model), set()).add(cache.data_pointers())
+        result = real(model, prompt, new_tokens, **options)
+        assert int(cache.lengths.max()) == prompt.size(1) + new_tokens - 1  # filled from empty, not appended to
+        return result
+
+    monkeypatch.setattr(q.generation, "generate", generate)
+    q.decode_times(models, batch=2, prompt_len=4, new_tokens=3, rounds=3)
+    assert len(pointers) == len(models) and all(len(seen) == 1 for seen in pointers.values())
+
+
+def test_generate_into_a_reused_cache_gives_the_same_tokens(gpt):
+    prompt = torch.randint(gpt.config.vocab_size, (2, 5), generator=torch.Generator().manual_seed(3))
+    cache = q.generation.StaticKVCache(gpt, 2, 12)
+    fresh = q.generation.generate(gpt, prompt, 6).tokens
+    for _ in range(2):  # the second run starts from a cache the first one filled
+        assert torch.equal(q.generation.generate(gpt, prompt, 6, reuse=cache).tokens, fresh)
+    with pytest.raises(OptlabError, match="reuse needs"):
+        q.generation.generate(gpt, prompt, 9, reuse=cache)

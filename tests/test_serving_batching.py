@@ -138,23 +138,54 @@ def test_latencies_of_one_request() -> None:
         rq.latency_frame([rq.Served(rq.Request(0, 0.0, (1,), 3))])
 
 
-def test_percentiles_and_counts() -> None:
-    values = np.arange(1, 101) / 1e3  # 1 .. 100 ms, shuffled
-    frame = pd.DataFrame({"ttft_s": np.random.default_rng(0).permutation(values), "e2e_s": values,
-                          "tpot_s": np.r_[values[:40], [np.nan] * 60]})
-    table = rq.percentile_table(frame).set_index("metric")
-    assert table.loc["TTFT", ["p50 ms", "p90 ms", "p99 ms"]].tolist() == pytest.approx([50.5, 90.1, 99.01])
-    assert table.loc["TPOT", "requests"] == 40 and table.loc["TPOT", "p50 ms"] == pytest.approx(20.5)
-    # 95 % order-statistic interval of the median of 100: the 40th and 61st values (tables give 40 and 61)
-    assert table.loc["E2E", ["median low ms", "median high ms"]].tolist() == pytest.approx([40.0, 61.0])
+def one_round(ttfts: list[float], gaps: list[list[float]]) -> list[rq.Served]:
+    """Requests arriving at 1 s intervals, each with its TTFT and the gaps between its later tokens."""
+    rounds = []
+    for index, (ttft, request_gaps) in enumerate(zip(ttfts, gaps)):
+        times = list(np.cumsum([index + ttft, *request_gaps]))
+        item = rq.Served(rq.Request(index, float(index), (1, 2), len(times)))
+        for time in times:
+            item.emit(1, time)
+        rounds.append(item)
+    return rounds
 
 
-def test_median_interval_covers_at_its_level() -> None:
+def test_percentiles_are_taken_over_each_round_s_requests_then_the_median_over_rounds() -> None:
+    quiet = [0.01 * (i + 1) for i in range(10)]  # 10 .. 100 ms
+    slow = quiet[:9] + [2.0]  # one request waited 2 s in this round
+    gaps = [[0.001, 0.003]] * 9 + [[0.002]]
+    rounds = [one_round(quiet, gaps), one_round(slow, gaps), one_round(slow, gaps)]
+    table = rq.round_percentiles(rounds).set_index("metric")
+    each = [1e3 * np.percentile(values, 99) for values in (quiet, slow, slow)]
+    assert table.loc["TTFT", "p99 ms"] == pytest.approx(np.median(each))  # 1,811 ms, not the quiet round's 99
+    assert table.loc["TTFT", ["p99 low", "p99 high"]].tolist() == pytest.approx([min(each), max(each)])
+    assert table.loc["TTFT", "pooled p99 ms"] == pytest.approx(1e3 * np.percentile(quiet + slow + slow, 99))
+    # ITL: every gap of every request pooled (19 gaps a round), not a request's mean
+    itl = [0.001, 0.003] * 9 + [0.002]
+    assert table.loc["ITL", "values"] == 19
+    assert table.loc["ITL", "p90 ms"] == pytest.approx(1e3 * np.percentile(itl, 90))
+    assert table.loc["TPOT", "p50 ms"] == pytest.approx(2.0)  # every request's mean gap is 2 ms
+    assert table.loc["E2E", "rounds"] == 3 and table.loc["TTFT", "values"] == 10
+    with pytest.raises(OptlabError, match="at least one round"):
+        rq.round_percentiles([])
+
+
+def test_the_rounds_range_covers_the_median_at_its_stated_rate() -> None:
+    assert rq.range_coverage(4) == pytest.approx(0.875) and rq.range_coverage(6) == pytest.approx(1 - 1 / 32)
     rng = np.random.default_rng(1)
-    for n in (6, 15, 60):
-        covered = [low <= 0 <= high for low, high in (rq.median_interval(rng.standard_normal(n)) for _ in range(2000))]
-        assert 0.93 <= np.mean(covered) <= 0.995, (n, np.mean(covered))  # at least 95 %, binomial noise of 2000 draws
-    assert all(math.isnan(end) for end in rq.median_interval([1.0, 2.0, 3.0, 4.0, 5.0]))
+    for rounds in (3, 4, 6):  # over many draws, not one: a rate within the binomial noise of 4000 draws
+        draws = rng.standard_normal((4000, rounds))
+        covered = np.mean((draws.min(axis=1) <= 0) & (0 <= draws.max(axis=1)))
+        assert abs(covered - rq.range_coverage(rounds)) < 0.025, (rounds, covered)
+
+
+def test_throughput_counts_from_the_first_arrival_of_a_stream_that_starts_late() -> None:
+    frame = rq.latency_frame([served(100.0, [100.1, 100.2, 100.3]), served(100.5, [100.9, 101.0]),
+                              served(101.0, [101.1, 101.2])])
+    result = rq.throughput(frame, rq.Objective(ttft_s=0.2, tpot_s=0.15))
+    assert result["span_s"] == pytest.approx(1.2)  # 100.0 to 101.2, not 0 to 101.2
+    assert result["tokens_per_s"] == pytest.approx(7 / 1.2) and result["requests_per_s"] == pytest.approx(3 / 1.2)
+    assert result["goodput_per_s"] == pytest.approx(2 / 1.2)  # the second request's TTFT (0.4 s) misses
 
 
 def test_throughput_and_goodput() -> None:
@@ -209,8 +240,9 @@ def test_compare_schedulers_tables(model: GPT) -> None:
                for rate in (100.0, 1e4)}
     study = scheduler.compare_schedulers(scheduler.GPTEngine(model, 4, 24), streams, rq.Objective(1.0, 1.0), rounds=2)
     latency = study.latency_table()
-    assert len(latency) == 2 * 2 * 3 and (latency.xs("E2E", level="metric")["requests"] == 10).all()
-    assert (study.throughput_table()["met_share"] == 1.0).all()
+    assert len(latency) == 2 * 2 * 4 and (latency.xs("E2E", level="metric")["values"] == 10).all()
+    assert (study.throughput_table()["met_share"] == 1.0).all() and study.met_share(100.0, "static") == 1.0
+    assert study.capacities == []
     verdicts = study.verdicts()
     assert list(verdicts.index) == [100.0, 1e4] and verdicts["verdict"].isin(
         ["faster", "slower", "same within 2 %", "can't tell yet"]).all()
@@ -243,7 +275,32 @@ def test_branch_point_finds_where_tokens_leave_the_reference(model: GPT) -> None
     assert scheduler.branch_point(model, prompt, reference[:-1], reference)[0] == 7  # a token short
 
 
-TINY_SETUP = batching.Setup("gpt_tiny", 1, torch.float32, False, (1, 2), 8, 2, 2, 2, 6, (3, 6), (2, 5), (0.5, 2.0), 2)
+TINY_SETUP = batching.Setup("gpt_tiny", 1, torch.float32, False, (1, 2), 8, 2, 2, 2, 6, (3, 6), (2, 5), (0.5, 2.0), 2,
+                            rq.Objective(1.0, 1.0))
+
+
+def test_capacity_is_measured_in_every_round_and_a_missed_objective_warns(model: GPT) -> None:
+    stream = rq.poisson_stream(5.0, 8, prompt_lengths=(3, 6), output_lengths=(2, 5), vocab_size=50)
+    waiting = rq.poisson_stream(1.0, 8, prompt_lengths=(3, 6), output_lengths=(2, 5), vocab_size=50)
+    strict = rq.Objective(ttft_s=0.015, tpot_s=1.0)  # a prefill alone takes the fixed timer's 10 ms
+    engine = HashEngine(2)
+    study = scheduler.compare_schedulers(engine, {5.0: stream, 50.0: stream}, strict, rounds=3, timer=fixed_cost,
+                                         capacity_requests=waiting)
+    assert len(study.capacities) == 3
+    # 8 requests waiting on 2 slots, each step 10 ms: capacity from the fixed clock, the same every round
+    at_once = [rq.Request(r.index, 0.0, r.prompt, r.output_len) for r in waiting]
+    expected = len(waiting) / scheduler.serve(at_once, engine, "continuous", fixed_cost).compute_s
+    assert study.capacities == pytest.approx([expected] * 3)
+    streams = batching.StreamStudy(expected, [5.0, 50.0], strict, study, stream)
+    met = {name: study.met_share(5.0, name) for name in scheduler.SCHEDULERS}
+    assert all(share < batching.MET_WARNING for share in met.values())
+    assert "fewer than 90 %" in streams.warning() and "5.0 requests/s" in streams.warning()
+    # one request a second meets the objective, all at once misses it: the warning reads the lowest rate only
+    spaced = [rq.Request(r.index, float(r.index), r.prompt, r.output_len) for r in waiting]
+    both = scheduler.compare_schedulers(engine, {1.0: spaced, 1000.0: at_once}, strict, rounds=2, timer=fixed_cost,
+                                        capacity_requests=waiting)
+    assert both.met_share(1.0, "continuous") == 1.0 and both.met_share(1000.0, "continuous") < 0.5
+    assert batching.StreamStudy(expected, [1.0, 1000.0], strict, both, spaced).warning() is None
 
 
 def test_run_reference_writes_the_chapter_tables(monkeypatch, tmp_path) -> None:
@@ -255,5 +312,22 @@ def test_run_reference_writes_the_chapter_tables(monkeypatch, tmp_path) -> None:
     assert sorted(path.name for path in paths) == [f"serving-{name}.csv" for name in
                                                    ("decode-sweep", "latency", "throughput", "verdicts")]
     latency = pd.read_csv(tmp_path / "serving-latency.csv")
-    assert len(latency) == 2 * 2 * 3 and set(latency["scheduler"]) == set(scheduler.SCHEDULERS)
-    assert (latency.query("metric == 'E2E'")["requests"] == 6).all()
+    assert len(latency) == 2 * 2 * 4 and set(latency["scheduler"]) == set(scheduler.SCHEDULERS)
+    assert (latency.query("metric == 'E2E'")["values"] == 6).all()
+
+
+def test_stored_summary_reads_the_reference_tables(monkeypatch, tmp_path) -> None:
+    assert batching.stored_summary(tmp_path) is None
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=65, block_size=16, n_layer=1, n_head=2, n_embd=16)).eval()
+    monkeypatch.setattr(batching, "setup_for", lambda device: TINY_SETUP)
+    monkeypatch.setattr(batching, "trained_gpt", lambda size, steps, device: model)
+    batching.run_reference(tmp_path / "H200", "cpu")
+    rows = batching.stored_summary(tmp_path).set_index("figure")
+    sweep = pd.read_csv(tmp_path / "H200" / "serving-decode-sweep.csv").set_index("batch")
+    latency = pd.read_csv(tmp_path / "H200" / "serving-latency.csv")
+    assert rows.loc["decode tokens/s, batch 2", "value"] == pytest.approx(sweep.loc[2, "tokens/s"])
+    lowest = latency.query("rate == rate.min() and scheduler == 'continuous' and metric == 'TTFT'")
+    assert rows.loc[f"TTFT p99, continuous batching at {lowest['rate'].iloc[0]:g} requests/s", "value"] == \
+        pytest.approx(lowest["p99 ms"].iloc[0])
+    assert set(rows["machine"]) == {"H200"} and len(rows) == 2 + 4

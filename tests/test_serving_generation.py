@@ -1,11 +1,15 @@
 """Generation with and without a KV cache: every variant gives the no-cache reference's tokens, the static cache keeps
 its storage, masking hides what lies beyond a row's length, and bad sizes get one-line errors."""
+import math
+
 import pytest
 import torch
 
 from optlab.core.errors import OptlabError
 from optlab.core.gpt.transformer import GPT, GPTConfig
+from optlab.studies.serving import decoding
 from optlab.studies.serving import generation as g
+from optlab.studies.serving.generation import Generation
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +102,19 @@ def test_load_row_and_reset_rows(model, prompt):
 
 
 @torch.no_grad()
+def test_a_loaded_row_longer_than_the_others_moves_longest(model, prompt):
+    """A row loaded into a cache whose rows are shorter raises ``longest``, the bound forward_cached checks: a stale
+    one would let a step write past the cache's end."""
+    single = g.StaticKVCache(model, 1, 8)
+    g.forward_cached(model, prompt[:1, :7], single)
+    batch = g.StaticKVCache(model, 2, 8)  # both rows empty: longest 0
+    batch.load_row(0, single)
+    assert batch.longest == 7
+    with pytest.raises(OptlabError, match="do not fit"):
+        g.forward_cached(model, prompt[:2, :2], batch)
+
+
+@torch.no_grad()
 def test_dynamic_cache_truncates_to_one_length(model, prompt):
     cache = g.DynamicKVCache(model, 3)
     g.forward_cached(model, prompt, cache)
@@ -146,3 +163,25 @@ def test_compiled_decoding_with_cuda_graphs_reproduces_the_reference(model, prom
     for _ in range(3):
         assert torch.equal(g.generate(gpu, tokens, 20, cache="static", compiled=True).tokens, reference)
     assert g.compiled_decode(tokens.device) is g.compiled_decode(tokens.device)
+
+
+def test_tpot_is_the_mean_gap_as_vllm_defines_it():
+    result = Generation(torch.zeros(1, 5, dtype=torch.long), 1, 0.5, [0.01, 0.01, 0.04, 0.02])
+    assert result.tpot_s == pytest.approx(0.02) and result.median_step_s == pytest.approx(0.015)
+    assert math.isnan(Generation(torch.zeros(1, 2, dtype=torch.long), 1, 0.5, []).tpot_s)
+
+
+@pytest.mark.cuda
+def test_the_compiled_variant_counts_only_its_own_graph_pool():
+    """A CUDA graph recorded before the study holds 64 MiB in a private pool of its own: the compiled variant's peak
+    is its pool's growth during the variant, so that other pool stays out of it."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=40, block_size=64, n_layer=2, n_head=2, n_embd=32)).cuda().eval()
+    other = torch.cuda.CUDAGraph()
+    source = torch.ones(2**24, device="cuda")  # 64 MiB of fp32
+    with torch.cuda.graph(other):
+        held = source * 2
+    prompt = torch.randint(0, 40, (1, 24), generator=torch.Generator().manual_seed(2)).cuda()
+    study = decoding.decode_study(model, prompt, 4, rounds=2, variants=("no cache", "static cache, compiled"))
+    assert held.numel() == 2**24 and study.tokens_equal["static cache, compiled"]
+    assert study.peak_mb["static cache, compiled"] < 32, study.peak_mb

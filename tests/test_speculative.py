@@ -1,6 +1,7 @@
 """Greedy speculative decoding: the output is the target's greedy decoding token for token whatever the drafter, the
 caches roll back to the kept text, and the acceptance rate is the count of kept drafted tokens over those drafted."""
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -102,6 +103,19 @@ def test_the_comparison_times_every_setting_against_greedy_and_checks_its_tokens
     # every setting sat before and after the baseline: the mirrored rounds
     assert all(sorted(shifts) == sorted(-s for s in shifts) for label, shifts in comparison.slot_shifts.items())
     assert len(comparison.speedups("tiny")) == 4
+    assert (table["compiled"] == "none").all() and comparison.caveat() is None
+
+
+def test_compiled_steps_against_eager_verification_are_labelled(target, prompt):
+    """With compiled steps the baseline runs through CUDA graphs and the verification does not: the table and the
+    caveat say so, rather than pass the comparison off as like for like."""
+    eager = sp.decode_comparison(target, perturbed(target, 0.5), prompt, 6, ks=(2,), rounds=2)
+    labelled = dataclasses.replace(eager, compiled=True)
+    table = labelled.table().set_index("variant")
+    assert table.loc[sp.BASELINE, "compiled"] == "every decode step"
+    assert table.loc["draft model, k=2", "compiled"] == "the draft's steps; verification eager"
+    assert table.loc["prompt lookup, k=2", "compiled"] == "none; verification eager"
+    assert "verifies each draft eagerly" in labelled.caveat()
 
 
 @pytest.mark.parametrize("call, message", [

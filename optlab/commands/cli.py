@@ -1,4 +1,4 @@
-"""The command line: ``python -m optlab list | run TECHNIQUE | reference | tune``."""
+"""The command line: ``python -m optlab list | run TECHNIQUE | reference | tune | serve STUDY``."""
 from __future__ import annotations
 
 import argparse
@@ -15,6 +15,7 @@ from ..core.errors import OptlabError
 from ..core.knobs.profiles import Profile
 from ..core.process.shutdown import ENDING_SIGNALS, Interrupted, signals_interrupt
 from ..core.measuring.timing import TIMES_BESIDE
+from . import serve
 
 if TYPE_CHECKING:
     from ..core.run.experiments import ExperimentResult
@@ -133,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "size, and at least 30 requests (default 2)")
     inference.add_argument("--request-batches", type=_whole_numbers, metavar="B1,B2,...",
                            help="the batch sizes whose request latency is timed (default 1)")
+    serve.add_parser(commands)
     return parser
 
 
@@ -317,7 +319,8 @@ def _stopped(stop: Interrupted, bar_shown: bool) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     commands = {"list": _list, "run": _interruptible(lambda: _run(args)),
-                "reference": _interruptible(lambda: _reference(args)), "tune": _interruptible(lambda: _tune(args))}
+                "reference": _interruptible(lambda: _reference(args)), "tune": _interruptible(lambda: _tune(args)),
+                "serve": _interruptible(lambda: serve.run(args))}
     try:
         commands[args.command]()
     except OptlabError as error:

@@ -5,11 +5,16 @@ else is large, so a step cannot take less than those bytes over the peak bandwid
 token. Memory-bandwidth utilisation (MBU, gpt-fast's measure) is the bytes a step reads times steps per second, over
 the peak. GPU peaks are NVIDIA's datasheet figures; a device missing from the table (every CPU) gets a measured
 ceiling instead: the median rate of a large tensor copy (bytes read plus bytes written), labelled as measured.
+
+MBU is a memory figure only where a step's bytes come from memory: when they fit in the device's last-level cache
+(the tiny GPT on a CPU) a step reads them from the cache, and "bytes over the peak" measures nothing. ``mbu_reason``
+says why no MBU is given there (and on a GPU without a datasheet peak).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 from torch.utils import benchmark
@@ -27,6 +32,7 @@ DATASHEET_TBS: tuple[tuple[tuple[str, ...], str, float], ...] = (
     (("A100",), "NVIDIA A100 40GB", 1.555),
     (("V100",), "NVIDIA V100", 0.9),
 )
+CPU_CACHES = Path("/sys/devices/system/cpu/cpu0/cache")
 COPY_MIB = 256  # the measured copy: large enough to leave every CPU cache
 MAX_COPY_MIB = 4096
 
@@ -84,9 +90,9 @@ def weight_bytes(model: GPT) -> int:
     return sum(p.numel() * p.element_size() for p in distinct)
 
 
-def kv_bytes(config: GPTConfig, batch: int, positions: int, element_size: int) -> int:
-    """Bytes of keys and values for ``batch`` rows of ``positions`` each: 2 x layers x width x positions x batch x
-    bytes (width = heads x head_dim)."""
+def kv_bytes(config: GPTConfig, batch: int, positions: float, element_size: int) -> float:
+    """Bytes of keys and values for ``batch`` rows of ``positions`` each (a mean may be fractional): 2 x layers x
+    width x positions x batch x bytes (width = heads x head_dim). The one formula the book uses."""
     return 2 * config.n_layer * config.n_embd * positions * batch * element_size
 
 
@@ -95,6 +101,42 @@ def step_bytes(model: GPT, batch: int, attended: int) -> int:
     (a static cache attends to all of its ``max_len`` slots, masked or not)."""
     element_size = model.token_embedding.weight.element_size()
     return weight_bytes(model) + kv_bytes(model.config, batch, attended, element_size)
+
+
+def _cpu_cache_bytes(folder: Path) -> int | None:
+    """The largest cache of the highest level listed under ``folder`` (sysfs), None where none is listed."""
+    levels = []
+    for index in sorted(folder.glob("index*")):
+        try:
+            level, size = int((index / "level").read_text()), (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        if size[-1:].upper() in units and size[:-1].isdigit():
+            levels.append((level, int(size[:-1]) * units[size[-1].upper()]))
+    return max(levels)[1] if levels else None
+
+
+def last_level_cache_bytes(device: "str | torch.device", folder: Path = CPU_CACHES) -> int | None:
+    """Bytes of ``device``'s last-level cache: a GPU's L2, a CPU's highest cache level (from sysfs); None when the
+    machine does not say."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).L2_cache_size) or None
+    return _cpu_cache_bytes(folder) if device.type == "cpu" else None
+
+
+def mbu_reason(bytes_per_step: float, cache_bytes: "int | None", peak: Peak, cuda: bool) -> str | None:
+    """None where MBU is a memory-bandwidth figure: a step's bytes exceed the last-level cache (``cache_bytes``)
+    and, on a GPU, the peak is the datasheet's. Otherwise the reason no MBU is given."""
+    if cache_bytes is None:
+        return "no MBU: the device's last-level cache size is unknown, so a step's bytes may not come from memory"
+    if bytes_per_step <= cache_bytes:
+        return (f"no MBU: a step's {bytes_per_step / 1e6:.3g} MB fit in the {cache_bytes / 2**20:.3g} MiB last-level "
+                "cache, so a step does not read them from memory")
+    if cuda and peak.source != "datasheet":
+        return "no MBU: no datasheet bandwidth is known for this GPU"
+    return None
 
 
 def bound_tokens_per_s(bytes_per_step: int, batch: int, peak: Peak) -> float:

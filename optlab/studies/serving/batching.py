@@ -27,13 +27,13 @@ from ...core.measuring.timing import StepTimer, speed_up
 from ...core.gpt.transformer import GPT
 from . import generation
 from .requests import Objective, Request, poisson_stream
-from .scheduler import GPTEngine, ServingStudy, capacity, compare_schedulers
+from .scheduler import SCHEDULERS, GPTEngine, ServingStudy, capacity, compare_schedulers
 from .trained import trained_gpt
 
 MAX_BATCH = 1024
 MAX_STEPS = 1000
 MAX_ROUNDS = 100
-OBJECTIVE_STEPS = (20, 2)  # goodput's objective: TTFT and TPOT within this many full-batch decode steps
+MET_WARNING = 0.9  # below this share of requests meeting the objective at the lowest rate, the page warns
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,7 @@ class Setup:
     output_lengths: tuple[int, int]
     load: tuple[float, ...]  # arrival rates as fractions of the measured capacity
     rounds: int  # paired rounds of the two schedulers at each rate
+    objective: Objective  # goodput's, in seconds: absolute, fixed before any stream, the same at every rate
 
     @property
     def max_len(self) -> int:
@@ -62,9 +63,9 @@ class Setup:
 
 SETUPS = {
     "cpu": Setup("gpt_tiny", 200, torch.float32, False, (1, 2, 4, 8, 16), 32, 16, 10, 8, 30, (8, 24), (2, 16),
-                 (0.3, 0.8, 1.5), 4),
+                 (0.3, 0.8, 1.5), 4, Objective(ttft_s=0.1, tpot_s=0.015)),
     "cuda": Setup("gpt2_small", 300, torch.bfloat16, True, (1, 2, 4, 8, 16, 32, 64), 128, 16, 10, 32, 120,
-                  (32, 256), (16, 96), (0.3, 0.8, 1.5), 6),
+                  (32, 256), (16, 96), (0.3, 0.8, 1.5), 6, Objective(ttft_s=0.2, tpot_s=0.02)),
 }
 
 
@@ -171,18 +172,46 @@ def decode_sweep(model: GPT, batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16), co
 
 @dataclass
 class StreamStudy:
-    """The served streams: the capacity that set the rates, the rates, the objective and both schedulers' runs."""
+    """The served streams: the capacity that set the rates (measured before them), the rates, the objective and both
+    schedulers' runs, with the capacity measured again in every round between the streams."""
 
-    capacity: float  # requests a second continuous batching serves with every request waiting
+    calibration: float  # requests a second continuous batching serves with every request waiting, before the streams
     rates: list[float]
     objective: Objective
     served: ServingStudy
     requests: list[Request]  # the stream's requests (the same at every rate)
 
+    @property
+    def capacity(self) -> float:
+        """The capacity measured between the streams: the median over the rounds."""
+        return float(np.median(self.served.capacities))
 
-def stream_study(model: GPT, setup: Setup, sweep: DecodeSweep, text: torch.Tensor, seed: int = 0) -> StreamStudy:
-    """Both schedulers on a stream of ``setup.requests`` requests (prompts cut from ``text``) at the rates
-    ``setup.load`` of the measured capacity, the objective ``OBJECTIVE_STEPS`` full-batch steps of ``sweep``."""
+    def describe(self) -> str:
+        """The objective, the rates and the capacities, in one line."""
+        low, high = min(self.served.capacities), max(self.served.capacities)
+        return (f"objective (fixed before the streams): TTFT <= {1e3 * self.objective.ttft_s:g} ms and TPOT <= "
+                f"{1e3 * self.objective.tpot_s:g} ms; rates {self.rates} requests/s, set from a capacity of "
+                f"{self.calibration:.1f} requests/s measured before the streams; measured between them, round by "
+                f"round: {self.capacity:.1f} (from {low:.1f} to {high:.1f})")
+
+    def warning(self) -> str | None:
+        """A warning when fewer than ``MET_WARNING`` of the requests met the objective at the lowest rate (the
+        objective, or the machine's load, then decides goodput more than the scheduler does); None otherwise."""
+        lowest = min(self.rates)
+        missed = {name: share for name in SCHEDULERS if (share := self.served.met_share(lowest, name)) < MET_WARNING}
+        if not missed:
+            return None
+        shares = ", ".join(f"{name} {100 * share:.0f} %" for name, share in missed.items())
+        return (f"Warning: at the lowest rate ({lowest} requests/s) fewer than {100 * MET_WARNING:.0f} % of the "
+                f"requests met the objective ({shares}): the machine is slower or busier than the objective assumes, "
+                "so goodput here measures the machine more than the schedulers.")
+
+
+def stream_study(model: GPT, setup: Setup, text: "torch.Tensor | None", seed: int = 0,
+                 rates: "list[float] | None" = None) -> StreamStudy:
+    """Both schedulers on a stream of ``setup.requests`` requests (prompts cut from ``text``, random tokens without
+    it) at ``rates`` (requests/s), by default the shares ``setup.load`` of the capacity measured first, under
+    ``setup.objective``; the capacity is measured again at the start of every round, between the streams."""
     engine = GPTEngine(model, setup.slots, setup.max_len, compiled=setup.compiled)
     vocab = model.config.vocab_size
 
@@ -190,11 +219,10 @@ def stream_study(model: GPT, setup: Setup, sweep: DecodeSweep, text: torch.Tenso
         return poisson_stream(rate, setup.requests, setup.prompt_lengths, setup.output_lengths, vocab, seed, text)
 
     most = capacity(engine, stream(1.0))
-    rates = [round(share * most, 1) for share in setup.load]
-    step = sweep.step_s(setup.slots)
-    objective = Objective(ttft_s=OBJECTIVE_STEPS[0] * step, tpot_s=OBJECTIVE_STEPS[1] * step)
-    served = compare_schedulers(engine, {rate: stream(rate) for rate in rates}, objective, setup.rounds)
-    return StreamStudy(most, rates, objective, served, stream(1.0))
+    rates = list(rates) if rates else [round(share * most, 1) for share in setup.load]
+    served = compare_schedulers(engine, {rate: stream(rate) for rate in rates}, setup.objective, setup.rounds,
+                                capacity_requests=stream(1.0))
+    return StreamStudy(most, rates, setup.objective, served, stream(1.0))
 
 
 def run_reference(out: "str | Path", device: str = "cuda") -> list[Path]:
@@ -206,7 +234,7 @@ def run_reference(out: "str | Path", device: str = "cuda") -> list[Path]:
     text = text_data.text_datasets(block_size=1, vocab_size=model.config.vocab_size)[1].tokens
     sweep = decode_sweep(model, (*setup.batch_sizes, setup.slots), setup.context, setup.sweep_steps,
                          setup.sweep_rounds, compiled=setup.compiled)
-    study = stream_study(model, setup, sweep, text)
+    study = stream_study(model, setup, text)
     tables = {"decode-sweep": sweep.table(), "latency": study.served.latency_table(),
               "throughput": study.served.throughput_table(), "verdicts": study.served.verdicts()}
     folder, paths = store.writable_dir(out), []
@@ -214,3 +242,28 @@ def run_reference(out: "str | Path", device: str = "cuda") -> list[Path]:
         paths.append(folder / f"serving-{name}.csv")
         store.atomic_write_text(paths[-1], table.reset_index().to_csv(index=False))
     return paths
+
+
+def stored_summary(reference_dir: "str | Path | None" = None) -> pd.DataFrame | None:
+    """The serving figures of every stored GPU run (``run_reference``'s tables), compact, one row per machine and
+    figure: decode tokens/s at batch 1 and at the sweep's largest batch, and continuous batching's TTFT and TPOT at
+    p50 and p99 at the lowest rate. Columns: machine, figure, value, unit. None when no run is stored."""
+    sweep = store.reference_tables("serving-decode-sweep", reference_dir)
+    latency = store.reference_tables("serving-latency", reference_dir)
+    if sweep is None and latency is None:
+        return None
+    rows = []
+    for machine, table in ([] if sweep is None else sweep.groupby("machine")):
+        for batch in sorted({int(table["batch"].min()), int(table["batch"].max())}):
+            value = float(table.loc[table["batch"] == batch, "tokens/s"].iloc[0])
+            rows.append({"machine": machine, "figure": f"decode tokens/s, batch {batch}", "value": value,
+                         "unit": "tokens/s"})
+    for machine, table in ([] if latency is None else latency.groupby("machine")):
+        lowest = table[(table["rate"] == table["rate"].min()) & (table["scheduler"] == "continuous")]
+        for metric in ("TTFT", "TPOT"):
+            for q in ("p50", "p99"):
+                value = lowest.loc[lowest["metric"] == metric, f"{q} ms"]
+                if len(value):
+                    rows.append({"machine": machine, "figure": f"{metric} {q}, continuous batching at "
+                                 f"{lowest['rate'].iloc[0]:g} requests/s", "value": float(value.iloc[0]), "unit": "ms"})
+    return pd.DataFrame(rows, columns=["machine", "figure", "value", "unit"])

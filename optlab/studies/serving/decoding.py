@@ -2,8 +2,9 @@
 static cache, timed in paired rounds, with TTFT, TPOT, memory, the bandwidth bound and MBU.
 
 Every round runs each variant once (a whole generation), in the book's rotating order (``sequential.visit_order``);
-a round's time for a variant is its median decode step (TPOT), so the speed-ups over no cache are per-token decode
-speed-ups with the book's interval and verdict, read once after the fixed rounds. The compiled variant is compiled
+each round keeps a variant's TPOT (vLLM's: the mean of its decode steps) and its median decode step. The speed-ups
+over no cache are of the median step (one slow step does not move it), with the book's interval and verdict, read
+once after the fixed rounds; tokens/s, the bound and MBU use the TPOT. The compiled variant is compiled
 before the rounds and its compile time reported apart. Every variant's tokens are checked against the no-cache
 greedy reference.
 """
@@ -23,7 +24,7 @@ from ...core.knobs.limits import check_count
 from ...core.measuring.memory import cpu_step_increase_mb, graph_pool_mb, phase_peak_mb, phase_start, resident_mb
 from ...core.stats.sequential import visit_order
 from ...core.measuring.timing import INTERVAL, speed_up
-from ...core.gpt.transformer import GPT
+from ...core.gpt.transformer import GPT, GPTConfig
 from . import bandwidth
 from .generation import (
     Generation, StaticKVCache, compiled_decode, forward_cached, generate, greedy_reference, make_cache,
@@ -83,10 +84,11 @@ class DecodeStudy:
     peak: bandwidth.Peak
     weight_bytes: int
     element_size: int
-    n_layer: int
-    n_embd: int
+    config: GPTConfig
+    llc_bytes: int | None  # the device's last-level cache
     ttft_s: dict[str, list[float]] = field(default_factory=dict)
-    tpot_s: dict[str, list[float]] = field(default_factory=dict)
+    tpot_s: dict[str, list[float]] = field(default_factory=dict)  # per round: the mean decode step (vLLM's TPOT)
+    step_s: dict[str, list[float]] = field(default_factory=dict)  # per round: the median decode step
     slot_shifts: dict[str, list[float]] = field(default_factory=dict)
     peak_mb: dict[str, float] = field(default_factory=dict)
     cache_bytes: dict[str, int] = field(default_factory=dict)
@@ -109,28 +111,35 @@ class DecodeStudy:
     def step_bytes(self, label: str) -> float:
         """Bytes a decode step reads: the weights and the cached keys and values it attends to (no cache: the
         weights alone, a lower bound, since it also recomputes the prefix)."""
-        kv = 2 * self.n_layer * self.n_embd * self.attended(label) * self.batch * self.element_size
-        return self.weight_bytes + kv
+        return self.weight_bytes + bandwidth.kv_bytes(self.config, self.batch, self.attended(label), self.element_size)
+
+    def mbu_reason(self, label: str) -> str | None:
+        """Why the variant gets no MBU figure (its step's bytes fit in the last-level cache, or no datasheet peak on
+        a GPU); None where MBU is given."""
+        return bandwidth.mbu_reason(self.step_bytes(label), self.llc_bytes, self.peak,
+                                    torch.device(self.device).type == "cuda")
 
     def table(self) -> pd.DataFrame:
-        """One row per variant: median TTFT and TPOT, tokens/s, the speed-up of decoding over no cache with its
-        interval and verdict, the cache's and the peak memory, bytes per step, the bandwidth bound and MBU."""
+        """One row per variant, medians over the rounds: TTFT, TPOT (vLLM's mean gap) and the median step, tokens/s,
+        the median step's speed-up over no cache with its interval and verdict, the cache's and the peak memory,
+        bytes per step, the bandwidth bound and MBU (NaN where ``mbu_reason`` says why)."""
         rows = []
         for label, tpots in self.tpot_s.items():
             tpot = float(np.median(tpots))
             step_bytes = self.step_bytes(label)
             row = {"variant": label, "TTFT ms": 1e3 * float(np.median(self.ttft_s[label])), "TPOT ms": 1e3 * tpot,
-                   "tokens/s": self.batch / tpot, "rounds": len(tpots)}
+                   "median step ms": 1e3 * float(np.median(self.step_s[label])), "tokens/s": self.batch / tpot,
+                   "rounds": len(tpots)}
             if label == BASELINE:
                 row |= {"decode speed-up": 1.0, "low": math.nan, "high": math.nan, "verdict": "reference"}
             else:
-                result = speed_up(self.tpot_s[BASELINE], tpots, self.slot_shifts[label])
+                result = speed_up(self.step_s[BASELINE], self.step_s[label], self.slot_shifts[label])
                 row |= {"decode speed-up": result.ratio, "low": result.low, "high": result.high,
                         "verdict": result.verdict}
             row |= {"KV cache MiB": self.cache_bytes[label] / 2**20, "peak memory MiB": self.peak_mb[label],
                     "MB read per step": step_bytes / 1e6,
                     "bound tokens/s": bandwidth.bound_tokens_per_s(step_bytes, self.batch, self.peak),
-                    "MBU %": 100 * bandwidth.mbu(step_bytes, tpot, self.peak),
+                    "MBU %": math.nan if self.mbu_reason(label) else 100 * bandwidth.mbu(step_bytes, tpot, self.peak),
                     "tokens = reference": self.tokens_equal[label]}
             rows.append(row)
         return pd.DataFrame(rows).set_index("variant")
@@ -145,18 +154,23 @@ class DecodeStudy:
 
     def describe(self) -> str:
         return (f"batch {self.batch}, a {self.prompt_len}-token prompt, {self.new_tokens} new tokens, "
-                f"{self.rounds} paired rounds on {self.device}; speed-ups with the {INTERVAL}, read once; "
+                f"{self.rounds} paired rounds on {self.device}; speed-ups of the median decode step with the "
+                f"{INTERVAL}, "
+                f"read once; TPOT is the mean decode step (vLLM's); "
                 f"peak bandwidth {self.peak.label()}")
 
 
-def _peak_mb(model: GPT, run: Callable[[], object], device: torch.device, compiled: bool) -> float:
-    """MiB the model holds plus the most one generation allocated above its start (and, compiled on a GPU, the
-    CUDA graphs' private pool, which a replay uses without allocating)."""
+def _peak_mb(model: GPT, run: Callable[[], object], device: torch.device, pool_before: "float | None") -> float:
+    """MiB the model holds plus the most one generation allocated above its start (and, compiled on a GPU, what
+    the variant's CUDA graphs added to the private pools since ``pool_before`` MiB, measured before the variant's
+    first run: a replay uses that memory without allocating, and other variants' or earlier runs' pools are not
+    this variant's)."""
     resident = resident_mb([model], device)
     if device.type == "cuda":
         start = phase_start(device)
         run()
-        return phase_peak_mb(device, start, resident) + (graph_pool_mb(device) if compiled else 0.0)
+        added = graph_pool_mb(device) - pool_before if pool_before is not None else 0.0
+        return phase_peak_mb(device, start, resident) + added
     return resident + cpu_step_increase_mb(run)
 
 
@@ -178,9 +192,10 @@ def decode_study(model: GPT, prompt: torch.Tensor, new_tokens: int, rounds: int 
     device = weight.device
     study = DecodeStudy(str(device), prompt.size(0), prompt.size(1), new_tokens,
                         bandwidth.peak_bandwidth(str(device)), bandwidth.weight_bytes(model), weight.element_size(),
-                        model.config.n_layer, model.config.n_embd)
+                        model.config, bandwidth.last_level_cache_bytes(device))
     reference = greedy_reference(model, prompt, new_tokens)
     for label in variants:
+        pool_before = graph_pool_mb(device) if VARIANTS[label][1] else None
         started = time.perf_counter()
         first = _one_run(model, prompt, new_tokens, label)  # warm-up; for the compiled variant, the compile
         first_s = time.perf_counter() - started
@@ -189,9 +204,9 @@ def decode_study(model: GPT, prompt: torch.Tensor, new_tokens: int, rounds: int 
             study.compile_s = first_s - again.prefill_s - sum(again.decode_s)
         study.tokens_equal[label] = bool(torch.equal(first.tokens, reference))
         study.peak_mb[label] = _peak_mb(model, lambda: _one_run(model, prompt, new_tokens, label), device,
-                                        VARIANTS[label][1])
+                                        pool_before)
         study.cache_bytes[label] = _cache_bytes(study, label)
-        study.ttft_s[label], study.tpot_s[label], study.slot_shifts[label] = [], [], []
+        study.ttft_s[label], study.tpot_s[label], study.step_s[label], study.slot_shifts[label] = [], [], [], []
     labels = list(variants)
     for index in range(rounds):
         order = visit_order(labels, index)
@@ -199,6 +214,7 @@ def decode_study(model: GPT, prompt: torch.Tensor, new_tokens: int, rounds: int 
             result = _one_run(model, prompt, new_tokens, label)
             study.ttft_s[label].append(result.ttft_s)
             study.tpot_s[label].append(result.tpot_s)
+            study.step_s[label].append(result.median_step_s)
             study.slot_shifts[label].append(float(order.index(label) - order.index(BASELINE)))
     return study
 
@@ -210,7 +226,7 @@ def _cache_bytes(study: DecodeStudy, label: str) -> int:
     if cache == "none":
         return 0
     positions = study.prompt_len + study.new_tokens - 1
-    return 2 * study.n_layer * study.n_embd * positions * study.batch * study.element_size
+    return int(bandwidth.kv_bytes(study.config, study.batch, positions, study.element_size))
 
 
 def tokens_match(model: GPT, prompt: torch.Tensor, new_tokens: int,

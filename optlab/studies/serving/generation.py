@@ -211,7 +211,13 @@ class Generation:
 
     @property
     def tpot_s(self) -> float:
-        """Time per output token after the first: the median decode step (NaN with one new token)."""
+        """Time per output token after the first, as vLLM defines it: the mean of the gaps between the request's
+        tokens (its decode steps), NaN with one new token."""
+        return float(np.mean(self.decode_s)) if self.decode_s else math.nan
+
+    @property
+    def median_step_s(self) -> float:
+        """The median decode step (NaN with one new token): robust to a slow step, and not the TPOT."""
         return float(np.median(self.decode_s)) if self.decode_s else math.nan
 
     @property
@@ -279,20 +285,29 @@ def make_cache(model: GPT, kind: str, batch: int, max_len: int) -> "StaticKVCach
 
 @torch.no_grad()
 def generate(model: GPT, prompt: torch.Tensor, new_tokens: int, cache: str = "static", temperature: float = 0.0,
-             top_k: "int | None" = None, seed: "int | None" = None, compiled: bool = False) -> Generation:
+             top_k: "int | None" = None, seed: "int | None" = None, compiled: bool = False,
+             reuse: "StaticKVCache | None" = None) -> Generation:
     """``new_tokens`` tokens after ``prompt`` ``[B, T0]``, prefill and each decode step timed apart (the book's
     timer: CUDA events on a GPU). Greedy when ``temperature`` is 0, else sampled with a generator seeded by
-    ``seed``. ``cache`` is one of ``CACHES``; ``compiled`` compiles the decode step and needs the static cache."""
+    ``seed``. ``cache`` is one of ``CACHES``; ``compiled`` compiles the decode step and needs the static cache.
+    ``reuse`` is a static cache of the prompt's batch to empty and fill instead of a new one: its storage stays where
+    it was, so CUDA graphs recorded on it replay instead of recording again."""
     _check_generate(model, prompt, new_tokens, cache, temperature, top_k)
     if compiled and cache != "static":
         raise OptlabError(f"compiled decoding needs fixed shapes: use cache='static', got cache={cache!r}")
+    if reuse is not None and (cache != "static" or reuse.batch != prompt.size(0)
+                              or reuse.max_len < prompt.size(1) + new_tokens - 1):
+        raise OptlabError(f"reuse needs cache='static' and a StaticKVCache of the prompt's batch {prompt.size(0)} "
+                          f"holding at least {prompt.size(1) + new_tokens - 1} positions")
     _, device = _model_dtype_device(model)
     prompt = prompt.to(device)
     generator = None
     if temperature > 0:
         generator = torch.Generator(device=device)
         generator.manual_seed(0 if seed is None else seed)
-    store = make_cache(model, cache, prompt.size(0), prompt.size(1) + new_tokens - 1)
+    if reuse is not None:
+        reuse.reset_rows(list(range(reuse.batch)))
+    store = reuse if reuse is not None else make_cache(model, cache, prompt.size(0), prompt.size(1) + new_tokens - 1)
     step = compiled_decode(device) if compiled else _decode_logits
     timer = StepTimer(device)
     timer.start()

@@ -361,7 +361,7 @@ class DecodeTimes:
     baseline: str
     step_s: dict[str, list[float]]  # per variant: each round's mean decode step (one token for every row)
     shifts: dict[str, list[int]]  # per variant: how many slots after the baseline it ran in each round
-    peak_mib: dict[str, float]  # per variant: resident weights plus the peak increase of one generation
+    peak_mib: dict[str, float]  # per variant: resident weights and KV cache plus the peak increase of one generation
 
     def table(self) -> pd.DataFrame:
         """Tokens a second (every row's), the median step, the speed-up over the baseline with its interval and
@@ -388,8 +388,9 @@ class DecodeTimes:
                              "versus": self.baseline}).reset_index(drop=True)
 
 
-def _generation(model: nn.Module, prompt: torch.Tensor, new_tokens: int, compiled: bool) -> generation.Generation:
-    return generation.generate(model, prompt, new_tokens, cache="static", compiled=compiled)
+def _generation(model: nn.Module, prompt: torch.Tensor, new_tokens: int, compiled: bool,
+                cache: generation.StaticKVCache) -> generation.Generation:
+    return generation.generate(model, prompt, new_tokens, cache="static", compiled=compiled, reuse=cache)
 
 
 def _peak_mib(model: nn.Module, run: Callable[[], object], device: torch.device) -> float:
@@ -408,8 +409,10 @@ def decode_times(models: dict[str, nn.Module], batch: int, prompt_len: int = 8, 
                  rounds: int = 6, seed: int = 0) -> DecodeTimes:
     """Greedy generation with the static KV cache (compiled, CUDA graphs, on a GPU) from the same random prompt of
     ``batch`` rows by every variant, in ``rounds`` paired rounds (``optlab.core.stats.sequential.visit_order``) after an
-    untimed one that also measures peak memory; each round keeps a variant's mean decode step. The first model is
-    the baseline."""
+    untimed one that also measures peak memory; each round keeps a variant's mean decode step. Each variant fills
+    one static cache, emptied before every run (``generate(reuse=...)``): its storage never moves, so on a GPU the
+    CUDA graphs are recorded in the untimed run and only replayed in the timed ones. The first model is the
+    baseline."""
     batch = check_count("batch", batch, 1, MAX_BATCH, "a decode batch")
     rounds = check_count("rounds", rounds, 2, MAX_ROUNDS, "paired rounds; an interval needs at least two")
     prompt_len = check_count("prompt_len", prompt_len, 1, MAX_PROMPT, "prompt tokens")
@@ -420,14 +423,17 @@ def decode_times(models: dict[str, nn.Module], batch: int, prompt_len: int = 8, 
     generator = torch.Generator().manual_seed(seed)
     prompt = torch.randint(first.config.vocab_size, (batch, prompt_len), generator=generator).to(device)
     compiled, labels = device.type == "cuda", list(models)
-    peaks = {label: _peak_mib(models[label], lambda m=models[label]: _generation(m, prompt, new_tokens, compiled),
-                              device) for label in labels}
+    caches = {label: generation.StaticKVCache(models[label], batch, prompt_len + new_tokens - 1) for label in labels}
+    peaks = {label: _peak_mib(models[label], lambda m=models[label], c=caches[label]:
+                              _generation(m, prompt, new_tokens, compiled, c), device)
+             + caches[label].nbytes / 2**20 for label in labels}  # the cache, allocated before the run
     step_s: dict[str, list[float]] = {label: [] for label in labels}
     shifts: dict[str, list[int]] = {label: [] for label in labels}
     for round_index in range(rounds):
         order = visit_order(labels, round_index)
         for label in order:
-            step_s[label].append(float(np.mean(_generation(models[label], prompt, new_tokens, compiled).decode_s)))
+            run = _generation(models[label], prompt, new_tokens, compiled, caches[label])
+            step_s[label].append(float(np.mean(run.decode_s)))
             shifts[label].append(order.index(label) - order.index(labels[0]))
     return DecodeTimes(batch, labels[0], step_s, shifts, peaks)
 

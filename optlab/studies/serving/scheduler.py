@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -38,7 +38,7 @@ from ...core.stats.sequential import visit_order
 from ...core.measuring.timing import StepTimer, speed_up
 from ...core.gpt.transformer import GPT
 from . import generation
-from .requests import Objective, Request, Served, latency_frame, percentile_table, throughput
+from .requests import Objective, Request, Served, latency_frame, round_percentiles, throughput
 
 SCHEDULERS = ("static", "continuous")
 MAX_ROUNDS = 100
@@ -243,25 +243,31 @@ def capacity(engine: Engine, requests: list[Request],
 
 @dataclass
 class ServingStudy:
-    """Both schedulers serving the same stream at each rate, in paired rounds (the same requests every round)."""
+    """Both schedulers serving the same stream at each rate, in paired rounds (the same requests every round), and
+    the capacity measured in each round between the streams."""
 
     rates: list[float]
     runs: dict[tuple[float, str], list[ServeRun]]  # per (rate, scheduler): one run per round
     slot_shifts: dict[float, list[int]]  # per rate: continuous's slot minus static's in each round
     objective: Objective
     cache_bytes: int
+    capacities: list[float] = field(default_factory=list)  # requests/s, one per round, measured between the streams
 
-    def latencies(self, rate: float, scheduler: str) -> pd.DataFrame:
-        """One row per request: each latency its median over the rounds (the requests are the same every round)."""
-        frames = [latency_frame(run.served) for run in self.runs[(rate, scheduler)]]
-        return pd.concat(frames).groupby("request", as_index=False).median()
+    def round_latencies(self, rate: float, scheduler: str) -> list[pd.DataFrame]:
+        """Each round's requests, one row per request (``latency_frame``)."""
+        return [latency_frame(run.served) for run in self.runs[(rate, scheduler)]]
 
     def latency_table(self) -> pd.DataFrame:
-        """TTFT, TPOT and end-to-end latency at p50/p90/p99, with the requests each rests on and the median's
-        interval, for every rate and scheduler."""
-        parts = [percentile_table(self.latencies(rate, name)).assign(rate=rate, scheduler=name)
+        """TTFT, TPOT, end-to-end latency and ITL at p50/p90/p99 for every rate and scheduler: each percentile over
+        each round's requests, its median over the rounds with the rounds' range, and the pooled percentile over all
+        rounds' requests (``requests.round_percentiles``)."""
+        parts = [round_percentiles([run.served for run in self.runs[(rate, name)]]).assign(rate=rate, scheduler=name)
                  for rate in self.rates for name in SCHEDULERS]
         return pd.concat(parts).set_index(["rate", "scheduler", "metric"])
+
+    def met_share(self, rate: float, scheduler: str) -> float:
+        """The share of requests that met the objective at ``rate``, over all its rounds."""
+        return float(pd.concat([self.objective.met(frame) for frame in self.round_latencies(rate, scheduler)]).mean())
 
     def throughput_table(self) -> pd.DataFrame:
         """Per rate and scheduler, medians over the rounds: output tokens a second, requests a second, goodput under
@@ -292,9 +298,12 @@ class ServingStudy:
 
 
 def compare_schedulers(engine: Engine, streams: dict[float, list[Request]], objective: Objective, rounds: int = 4,
-                       timer: "Callable[[Callable[[], Any]], tuple[Any, float]] | None" = None) -> ServingStudy:
-    """Serve each rate's stream by both schedulers in ``rounds`` rounds, the two in the book's mirrored visiting
-    order, after a warm-up run of each on the first stream's first ``WARMUP_REQUESTS`` requests (not kept)."""
+                       timer: "Callable[[Callable[[], Any]], tuple[Any, float]] | None" = None,
+                       capacity_requests: "list[Request] | None" = None) -> ServingStudy:
+    """Serve each rate's stream by both schedulers in ``rounds`` rounds, after a warm-up run of each on the first
+    stream's first ``WARMUP_REQUESTS`` requests (not kept). Each round visits every rate, the two schedulers in the
+    book's mirrored order, and (with ``capacity_requests``) first measures the capacity on them, so that the capacity
+    and the streams share the machine's moments. ``objective`` is fixed before the first stream."""
     rounds = check_count("rounds", rounds, 2, MAX_ROUNDS, "an interval needs two rounds; a dozen are plenty")
     if not streams:
         raise OptlabError("compare_schedulers needs at least one rate's stream")
@@ -304,14 +313,17 @@ def compare_schedulers(engine: Engine, streams: dict[float, list[Request]], obje
         serve(first, engine, name, timer)
     runs: dict[tuple[float, str], list[ServeRun]] = {(rate, name): [] for rate in streams for name in SCHEDULERS}
     shifts: dict[float, list[int]] = {rate: [] for rate in streams}
-    for rate, stream in streams.items():
-        for round_index in range(rounds):
-            order = visit_order(list(SCHEDULERS), round_index)
+    capacities: list[float] = []
+    for round_index in range(rounds):
+        if capacity_requests:
+            capacities.append(capacity(engine, capacity_requests, timer))
+        order = visit_order(list(SCHEDULERS), round_index)
+        for rate, stream in streams.items():
             for name in order:
                 runs[(rate, name)].append(serve(stream, engine, name, timer))
             shifts[rate].append(order.index("continuous") - order.index("static"))
     cache_bytes = getattr(engine, "cache_bytes", 0)
-    return ServingStudy(list(streams), runs, shifts, objective, cache_bytes)
+    return ServingStudy(list(streams), runs, shifts, objective, cache_bytes, capacities)
 
 
 # Rounding makes a batched step's logits differ a little from a request's alone (the matmuls sum in another order);

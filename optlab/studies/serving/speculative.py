@@ -281,11 +281,30 @@ class DecodeComparison:
     settings: dict[str, dict]  # label -> drafter, k, extra bytes
     runs: dict[str, Speculation]  # the last run of each setting
     identical: dict[str, bool]
+    compiled: bool = False  # the one-token decode steps (the baseline's, the draft's) ran compiled
+
+    def compiled_steps(self, label: str) -> str:
+        """What ran compiled in the setting: the one-token steps only; the target's verification is always eager."""
+        if not self.compiled:
+            return "none"
+        if label == BASELINE:
+            return "every decode step"
+        drafter = self.settings[label]["drafter"]
+        return ("the draft's steps" if drafter == "draft model" else "none") + "; verification eager"
+
+    def caveat(self) -> str | None:
+        """Where the comparison leans: with compiled steps, the baseline decodes entirely through CUDA graphs while
+        the target verifies the drafts eagerly, so launch-bound verification pulls the speed-ups down."""
+        if not self.compiled:
+            return None
+        return ("Compiled against eager: greedy decoding runs every step compiled (CUDA graphs on a GPU), while "
+                "speculative decoding verifies each draft eagerly (one eager call of k + 1 tokens a round), so where a "
+                "step is bound by launching kernels the speed-ups here are lower than compiled verification gives.")
 
     def table(self) -> pd.DataFrame:
         """One row per setting: drafter, k, acceptance rate, tokens per target call, decode tokens/s (median round),
-        the speed-up over greedy decoding with its interval and verdict, identical tokens, and the drafter's memory
-        (its weights and cache)."""
+        the speed-up over greedy decoding with its interval and verdict, identical tokens, the drafter's memory
+        (its weights and cache) and what ran compiled (``compiled_steps``)."""
         baseline = self.times_s[BASELINE]
         rows = []
         for label, times in self.times_s.items():
@@ -295,7 +314,7 @@ class DecodeComparison:
                    "tokens per target call": run.tokens_per_round if run else 1.0,
                    "decode tokens/s": (self.new_tokens - 1) / float(np.median(times)),
                    "identical to greedy": self.identical[label], "drafter MiB": setting["bytes"] / 2**20,
-                   "rounds": len(times)}
+                   "compiled": self.compiled_steps(label), "rounds": len(times)}
             if label == BASELINE:
                 rows.append(row | {"speedup": 1.0, "ci_low": 1.0, "ci_high": 1.0, "verdict": "baseline"})
                 continue
@@ -361,4 +380,4 @@ def decode_comparison(target: GPT, draft: "GPT | None", prompt: torch.Tensor, ne
             if index >= 0:
                 times[label].append(seconds)
                 shifts[label].append(order.index(label) - order.index(BASELINE))
-    return DecodeComparison(new_tokens, times, shifts, settings, runs, identical)
+    return DecodeComparison(new_tokens, times, shifts, settings, runs, identical, compiled)
