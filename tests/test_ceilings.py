@@ -95,3 +95,13 @@ def test_a_real_measurement_on_this_cpu(tmp_path, capsys):
     assert table is not None and set(table["ceiling"]) == {"matmul", "copy", "read", "launch"}
     assert (table["value"] > 0).all() and (table["ci_low"] <= table["value"]).all()
     assert (table["value"] <= table["ci_high"]).all() and table[["value", "ci_low", "ci_high"]].map(math.isfinite).all().all()
+
+
+def test_published_ceilings_are_linked_and_below_their_datasheet():
+    table = ceilings.published()
+    assert table["url"].str.startswith("https://github.com/stas00/ml-engineering/").all()
+    assert {"NVIDIA A100 SXM", "NVIDIA H100 SXM", "NVIDIA H200 SXM"} <= set(table["accelerator"])
+    assert (table["% of datasheet"] < 100).all() and (table["% of datasheet"] > 40).all()
+    h100 = table.set_index(["accelerator", "dtype"]).loc[("NVIDIA H100 SXM", "bf16")]
+    assert h100["% of datasheet"] == pytest.approx(80.3, abs=0.05)  # the table's own efficiency column
+    assert all(len(shape.split("x")) == 3 for shape in table["best_shape"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -39,7 +40,9 @@ MAX_MIN_RUN_TIME_S = 5.0
 GRAPH_OPS = 64  # tiny additions captured in the CUDA graph whose replay is timed
 NAMES = ("matmul", "copy", "read", "launch")
 UNITS = {"matmul": "TFLOP/s", "copy": "GB/s", "read": "GB/s", "launch": "µs"}
-RECORD = "ceilings"  # results/live/ceilings.json
+RECORD = "ceilings"  # results/live/ceilings.csv
+PUBLISHED = "published_ceilings.csv"  # under optlab/resources: others' MAMF, with its source
+PUBLISHED_COLUMNS = ["accelerator", "dtype", "mamf_tflops", "datasheet_tflops", "best_shape", "torch", "source", "url"]
 Timer = Callable[[str, dict], Sequence[float]]  # a statement and its globals -> seconds per run, one per timed block
 
 
@@ -212,3 +215,14 @@ def describe(table: pd.DataFrame) -> str:
         lines.append(f"  {what:<12} {row.value:10.4g} {row.unit:<8} [{row.ci_low:.4g}, {row.ci_high:.4g}]  "
                      f"({'best shape ' if row.ceiling == 'matmul' else ''}{row.detail})")
     return "\n".join(lines)
+
+
+def published() -> pd.DataFrame:
+    """Others' measured MAMF (A100, H100, H200 from stas00's ml-engineering), each with the datasheet peak, the share
+    of it reached, the shape, the torch version and a link to its source."""
+    with resources.files("optlab.resources").joinpath(PUBLISHED).open() as handle:
+        table = pd.read_csv(handle)
+    missing = [column for column in PUBLISHED_COLUMNS if column not in table]
+    if missing:
+        raise OptlabError(f"{PUBLISHED}: missing columns {missing}; a published ceiling has {PUBLISHED_COLUMNS}")
+    return table.assign(**{"% of datasheet": 100 * table["mamf_tflops"] / table["datasheet_tflops"]})
