@@ -13,8 +13,9 @@
 Three lower bounds on a step's time follow: FLOPs over the measured matmul ceiling of its precision (compute),
 bytes over the measured bandwidth (memory), and operations times the measured launch overhead (launch). A step whose
 launches alone fill at least ``LAUNCH_SHARE`` of its time is launch-bound (its time is close to its operation count
-times the launch overhead); any other is bound by the larger of compute and memory. The bound's share of the measured
-step time is the fraction of that ceiling the step reached.
+times the launch overhead); any other is bound by the largest of the three. The bound's share of the measured step
+time is the fraction of that ceiling the step reached. A share above 100 % means the ceiling was measured at
+another moment than the step, under other load (a shared machine): the figure then says so rather than a bound.
 """
 from __future__ import annotations
 
@@ -142,11 +143,12 @@ def bound_times(cost: StepCost, roofs: Roofs) -> dict[str, float]:
 
 
 def bound_of(times: dict[str, float], step_s: float) -> str:
-    """``launch`` where the launches fill at least ``LAUNCH_SHARE`` of ``step_s``, else the larger of ``compute`` and
-    ``memory`` (memory alone where no compute roof was measured)."""
+    """``launch`` where the launches fill at least ``LAUNCH_SHARE`` of ``step_s``, else the largest of the three
+    (a bound without a measured roof, NaN, is never the largest)."""
     if times["launch"] >= LAUNCH_SHARE * step_s:
         return "launch"
-    return "compute" if times["compute"] >= times["memory"] else "memory"  # NaN compares False: memory
+    known = {name: t for name, t in times.items() if t == t}
+    return max(known, key=known.get)
 
 
 def limit_row(cost: StepCost, step_s: float, roofs: Roofs, gpu_name: str = "") -> dict:
@@ -163,6 +165,8 @@ def limit_row(cost: StepCost, step_s: float, roofs: Roofs, gpu_name: str = "") -
         "GB/s (byte model)": cost.bytes / step_s / 1e9, "MBU % of measured": 100 * times["memory"] / step_s,
         "operators": cost.ops, "operators x launch ms": 1e3 * times["launch"],
         "bound": bound, "% of that ceiling": 100 * times[bound] / step_s,
+        "note": "; ".join(f"{name} above its measured ceiling: measured under other load" for name, t in times.items()
+                          if t > step_s),
         "FLOP/byte": cost.intensity,
     }
 
