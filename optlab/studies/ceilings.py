@@ -42,7 +42,8 @@ NAMES = ("matmul", "copy", "read", "launch")
 UNITS = {"matmul": "TFLOP/s", "copy": "GB/s", "read": "GB/s", "launch": "µs"}
 RECORD = "ceilings"  # results/live/ceilings.csv
 PUBLISHED = "published_ceilings.csv"  # under optlab/resources: others' MAMF, with its source
-PUBLISHED_COLUMNS = ["accelerator", "dtype", "mamf_tflops", "datasheet_tflops", "best_shape", "torch", "source", "url"]
+PUBLISHED_COLUMNS = ["accelerator", "dtype", "mamf_tflops", "datasheet_tflops", "best_shape", "torch", "source",
+                     "url"]
 Timer = Callable[[str, dict], Sequence[float]]  # a statement and its globals -> seconds per run, one per timed block
 
 
