@@ -71,11 +71,11 @@ def matrix_frame(tidy: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
                        column=ours["model"] if len(sources) == 1 else ours["source"] + ": " + ours["model"])
     seeds = [seed.get((t, v, m), float("nan")) for t, v, m in zip(ours["technique"], ours["variant"], ours["model"])]
     ours = ours.assign(text=[_cell(s, z) for s, z in zip(ours["speedup"], seeds)])
-    order = list(dict.fromkeys(ours["row"]))
-    texts = ours.pivot(index="row", columns="column", values="text").reindex(order).fillna("")
-    verdicts = ours.pivot(index="row", columns="column", values="verdict").reindex(order)
+    order, columns = list(dict.fromkeys(ours["row"])), list(dict.fromkeys(ours["column"]))  # as the records come
+    texts = ours.pivot(index="row", columns="column", values="text").reindex(index=order, columns=columns).fillna("")
+    verdicts = ours.pivot(index="row", columns="column", values="verdict").reindex(index=order, columns=columns)
     texts.index.name = verdicts.index.name = "technique: variant"
-    return texts, verdicts.reindex(columns=texts.columns)
+    return texts, verdicts
 
 
 def matrix(tidy: pd.DataFrame) -> "Styler | str":
@@ -103,7 +103,8 @@ def page_table(name: str) -> pd.DataFrame | None:
 def compact(table: pd.DataFrame) -> pd.DataFrame:
     """The labels (text columns, the first four) and the figures a reader compares (named like ``FIGURE_COLUMNS``)
     of a kept table; every column where none is named so."""
-    labels = [c for c in table.columns if table[c].dtype == object and not FIGURE_COLUMNS.search(str(c))][:4]
+    labels = [c for c in table.columns
+              if not pd.api.types.is_numeric_dtype(table[c]) and not FIGURE_COLUMNS.search(str(c))][:4]
     figures = [c for c in table.columns if FIGURE_COLUMNS.search(str(c)) and c not in labels]
     return table[labels + figures] if figures else table
 

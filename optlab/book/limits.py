@@ -55,7 +55,7 @@ def sources() -> dict[str, tuple[pd.DataFrame, pd.DataFrame | None]]:
     return found
 
 
-def _datasheet(gpu_name: str) -> tuple[dict[str, float], float] | None:
+def datasheet_roofs(gpu_name: str) -> tuple[dict[str, float], float] | None:
     """The datasheet's TFLOP/s by dtype and TB/s of a GPU optlab's tables know, else None."""
     bandwidth = datasheet_bandwidth(gpu_name) if gpu_name else None
     for fragments, _, rates in DATASHEET_TFLOPS:
@@ -95,6 +95,15 @@ def roofline_points(points: pd.DataFrame, roofs: ceilings.Roofs, workload: str) 
     return table.assign(label=labels)
 
 
+def timed_points(configs: dict[str, RunConfig], roofs: ceilings.Roofs, device: str = "auto") -> pd.DataFrame:
+    """Each labelled config's training step timed here (``roofline.time_steps``) against ``roofs``: the limits
+    table with a ``label`` column, ready for the roofline figure (a GPU's datasheet peak found by its name, which
+    no CPU's name matches)."""
+    points = pd.DataFrame([{"label": label, "config": config, "gpu_name": roofs.device,
+                            "step_ms": 1e3 * roofline.time_steps(config, device)} for label, config in configs.items()])
+    return roofline.limits_table(points, roofs)
+
+
 def plot_rooflines(found: dict | None = None, workloads: tuple[str, ...] = ("cifar", "gpt")) -> list[Figure]:
     """One roofline per source and workload with points, under that source's ceilings."""
     figures = []
@@ -108,5 +117,5 @@ def plot_rooflines(found: dict | None = None, workloads: tuple[str, ...] = ("cif
             if chosen.empty:
                 continue
             gpu = points["gpu_name"].iloc[0] if not points.empty else ""
-            figures.append(plot_roofline(chosen, roofs, f"{workload} on {roofs.device} ({name})", _datasheet(gpu)))
+            figures.append(plot_roofline(chosen, roofs, f"{workload} on {roofs.device} ({name})", datasheet_roofs(gpu)))
     return figures

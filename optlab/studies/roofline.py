@@ -7,8 +7,8 @@
   activation autograd saves written in the forward and read in the backward (2 passes, in the autocast dtype), and
   the batch read once. Temporaries and re-reads that a cache misses are left out: the true traffic is higher.
 - **Operations**: every aten operator one step dispatches (forward, loss, backward, optimizer step, ``zero_grad``),
-  counted by a ``TorchDispatchMode`` on the meta device. A compiled step is counted eager: its count is an upper
-  bound, since compiled kernels fuse operators.
+  counted by a ``TorchDispatchMode`` on two samples, on the CPU (the meta device for a model too large to run
+  there). A compiled step is counted eager: its count is an upper bound, since compiled kernels fuse operators.
 
 Three lower bounds on a step's time follow: FLOPs over the measured matmul ceiling of its precision (compute),
 bytes over the measured bandwidth (memory), and operations times the measured launch overhead (launch). A step whose
@@ -20,6 +20,7 @@ another moment than the step, under other load (a shared machine): the figure th
 from __future__ import annotations
 
 import collections
+import time
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -28,9 +29,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..core.knobs.config import RunConfig
-from ..core.machine.device import TORCH_DTYPES
+from ..core.knobs.limits import check_count
+from ..core.machine.device import TORCH_DTYPES, resolve_device
 from ..core.measuring.flops import config_step_flops
-from ..core.measuring.loops import call_model, input_tensors, make_optimizer
+from ..core.measuring.loops import (
+    backend_flags, call_model, input_tensors, make_optimizer, make_scaler, prepare_model, train_step,
+)
+from ..core.measuring.timing import summarize
 from ..core.workload import get_workload
 from .ceilings import Roofs
 from .peaks import datasheet_peak, precision_of
@@ -40,6 +45,8 @@ BOUNDS = ("compute", "memory", "launch")
 OPTIMIZER_STATES = {"sgd": 1, "adam": 2, "adamw": 2}
 WEIGHT_BYTES = 4  # fp32 weights (autocast keeps them so)
 LAUNCH_SHARE = 0.5
+MAX_TIMED_STEPS = 100
+CPU_COUNT_FLOPS = 2e10  # a counted step below this many FLOPs runs on the CPU (a second or so), above on meta
 
 
 @dataclass(frozen=True)
@@ -104,27 +111,34 @@ def _parameter_count(config: RunConfig) -> int:
 
 @lru_cache(maxsize=None)
 def _counted(config: RunConfig) -> tuple[int, int, int]:
-    """Operators of one step at ``COUNT_BATCH`` samples, the bytes autograd saved, and the batch's bytes (meta)."""
+    """Operators of one step at ``COUNT_BATCH`` samples, the bytes autograd saved, and the batch's bytes: on the CPU
+    for a model whose counted step is small (autocast applies there), else on the meta device (activations at
+    fp32, an upper bound under autocast, which the meta device does not apply)."""
     spec = get_workload(config.workload)
     amp = TORCH_DTYPES[config.amp_dtype]
-    with torch.device("meta"):
+    device = "cpu" if config_step_flops(config, train=True) / config.samples_per_step * COUNT_BATCH < CPU_COUNT_FLOPS \
+        else "meta"
+    with torch.device(device):
+        torch.manual_seed(0)
         model = spec.build(config)
         inputs = spec.input_for(COUNT_BATCH, config)
     optimizer = make_optimizer(model, replace(config, optimizer_impl="foreach")
-                               if config.optimizer_impl == "fused" else config)  # fused kernels need a real device
+                               if device == "meta" and config.optimizer_impl == "fused" else config)
     saved: dict[int, int] = {}
+    parameters = {id(p) for p in model.parameters()}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         base = tensor._base if tensor._base is not None else tensor
-        if not isinstance(base, torch.nn.Parameter):
+        if id(base) not in parameters:  # a view keeps its whole base: each base once
             saved[id(base)] = base.numel() * base.element_size()
         return tensor
 
     counter = OpCounter()
-    with counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        with torch.autocast("cpu", dtype=amp or torch.bfloat16, enabled=amp is not None):
+    kept = []  # the saved tensors stay alive until the count ends, so that no id is reused
+    with counter, torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or pack(t), lambda t: t):
+        with torch.autocast("cpu", dtype=amp or torch.bfloat16, enabled=amp is not None and device == "cpu"):
             output = call_model(model, inputs)
-            targets = torch.zeros(output.shape[:-1], dtype=torch.long, device="meta")
+            targets = torch.zeros(output.shape[:-1], dtype=torch.long, device=device)
             loss = spec.loss(output, targets)
         loss.backward()
         optimizer.step()
@@ -182,3 +196,28 @@ def limits_table(points: pd.DataFrame, roofs: Roofs) -> pd.DataFrame:
         cost = step_cost(config, tf32=bool(gpu) and datasheet_peak(gpu, "tf32") is not None)
         rows.append(point | limit_row(cost, step_ms / 1e3, roofs, gpu))
     return pd.DataFrame(rows)
+
+
+def time_steps(config: RunConfig, device: str = "auto", steps: int = 5, warmup: int = 2) -> float:
+    """The median seconds of ``steps`` training steps of ``config`` after ``warmup``, on one batch of the workload's
+    example input kept on the device (no loader: the roofline is about the step's own work), synchronized on a GPU."""
+    check_count("timed steps", steps, 1, MAX_TIMED_STEPS, "a median of a few steps is what the roofline needs")
+    check_count("warm-up steps", warmup, 1, MAX_TIMED_STEPS, "the first steps allocate, tune and compile")
+    info = resolve_device(device)
+    spec = get_workload(config.workload)
+    torch.manual_seed(0)
+    model = prepare_model(spec.build(config), config, info.device)
+    optimizer, scaler = make_optimizer(model, config), make_scaler(config, info.device)
+    inputs = spec.input_for(config.samples_per_step, config)
+    with torch.no_grad():
+        shape = call_model(spec.build(config), inputs).shape[:-1]  # the targets: one class per output row
+    batch = (inputs, torch.zeros(shape, dtype=torch.long))
+    times = []
+    with backend_flags(config):
+        for index in range(warmup + steps):
+            start = time.perf_counter()
+            train_step(model, batch, optimizer, scaler, config, info.device, 0)
+            if info.is_cuda:
+                torch.cuda.synchronize(info.device)
+            times.append(time.perf_counter() - start)
+    return summarize(times[warmup:]).median
