@@ -32,7 +32,7 @@ SERVING_TABLES = (
     ("serving throughput", "serving-throughput", "chapter 33"),
 )
 MEMORY_TABLES = (("memory fixes", "memory-fixes", "chapter 29"),)
-FIGURE_COLUMNS = re.compile(r"tokens?/s|tok/s|ttft|tpot|itl|latency|speed-up|peak|saved|mib|gib|verdict|goodput",
+FIGURE_COLUMNS = re.compile(r"tokens?/s|tok/s|ttft|tpot|itl|latency|speed-?up|peak|saved|verdict|goodput",
                             re.IGNORECASE)
 NOT_RUN = "not run"
 

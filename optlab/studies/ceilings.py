@@ -227,3 +227,8 @@ def published() -> pd.DataFrame:
     if missing:
         raise OptlabError(f"{PUBLISHED}: missing columns {missing}; a published ceiling has {PUBLISHED_COLUMNS}")
     return table.assign(**{"% of datasheet": 100 * table["mamf_tflops"] / table["datasheet_tflops"]})
+
+
+def run_reference(out: str | Path, device: str = "cuda") -> list[Path]:
+    """The reference run's part: this GPU's ceilings, kept as ``<out>/ceilings.csv`` beside its records."""
+    return [save(measure(device), out)]
