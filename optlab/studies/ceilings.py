@@ -3,14 +3,14 @@ matmul FLOPS" as stas00's ml-engineering defines it), the memory bandwidth of a 
 the time to launch one small operation (eager; and inside a CUDA-graph replay on a GPU).
 
 Every figure is a rate or a time from ``torch.utils.benchmark`` (synchronized on a GPU), given as the median over
-its timed blocks with a distribution-free 95 % interval of that median (order statistics of the block times).
+its timed blocks (at least six) with a distribution-free 95 % interval of that median (order statistics of the
+blocks: ``serving.requests.median_interval``).
 Work per run: a matmul of ``M x K`` by ``K x N`` is ``2 M N K`` FLOPs; a copy reads and writes its bytes
 (``2 x bytes``); a read (a sum) reads them once; a launch is one operation. Sizes follow the device: a CPU's sweep
 stays under a minute on two cores, a GPU's reaches the shapes where its tensor cores are busy.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -25,6 +25,7 @@ from ..core.gpt.fp8 import ACTIVATION_DTYPE, OUT_DTYPE, column_major, fp8_suppor
 from ..core.knobs.limits import check_count
 from ..core.machine.device import resolve_device
 from ..core.results import store
+from .serving.requests import median_interval
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": ACTIVATION_DTYPE}
 # (M, N, K) per device type: square sides around the sizes a model's layers use, then long thin ones
@@ -37,6 +38,7 @@ BANDWIDTH_MIB = {"cpu": 256, "cuda": 4096}  # past every cache
 MAX_MIB = 16384
 MIN_RUN_TIME_S = {"cpu": 0.25, "cuda": 0.2}
 MAX_MIN_RUN_TIME_S = 5.0
+MIN_BLOCKS = 6  # timed blocks per figure at the least
 GRAPH_OPS = 64  # tiny additions captured in the CUDA graph whose replay is timed
 NAMES = ("matmul", "copy", "read", "launch")
 UNITS = {"matmul": "TFLOP/s", "copy": "GB/s", "read": "GB/s", "launch": "µs"}
@@ -48,35 +50,21 @@ Timer = Callable[[str, dict], Sequence[float]]  # a statement and its globals ->
 
 
 def benchmark_times(stmt: str, globals_: dict, min_run_time: float) -> list[float]:
-    """``stmt``'s seconds per run, one figure per timed block of ``torch.utils.benchmark``."""
+    """``stmt``'s seconds per run, one figure per timed block of ``torch.utils.benchmark``: at least ``MIN_BLOCKS``
+    blocks, however long one run takes, so that every figure has an interval."""
     timer = benchmark.Timer(stmt, globals=globals_, num_threads=torch.get_num_threads())
-    return list(timer.blocked_autorange(min_run_time=min_run_time).times)
-
-
-def median_interval(values: Sequence[float]) -> tuple[float, float, float]:
-    """Median of ``values`` with a distribution-free interval of at least 95 %: the order statistics ``j`` from each
-    end, ``j`` the largest rank with at most 2.5 % binomial probability below it (the whole range for five values or
-    fewer, where no narrower interval holds 95 %)."""
-    ordered = sorted(values)
-    n = len(ordered)
-    if n == 0:
-        raise OptlabError("no timed runs to summarize")
-    median = float(pd.Series(ordered).median())
-    below, j = 0.0, 0
-    while j < n // 2 and below + math.comb(n, j) / 2**n <= 0.025:
-        below += math.comb(n, j) / 2**n
-        j += 1
-    j = max(j, 1)
-    return median, ordered[j - 1], ordered[n - j]
+    times: list[float] = []
+    while len(times) < MIN_BLOCKS:
+        times += timer.blocked_autorange(min_run_time=min_run_time).times
+    return times
 
 
 def _row(name: str, dtype: str, detail: str, work: float, times: Sequence[float], scale: float) -> dict:
     """A rate row: ``work`` per run over each block's time, in units of ``scale``; for a launch, the time per
     operation in units of ``scale`` seconds."""
-    if name == "launch":
-        median, low, high = median_interval([t / work / scale for t in times])
-    else:
-        median, low, high = median_interval([work / t / scale for t in times])
+    values = [t / work / scale for t in times] if name == "launch" else [work / t / scale for t in times]
+    median = float(pd.Series(values).median())
+    low, high = median_interval(values)
     return {"ceiling": name, "dtype": dtype, "detail": detail, "value": median, "ci_low": low, "ci_high": high,
             "unit": UNITS[name], "blocks": len(times)}
 

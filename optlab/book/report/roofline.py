@@ -54,7 +54,7 @@ def plot_roofline(points: pd.DataFrame, roofs: Roofs, title: str = "",
     handles += [Line2D([], [], marker=marker, ls="", color="grey", markeredgecolor="black", label=f"{bound}-bound")
                 for bound, marker in BOUND_MARKERS.items()]
     key_ax.axis("off")
-    key_ax.legend(handles=handles, fontsize=8, loc="upper right", frameon=False)
+    key_ax.legend(handles=handles, fontsize=9, loc="upper right", frameon=False)
     key_ax.text(0, 1, "\n".join(key), fontsize=9, va="top", ha="left", transform=key_ax.transAxes)
     plt.close(figure)  # shown by the caller, once
     return figure
