@@ -16,6 +16,7 @@ from optlab.book.downloads import PAGE_RUNS  # noqa: E402
 from optlab.book.report.roofline import plot_roofline  # noqa: E402
 from optlab.core.knobs.config import RunConfig  # noqa: E402
 from optlab.core.results import store  # noqa: E402
+from optlab.core.stats.summary import CONTROL  # noqa: E402
 from optlab.core.workload import get_workload  # noqa: E402
 from optlab.studies import roofline  # noqa: E402
 from optlab.studies.ceilings import Roofs  # noqa: E402
@@ -34,12 +35,14 @@ LIVE = pd.DataFrame([
      "ci_high": 1.4, "verdict": "faster"},
     {**ROW, "technique": "no_grad", "phase": "train", "variant": "w no_grad", "speedup": 9.0, "ci_low": 8.0,
      "ci_high": 10.0, "verdict": "faster"},  # a phase the technique does not claim: left out
+    {**ROW, "technique": "set_to_none", "model": "mobilenet_v2", "variant": "w gradient none", "speedup": 1.5,
+     "ci_low": 1.4, "ci_high": 1.6, "verdict": "faster", "role": CONTROL},  # an A/A control: no claim, left out
 ])
 
 
 def test_the_matrix_has_a_row_per_technique_and_variant_a_column_per_model_and_the_seed_beside():
     texts, verdicts = glance.matrix_frame(glance.every_speedup({"live": LIVE}))
-    assert list(texts.columns) == ["resnet18", "gpt_tiny"]
+    assert list(texts.columns) == ["resnet18", "gpt_tiny"]  # no mobilenet_v2: its only row is a control
     assert texts.loc["set_to_none: w gradient none", "resnet18"] == "1.10x (seed 1.02x)"
     assert texts.loc["compile: compile default", "resnet18"] == "0.80x"  # beyond the seed: no seed figure
     assert texts.loc["no_grad: w no_grad", "resnet18"].startswith("1.30x (seed ")  # inference, as the seed timed it
@@ -86,6 +89,15 @@ def test_a_step_s_bytes_follow_the_stated_model_and_scale_with_the_batch():
     assert cost.intensity == pytest.approx(cost.flops / cost.bytes)
     bf16 = roofline.step_cost(replace(CONFIG, amp_dtype="bf16"))
     assert bf16.precision == "bf16" and bf16.activation_bytes < cost.activation_bytes  # autocast's 16-bit outputs
+
+
+def test_activations_are_what_autograd_saves_written_once_and_read_once():
+    from optlab.studies.memory.breakdown import saved_activation_bytes
+
+    model = get_workload("cifar").build(CONFIG)
+    batch = (get_workload("cifar").input_for(8, CONFIG), torch.zeros(8, dtype=torch.long))
+    counted = saved_activation_bytes(model, batch, get_workload("cifar").loss, None)  # the memory chapter's count
+    assert roofline.step_cost(CONFIG).activation_bytes == pytest.approx(2 * counted, rel=0.02)
 
 
 def test_the_operator_count_is_what_the_step_dispatches():

@@ -125,7 +125,7 @@ def _counted(config: RunConfig) -> tuple[int, int, int]:
     optimizer = make_optimizer(model, replace(config, optimizer_impl="foreach")
                                if device == "meta" and config.optimizer_impl == "fused" else config)
     saved: dict[int, int] = {}
-    parameters = {id(p) for p in model.parameters()}
+    parameters = {id(p) for p in model.parameters()} | {id(t) for t in input_tensors(inputs)}  # counted apart
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         base = tensor._base if tensor._base is not None else tensor
