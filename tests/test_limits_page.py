@@ -123,7 +123,7 @@ def test_each_bound_is_its_count_over_its_ceiling_and_the_rule_names_the_bound(s
     assert row["operators x launch ms"] == pytest.approx(6.0)  # 600 x 10 µs
     assert row["bound"] == bound
     assert row["% of that ceiling"] == pytest.approx(100 * {"launch": 6.0, "compute": 10.0}[bound] / step_ms)
-    assert math.isnan(row["MFU % of datasheet"])
+    assert math.isnan(row["MFU % of datasheet"]) and math.isnan(row["MBU % of datasheet"])
 
 
 def test_memory_bound_and_a_datasheet_peak_where_the_gpu_is_known():
@@ -131,6 +131,7 @@ def test_memory_bound_and_a_datasheet_peak_where_the_gpu_is_known():
     row = roofline.limit_row(heavy, 0.2, ROOFS, gpu_name="NVIDIA H100 80GB HBM3")
     assert row["bound"] == "memory" and row["% of that ceiling"] == pytest.approx(100 * 1.011e9 / 1e10 / 0.2)
     assert row["MFU % of datasheet"] == pytest.approx(100 * 1e9 / 0.2 / 67e12)  # H100 SXM fp32, dense
+    assert row["MBU % of datasheet"] == pytest.approx(100 * 1.011e9 / 0.2 / 3.35e12)  # its HBM3
     assert "above its measured ceiling" in roofline.limit_row(COST, 0.005, ROOFS)["note"]
 
 

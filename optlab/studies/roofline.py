@@ -39,6 +39,7 @@ from ..core.measuring.timing import summarize
 from ..core.workload import get_workload
 from .ceilings import Roofs
 from .peaks import datasheet_peak, precision_of
+from .serving.bandwidth import datasheet_peak as datasheet_bandwidth
 
 COUNT_BATCH = 2  # samples in the counted step; saved activations and the batch scale linearly to the real batch
 BOUNDS = ("compute", "memory", "launch")
@@ -167,16 +168,18 @@ def bound_of(times: dict[str, float], step_s: float) -> str:
 
 def limit_row(cost: StepCost, step_s: float, roofs: Roofs, gpu_name: str = "") -> dict:
     """One step against the ceilings: achieved rates, each fraction, the bound and the share of the step it
-    explains; MFU against the datasheet too where ``gpu_name``'s peak is known."""
+    explains; MFU and MBU against the datasheet too where ``gpu_name``'s peaks are known."""
     times = bound_times(cost, roofs)
     bound = bound_of(times, step_s)
     datasheet = datasheet_peak(gpu_name, cost.precision) if gpu_name else None
+    hbm = datasheet_bandwidth(gpu_name) if gpu_name else None
     achieved = cost.flops / step_s
     return {
         "precision": cost.precision, "step ms": 1e3 * step_s, "TFLOP/s": achieved / 1e12,
         "MFU % of measured MAMF": 100 * times["compute"] / step_s,
         "MFU % of datasheet": 100 * achieved / (datasheet.tflops * 1e12) if datasheet else float("nan"),
         "GB/s (byte model)": cost.bytes / step_s / 1e9, "MBU % of measured": 100 * times["memory"] / step_s,
+        "MBU % of datasheet": 100 * cost.bytes / step_s / hbm.bytes_per_s if hbm else float("nan"),
         "operators": cost.ops, "operators x launch ms": 1e3 * times["launch"],
         "bound": bound, "% of that ceiling": 100 * times[bound] / step_s,
         "note": "; ".join(f"{name} above its measured ceiling: measured under other load" for name, t in times.items()
