@@ -133,6 +133,8 @@ def test_memory_bound_and_a_datasheet_peak_where_the_gpu_is_known():
     assert row["MFU % of datasheet"] == pytest.approx(100 * 1e9 / 0.2 / 67e12)  # H100 SXM fp32, dense
     assert row["MBU % of datasheet"] == pytest.approx(100 * 1.011e9 / 0.2 / 3.35e12)  # its HBM3
     assert "above its measured ceiling" in roofline.limit_row(COST, 0.005, ROOFS)["note"]
+    assert roofline.limit_row(COST, 0.039, ROOFS)["note"] == ""  # compute explains 26 %
+    assert roofline.limit_row(COST, 0.041, ROOFS)["note"] == roofline.UNEXPLAINED  # 24 %
 
 
 def test_the_limits_table_keeps_each_workload_s_fastest_variant(tmp_path):
