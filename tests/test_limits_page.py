@@ -158,3 +158,4 @@ def test_the_limits_table_keeps_each_workload_s_fastest_variant(tmp_path):
     ax = figure.axes[0]
     assert ax.get_xscale() == "log" and len(ax.collections) >= 2  # the points and their launch roofs
     assert any("MAMF 0.1 TFLOP/s" in t.get_text() for t in figure.axes[1].get_legend().get_texts())
+    assert figure.axes[2].texts[0].get_text().startswith("1. resnet18, a: slow\n2. resnet18, a: fast")

@@ -15,7 +15,7 @@ from ...studies.ceilings import Roofs
 WIDTH_IN = 7.0  # the article's width
 BOUND_MARKERS = {"compute": "o", "memory": "s", "launch": "X"}
 DTYPE_COLOURS = {"fp32": "#0173b2", "tf32": "#56b4e9", "bf16": "#de8f05", "fp16": "#cc78bc", "fp8": "#029e73"}
-KEY_WIDTH = 52  # characters per line of the key under the plot
+KEY_WIDTH = 100  # characters per line of the key under the plot (9 points: the article's width)
 
 
 def plot_roofline(points: pd.DataFrame, roofs: Roofs, title: str = "",
@@ -24,9 +24,11 @@ def plot_roofline(points: pd.DataFrame, roofs: Roofs, title: str = "",
     its marker by what bounds it; ``roofs`` the measured ceilings; ``datasheet`` (TFLOP/s by dtype, TB/s) dotted."""
     key = [textwrap.fill(f"{number}. {label}", KEY_WIDTH, subsequent_indent="    ")
            for number, label in enumerate(points["label"], start=1)]
-    key_lines = max(sum(entry.count("\n") + 1 for entry in key), len(roofs.flops_per_s) * 2 + len(BOUND_MARKERS) + 1)
-    figure, (ax, key_ax) = plt.subplots(2, 1, figsize=(WIDTH_IN, 4.2 + 0.2 * key_lines), layout="constrained",
-                                        height_ratios=(4.2, 0.05 + 0.2 * key_lines))
+    key_lines = sum(entry.count("\n") + 1 for entry in key)
+    legend_lines = (len(roofs.flops_per_s) * (2 if datasheet else 1) + len(BOUND_MARKERS) + 2) // 2 + 1
+    figure, (ax, legend_ax, key_ax) = plt.subplots(
+        3, 1, figsize=(WIDTH_IN, 4.2 + 0.2 * (key_lines + legend_lines)), layout="constrained",
+        height_ratios=(4.2, 0.2 * legend_lines, 0.05 + 0.2 * key_lines))
     low = min(points["FLOP/byte"].min() / 4, 0.5) if not points.empty else 0.5
     high = max(points["FLOP/byte"].max() * 4, 1e3) if not points.empty else 1e3
     intensity = np.geomspace(low, high, 200)
@@ -53,8 +55,9 @@ def plot_roofline(points: pd.DataFrame, roofs: Roofs, title: str = "",
                           label="launch roof of a point: FLOPs / (operators x launch overhead)"))
     handles += [Line2D([], [], marker=marker, ls="", color="grey", markeredgecolor="black", label=f"{bound}-bound")
                 for bound, marker in BOUND_MARKERS.items()]
+    legend_ax.axis("off")
+    legend_ax.legend(handles=handles, fontsize=9, loc="upper left", ncol=2, frameon=False)
     key_ax.axis("off")
-    key_ax.legend(handles=handles, fontsize=9, loc="upper right", frameon=False)
     key_ax.text(0, 1, "\n".join(key), fontsize=9, va="top", ha="left", transform=key_ax.transAxes)
     plt.close(figure)  # shown by the caller, once
     return figure
