@@ -85,7 +85,8 @@ def test_a_real_measurement_on_this_cpu(tmp_path, capsys):
     table = ceilings.load(tmp_path)
     assert table is not None and set(table["ceiling"]) == {"matmul", "copy", "read", "launch"}
     assert (table["value"] > 0).all() and (table["ci_low"] <= table["value"]).all()
-    assert (table["value"] <= table["ci_high"]).all() and table[["value", "ci_low", "ci_high"]].map(math.isfinite).all().all()
+    assert (table["value"] <= table["ci_high"]).all()
+    assert table[["value", "ci_low", "ci_high"]].map(math.isfinite).all().all()
 
 
 def test_published_ceilings_are_linked_and_below_their_datasheet():

@@ -27,7 +27,8 @@ from ..core.machine.device import resolve_device
 from ..core.results import store
 from .serving.requests import median_interval
 
-DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": ACTIVATION_DTYPE}
+DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+          "fp8": ACTIVATION_DTYPE}
 # (M, N, K) per device type: square sides around the sizes a model's layers use, then long thin ones
 MATMUL_SHAPES = {
     "cpu": ((256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (256, 1024, 1024), (1024, 256, 1024)),
