@@ -158,7 +158,7 @@ def test_the_readme_recipe_runs_every_seed_technique_on_resnet18_first_and_fits_
     first_nine = [row[1:3] for row in rows[:9]]
     assert sorted(technique for technique, _ in first_nine) == sorted(SEED_TECHNIQUES)
     assert {model for _, model in first_nine} == {"resnet18"}
-    assert "set seed: 38 parts" in out and "cut: --budget" in out
+    assert "set seed: 39 parts" in out and "cut: --budget" in out
     profile = QUICK.with_sizes(max_repeats=int(command[command.index("--max-repeats") + 1]))
     parts = reference.plan("seed", profile)
     table = planning.plan_table(parts, set(), float(command[command.index("--budget") + 1]), cuda=True)

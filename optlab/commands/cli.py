@@ -1,4 +1,4 @@
-"""The command line: ``python -m optlab list | run TECHNIQUE | reference | tune | serve STUDY``."""
+"""The command line: ``python -m optlab list | run TECHNIQUE | reference | tune | serve STUDY | ceilings``."""
 from __future__ import annotations
 
 import argparse
@@ -88,6 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
     reference.add_argument("--unpack", type=Path, metavar="PATH.tar.gz",
                            help="run nothing: merge an archive that --archive wrote into --out (default: "
                                 "results/reference/<the folder it was packed from>)")
+
+    ceilings = commands.add_parser("ceilings", help="this device's measured ceilings: MAMF, bandwidth, launch")
+    ceilings.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    ceilings.add_argument("--dtypes", help="matmul dtypes, comma-separated (default: all the device runs)")
+    ceilings.add_argument("--mib", type=_whole_number, help="MiB copied and read (default: 256 on a CPU, 4096 on a GPU)")
+    ceilings.add_argument("--min-run-time", type=float, metavar="SECONDS", help="timed per figure (default 0.2-0.25)")
+    ceilings.add_argument("--out", type=Path, help="a folder to keep ceilings.csv in (default: none is written)")
 
     tune = commands.add_parser("tune", help="the stack of techniques, one step at a time, on your own model")
     tune.add_argument("--model", required=True, metavar="PACKAGE.MODULE:CALLABLE",
@@ -237,6 +244,18 @@ def _reference(args: argparse.Namespace) -> None:
         raise
 
 
+def _ceilings(args: argparse.Namespace) -> None:
+    from ..studies import ceilings
+
+    dtypes = args.dtypes.split(",") if args.dtypes else None
+    table = ceilings.measure(args.device, dtypes, args.mib, args.min_run_time)
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(table.drop(columns="device").to_string(index=False))
+    print(ceilings.describe(table))
+    if args.out is not None:
+        print(f"kept in {ceilings.save(table, args.out)}")
+
+
 def _tune_inputs(args: argparse.Namespace) -> dict:
     """What the model is given, from --input-shape, --input or --example-batch (exactly one)."""
     from ..studies.tune.examples import parse_input, parse_shape
@@ -320,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     commands = {"list": _list, "run": _interruptible(lambda: _run(args)),
                 "reference": _interruptible(lambda: _reference(args)), "tune": _interruptible(lambda: _tune(args)),
-                "serve": _interruptible(lambda: serve.run(args))}
+                "serve": _interruptible(lambda: serve.run(args)), "ceilings": lambda: _ceilings(args)}
     try:
         commands[args.command]()
     except OptlabError as error:

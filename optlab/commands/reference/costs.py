@@ -137,7 +137,8 @@ PART_SETUP_S = 0.3  # a part's environment capture (nvidia-smi) and record write
 
 TABLE_S = {"microbench": 20, "autotune": 45, "numerics": 40, "tf32": 15, "optimizer_bench": 30, "cuda_graphs": 60,
            "pipeline": 40, "profiling": 120, "learning": 150,  # each study's tables, whole
-           "serving": 200}  # GPT-2 small's training (cached after), 8 decode graphs, 3 rates x 2 x 6 rounds
+           "serving": 200,  # GPT-2 small's training (cached after), 8 decode graphs, 3 rates x 2 x 6 rounds
+           "ceilings": 40}  # 8 matmul shapes x 5 dtypes at 0.2 s or more each, two 4 GiB passes, two launch timings
 
 
 def gpt_precision(config: RunConfig) -> str:

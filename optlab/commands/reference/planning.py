@@ -31,7 +31,7 @@ TECHNIQUE_ORDER = {  # within a set, where it differs: the headline comparisons 
 
 # The extra tables of each set: modules whose ``run_reference(out, device)`` measures and saves them (CUDA only).
 EXTRAS = {
-    "seed": ("microbench", "autotune"),
+    "seed": ("ceilings", "microbench", "autotune"),
     "beyond": ("numerics", "tf32", "optimizer_bench", "cuda_graphs", "pipeline"),
     "stack": ("profiling", "learning"),  # profiling's "after" configuration compiles
     "compile": (),
@@ -42,6 +42,7 @@ STUDY_MODULES = {  # the module under optlab.studies of each table's study
     "microbench": "kernels.microbench", "autotune": "kernels.autotune", "numerics": "kernels.numerics",
     "tf32": "kernels.tf32", "cuda_graphs": "kernels.cuda_graphs", "optimizer_bench": "optimizer_bench",
     "pipeline": "pipeline", "profiling": "profiling", "learning": "learning", "serving": "serving.batching",
+    "ceilings": "ceilings",
 }
 
 

@@ -1,0 +1,161 @@
+"""The summary page at a glance and against the limit: the technique-by-model matrix and its tints, the serving and
+memory tables read by their columns, a step's counts and bound, and the roofline figure."""
+import matplotlib
+
+matplotlib.use("Agg")
+
+import math  # noqa: E402
+from dataclasses import replace  # noqa: E402
+
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from optlab.book import glance, limits  # noqa: E402
+from optlab.book.downloads import PAGE_RUNS  # noqa: E402
+from optlab.book.report.roofline import plot_roofline  # noqa: E402
+from optlab.core.knobs.config import RunConfig  # noqa: E402
+from optlab.core.results import store  # noqa: E402
+from optlab.core.stats.summary import CONTROL  # noqa: E402
+from optlab.core.workload import get_workload  # noqa: E402
+from optlab.studies import roofline  # noqa: E402
+from optlab.studies.ceilings import Roofs  # noqa: E402
+
+ROW = {"model": "resnet18", "phase": "train", "machine": "cpu", "profile": "smoke", "role": "claim"}
+LIVE = pd.DataFrame([
+    {**ROW, "technique": "set_to_none", "variant": "w/o gradient none", "speedup": 1.0, "ci_low": 1.0, "ci_high": 1.0,
+     "verdict": "baseline"},
+    {**ROW, "technique": "set_to_none", "variant": "w gradient none", "speedup": 1.1, "ci_low": 1.05,
+     "ci_high": 1.15, "verdict": "faster"},
+    {**ROW, "technique": "compile", "variant": "compile default", "speedup": 0.8, "ci_low": 0.7, "ci_high": 0.9,
+     "verdict": "slower"},
+    {**ROW, "technique": "gpt_optimizers", "model": "gpt_tiny", "variant": "AdamW fused", "speedup": 1.01,
+     "ci_low": 0.9, "ci_high": 1.1, "verdict": "can't tell yet"},
+    {**ROW, "technique": "no_grad", "phase": "test", "variant": "w no_grad", "speedup": 1.3, "ci_low": 1.2,
+     "ci_high": 1.4, "verdict": "faster"},
+    {**ROW, "technique": "no_grad", "phase": "train", "variant": "w no_grad", "speedup": 9.0, "ci_low": 8.0,
+     "ci_high": 10.0, "verdict": "faster"},  # a phase the technique does not claim: left out
+    {**ROW, "technique": "set_to_none", "model": "mobilenet_v2", "variant": "w gradient none", "speedup": 1.5,
+     "ci_low": 1.4, "ci_high": 1.6, "verdict": "faster", "role": CONTROL},  # an A/A control: no claim, left out
+])
+
+
+def test_the_matrix_has_a_row_per_technique_and_variant_a_column_per_model_and_the_seed_beside():
+    texts, verdicts = glance.matrix_frame(glance.every_speedup({"live": LIVE}))
+    assert list(texts.columns) == ["resnet18", "gpt_tiny"]  # no mobilenet_v2: its only row is a control
+    assert texts.loc["set_to_none: w gradient none", "resnet18"] == "1.10x (seed 1.02x)"
+    assert texts.loc["compile: compile default", "resnet18"] == "0.80x"  # beyond the seed: no seed figure
+    assert texts.loc["no_grad: w no_grad", "resnet18"].startswith("1.30x (seed ")  # inference, as the seed timed it
+    assert texts.loc["gpt_optimizers: AdamW fused", "resnet18"] == ""  # not run
+    assert "set_to_none: w/o gradient none" not in texts.index  # baselines are no speed-up
+    html = glance.matrix(glance.every_speedup({"live": LIVE})).to_html()
+    for verdict, colour in (("faster", "#0173b2"), ("slower", "#d55e00"), ("can't tell yet", glance.UNCLEAR_TINT)):
+        assert f"background-color: {colour}{glance.TINT_ALPHA}" in html, verdict
+
+
+def test_two_sources_get_a_block_each():
+    texts, _ = glance.matrix_frame(glance.every_speedup({"live": LIVE, "h200": LIVE.iloc[1:2]}))
+    assert list(texts.columns) == ["live: resnet18", "live: gpt_tiny", "h200: resnet18"]
+    assert texts.loc["set_to_none: w gradient none", "h200: resnet18"] == "1.10x (seed 1.02x)"
+
+
+def test_serving_and_memory_tables_are_read_by_their_columns_and_missing_ones_say_not_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(store, "LIVE_DIR", tmp_path)
+    (tmp_path / PAGE_RUNS).mkdir()
+    pd.DataFrame({"variant": ["static cache"], "device": ["cpu"], "tokens/s": [900.0], "TPOT ms": [1.1],
+                  "steps": [64]}).to_csv(tmp_path / PAGE_RUNS / "kv-cache-and-compiled-decoding-timings.csv",
+                                         index=False)
+    found = glance.serving()
+    table = found["decoding with a KV cache, compiled (chapter 30)"]
+    assert list(table.columns) == ["variant", "device", "tokens/s", "TPOT ms"]  # the step count is left out
+    assert found["serving latency (chapter 33)"].startswith("not run: chapter 33 keeps")
+    assert all(isinstance(v, str) for v in glance.memory().values())
+
+
+CONFIG = RunConfig(model="resnet18", width=0.125, batch_size=8)
+GPT = RunConfig(workload="gpt", model="gpt_tiny", batch_size=4, optimizer="adamw")
+
+
+def test_a_step_s_bytes_follow_the_stated_model_and_scale_with_the_batch():
+    cost, double = roofline.step_cost(CONFIG), roofline.step_cost(replace(CONFIG, batch_size=16))
+    parameters = sum(p.numel() for p in get_workload("cifar").build(CONFIG).parameters())
+    assert cost.weight_bytes == parameters * 4 * (3 + 2 + 2 * 1)  # SGD with momentum: one state
+    adamw = roofline.step_cost(GPT)
+    gpt_parameters = sum(p.numel() for p in {id(p): p for p in get_workload("gpt").build(GPT).parameters()}.values())
+    assert adamw.weight_bytes == gpt_parameters * 4 * (3 + 2 + 2 * 2)  # AdamW: two
+    assert double.activation_bytes == 2 * cost.activation_bytes and double.input_bytes == 2 * cost.input_bytes
+    assert cost.input_bytes == 8 * (3 * 32 * 32 * 4 + 8) // 1  # images in fp32 and their int64 labels
+    assert double.flops == 2 * cost.flops and double.ops == cost.ops
+    assert cost.intensity == pytest.approx(cost.flops / cost.bytes)
+    bf16 = roofline.step_cost(replace(CONFIG, amp_dtype="bf16"))
+    assert bf16.precision == "bf16" and bf16.activation_bytes < cost.activation_bytes  # autocast's 16-bit outputs
+
+
+def test_activations_are_what_autograd_saves_written_once_and_read_once():
+    from optlab.studies.memory.breakdown import saved_activation_bytes
+
+    model = get_workload("cifar").build(CONFIG)
+    batch = (get_workload("cifar").input_for(8, CONFIG), torch.zeros(8, dtype=torch.long))
+    counted = saved_activation_bytes(model, batch, get_workload("cifar").loss, None)  # the memory chapter's count
+    assert roofline.step_cost(CONFIG).activation_bytes == pytest.approx(2 * counted, rel=0.02)
+
+
+def test_the_operator_count_is_what_the_step_dispatches():
+    counter = roofline.OpCounter()
+    with counter:
+        x = torch.ones(3)
+        (x + 1).mul_(2).sum()
+    assert sum(counter.counts.values()) == 4 and counter.counts["aten.add"] == 1
+    foreach, loop = (roofline.step_cost(replace(GPT, optimizer_impl=impl)) for impl in ("foreach", "default"))
+    assert loop.ops > foreach.ops  # the for-loop optimizer launches per parameter
+
+
+ROOFS = Roofs({"fp32": 1e11, "bf16": 2e11}, 1e10, 1e-5, "a test CPU")
+COST = roofline.StepCost(flops=10**9, weight_bytes=10**7, activation_bytes=2 * 10**7, input_bytes=10**6, ops=600,
+                         precision="fp32")
+
+
+@pytest.mark.parametrize("step_ms, bound", [(11.0, "launch"), (13.0, "compute"), (40.0, "compute")])
+def test_each_bound_is_its_count_over_its_ceiling_and_the_rule_names_the_bound(step_ms, bound):
+    row = roofline.limit_row(COST, step_ms / 1e3, ROOFS)
+    assert row["MFU % of measured MAMF"] == pytest.approx(100 * (1e9 / 1e11) / (step_ms / 1e3))
+    assert row["MBU % of measured"] == pytest.approx(100 * (3.1e7 / 1e10) / (step_ms / 1e3))
+    assert row["operators x launch ms"] == pytest.approx(6.0)  # 600 x 10 µs
+    assert row["bound"] == bound
+    assert row["% of that ceiling"] == pytest.approx(100 * {"launch": 6.0, "compute": 10.0}[bound] / step_ms)
+    assert math.isnan(row["MFU % of datasheet"]) and math.isnan(row["MBU % of datasheet"])
+
+
+def test_memory_bound_and_a_datasheet_peak_where_the_gpu_is_known():
+    heavy = replace(COST, activation_bytes=10**9)
+    row = roofline.limit_row(heavy, 0.2, ROOFS, gpu_name="NVIDIA H100 80GB HBM3")
+    assert row["bound"] == "memory" and row["% of that ceiling"] == pytest.approx(100 * 1.011e9 / 1e10 / 0.2)
+    assert row["MFU % of datasheet"] == pytest.approx(100 * 1e9 / 0.2 / 67e12)  # H100 SXM fp32, dense
+    assert row["MBU % of datasheet"] == pytest.approx(100 * 1.011e9 / 0.2 / 3.35e12)  # its HBM3
+    assert "above its measured ceiling" in roofline.limit_row(COST, 0.005, ROOFS)["note"]
+    assert roofline.limit_row(COST, 0.039, ROOFS)["note"] == ""  # compute explains 26 %
+    assert roofline.limit_row(COST, 0.041, ROOFS)["note"] == roofline.UNEXPLAINED  # 24 %
+
+
+def test_the_limits_table_keeps_each_workload_s_fastest_variant(tmp_path):
+    points = pd.DataFrame([
+        {"workload": "cifar", "model": "resnet18", "technique": "a", "variant": "slow", "config": CONFIG,
+         "step_ms": 50.0, "items_per_s": 100.0, "unit": "images", "gpu_name": ""},
+        {"workload": "cifar", "model": "resnet18", "technique": "a", "variant": "fast", "config": CONFIG,
+         "step_ms": 25.0, "items_per_s": 200.0, "unit": "images", "gpu_name": ""},
+    ])
+    table = pd.DataFrame([
+        {"ceiling": "matmul", "dtype": "fp32", "detail": "8x8x8", "value": 0.1, "device": "cpu"},
+        {"ceiling": "copy", "dtype": "fp32", "detail": "", "value": 10.0, "device": "cpu"},
+        {"ceiling": "read", "dtype": "fp32", "detail": "", "value": 12.0, "device": "cpu"},
+        {"ceiling": "launch", "dtype": "fp32", "detail": "eager: one add", "value": 5.0, "device": "cpu"},
+    ])
+    found = limits.limits_table({"live": (points, table), "h200": (points, None)})
+    assert list(found["best"]) == ["a: fast"] and found.index.tolist() == [("live", "cifar", "resnet18")]
+    assert found["step ms"].iloc[0] == 25.0
+    figure = plot_roofline(limits.roofline_points(points, Roofs.from_table(table), "cifar"), Roofs.from_table(table))
+    assert figure.get_figwidth() == pytest.approx(7.0)
+    ax = figure.axes[0]
+    assert ax.get_xscale() == "log" and len(ax.collections) >= 2  # the points and their launch roofs
+    assert any("MAMF 0.1 TFLOP/s" in t.get_text() for t in figure.axes[1].get_legend().get_texts())
+    assert figure.axes[2].texts[0].get_text().startswith("1. resnet18, a: slow\n2. resnet18, a: fast")
