@@ -4,7 +4,7 @@ the time to launch one small operation (eager; and inside a CUDA-graph replay on
 
 Every figure is a rate or a time from ``torch.utils.benchmark`` (synchronized on a GPU), given as the median over
 its timed blocks (at least six) with a distribution-free 95 % interval of that median (order statistics of the
-blocks: ``serving.requests.median_interval``).
+blocks: ``core.stats.order.median_interval``).
 Work per run: a matmul of ``M x K`` by ``K x N`` is ``2 M N K`` FLOPs; a copy reads and writes its bytes
 (``2 x bytes``); a read (a sum) reads them once; a launch is one operation. Sizes follow the device: a CPU's sweep
 stays under a minute on two cores, a GPU's reaches the shapes where its tensor cores are busy.
@@ -25,7 +25,7 @@ from ..core.gpt.fp8 import ACTIVATION_DTYPE, OUT_DTYPE, column_major, fp8_suppor
 from ..core.knobs.limits import check_count
 from ..core.machine.device import resolve_device
 from ..core.results import store
-from .serving.requests import median_interval
+from ..core.stats.order import median_interval
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
           "fp8": ACTIVATION_DTYPE}
