@@ -1,0 +1,20 @@
+"""Past data parallel: tensor, sequence and pipeline parallelism and their compositions on the book's GPT, run on
+CPU processes joined by gloo and held against the formulas that plan them for GPUs.
+
+``formulas`` holds the arithmetic (what a rank holds, what it sends, a pipeline's bubble), ``planner`` applies it to
+large models and clusters; ``tensor`` splits the GPT with DTensor, ``collectives`` counts what DTensor sends,
+``held`` what a rank keeps; ``tensor_study`` runs the chapter's job; ``ranks`` starts and joins the CPU processes,
+``commands`` holds the rank commands torchrun starts. Imports the core and the distributed study's launcher.
+"""
+from .formulas import (
+    activation_bytes, block_activation_bytes, block_parameters, bubble_fraction, model_parameters,
+    ring_bytes_sent, tensor_parallel_collectives,
+)
+from .tensor import block_plan, group_heads, tensor_parallel, ungroup_heads
+from .tensor_study import CONFIG, PARITY_TOLERANCE, TensorStudy, tensor_study
+
+__all__ = [
+    "CONFIG", "PARITY_TOLERANCE", "TensorStudy", "activation_bytes", "block_activation_bytes", "block_parameters",
+    "block_plan", "bubble_fraction", "group_heads", "model_parameters", "ring_bytes_sent", "tensor_parallel",
+    "tensor_parallel_collectives", "tensor_study", "ungroup_heads",
+]

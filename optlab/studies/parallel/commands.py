@@ -1,0 +1,31 @@
+"""The rank commands torchrun starts: ``tensor-rank``; each writes rank 0's findings to ``--out``."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Sequence
+
+from ...core.errors import OptlabError
+from .tensor_study import tensor_rank
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m optlab.studies.parallel",
+                                     description="One rank of a parallelism study (started by torchrun).")
+    commands = parser.add_subparsers(dest="command", required=True)
+    tensor = commands.add_parser("tensor-rank", help="tensor and sequence parallelism against one process")
+    tensor.add_argument("--out", type=Path, required=True)
+    tensor.add_argument("--steps", type=int, default=3)
+    tensor.add_argument("--rounds", type=int, default=10)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "tensor-rank":
+            tensor_rank(args.out, args.steps, args.rounds)
+    except OptlabError as error:
+        print(f"optlab: error: {error}")
+        return 2
+    return 0
