@@ -1,0 +1,104 @@
+"""Tensor and sequence parallelism against one process and against the formulas, and the planner built on them.
+
+One real 2-process gloo job (the ``study`` fixture, about 40 s with its imports on 2 cores) holds every CPU
+measurement of chapter 19 against the formulas the planner uses; the rest run in this process.
+"""
+import pytest
+import torch
+
+from optlab.core.errors import OptlabError
+from optlab.core.gpt.transformer import GPT, GPTConfig, parameter_count
+from optlab.studies.parallel import formulas, planner
+from optlab.studies.parallel.tensor import group_heads, ungroup_heads
+from optlab.studies.parallel.tensor_study import CONFIG, PARITY_TOLERANCE, tensor_study
+
+LAUNCH_TIMEOUT_S = 300
+
+
+@pytest.fixture(scope="module")
+def study():
+    return tensor_study(nproc=2, steps=2, rounds=1, timeout=LAUNCH_TIMEOUT_S)
+
+
+@pytest.mark.beside_the_book_build  # slow, in processes of its own: it fills the wait for the book
+def test_two_ranks_train_as_one_process_does(study):
+    parity = study.parity_table()
+    assert list(parity.index) == ["TP", "TP + SP"]
+    assert (parity[["loss", "gradient", "parameter"]] < PARITY_TOLERANCE).all().all()
+    assert (parity["moved by training"] > 1e3 * PARITY_TOLERANCE).all()
+
+
+@pytest.mark.beside_the_book_build
+def test_every_collective_and_byte_counted_equals_the_formula(study):
+    table = study.collectives_table()
+    assert set(table.index.get_level_values("setup")) == {"TP", "TP + SP"}
+    assert (table["calls"] == table["formula calls"]).all() and (table["bytes"] == table["formula bytes"]).all()
+    assert (table["calls"] > 0).all()
+
+
+@pytest.mark.beside_the_book_build
+def test_what_each_rank_holds_equals_the_formula(study):
+    held = study.memory_table()
+    assert (held["parameter bytes"] == held["parameters, formula"]).all()
+    assert (held["activation bytes"] == held["activations, formula"]).all()
+    assert held.loc["TP", "parameter bytes"] < held.loc["one process", "parameter bytes"]
+
+
+@pytest.mark.parametrize("name", ["gpt2_small", "7b"])
+def test_the_parameter_formula_counts_the_real_model(name):
+    config = planner.MODELS[name]
+    with torch.device("meta"):
+        model = GPT(config)
+    assert formulas.model_parameters(config) == parameter_count(model)
+
+
+def test_head_grouping_gives_each_rank_its_own_q_k_and_v():
+    c, tp = 6, 3  # rows 0..17 are [q | k | v], 6 each; rank r must get rows 2r, 2r+1 of q, of k and of v
+    weight = torch.arange(3 * c, dtype=torch.float32).reshape(3 * c, 1)
+    grouped = group_heads(weight, tp)
+    assert grouped[:6, 0].tolist() == [0, 1, 6, 7, 12, 13]
+    assert torch.equal(ungroup_heads(grouped, tp), weight)
+
+
+def test_the_bubble_formula():
+    assert formulas.bubble_fraction(4, 4) == pytest.approx(3 / 7)
+    assert formulas.bubble_fraction(4, 8, virtual=2) == pytest.approx(1.5 / 9.5)
+    assert formulas.bubble_fraction(1, 8) == 0
+
+
+def test_ring_bytes():
+    assert formulas.ring_bytes_sent("all-reduce", 1000, 4) == 1500
+    assert formulas.ring_bytes_sent("all-gather", 1000, 4) == 750
+    assert formulas.ring_bytes_sent("all-reduce", 1000, 1) == 0
+
+
+def test_the_plan_says_what_fits_on_eight_gpus():
+    plan = planner.parallel_plan("7b", gpus=8, gpu_memory=80, interconnect="nvlink4")
+    assert not plan.loc["DP 8", "fits"] and plan.loc["FSDP 8", "fits"] and plan.loc["TP+SP 8", "fits"]
+    gathered = 2 * planner.VALUE_BYTES * formulas.block_parameters(planner.MODELS["7b"]) / 1e9  # two blocks
+    assert plan.loc["FSDP 8", "state GB"] - gathered == pytest.approx(plan.loc["DP 8", "state GB"] / 8, abs=1e-3)
+    assert plan.loc["TP+SP 8", "activations GB"] < plan.loc["TP 8", "activations GB"]
+    small = planner.parallel_plan("gpt2_small", gpus=8, gpu_memory=141)
+    assert "12 heads do not split over 8" in small.loc["TP 8", "note"] and not small.loc["TP 8", "fits"]
+
+
+def test_the_plans_bytes_use_the_measured_formula():
+    config = GPTConfig(vocab_size=128, block_size=16, n_layer=2, n_head=4, n_embd=48)
+    layout = planner.Layout(tp=2)
+    expected = sum(formulas.ring_bytes_sent("all-reduce", v["bytes"], 2) for v in
+                   formulas.tensor_parallel_collectives(config, 3, 16, s=planner.VALUE_BYTES).values())
+    assert planner.bytes_per_step(config, layout, micro_batch=3, micro_batches=1) == expected
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: planner.parallel_plan("gpt5", 8, 80), "unknown model 'gpt5'; choose one of: gpt2_small"),
+    (lambda: planner.parallel_plan("7b", 0, 80), "gpus must be at least 1"),
+    (lambda: planner.parallel_plan("7b", 10_000, 80), "at most 4096"),
+    (lambda: planner.parallel_plan("7b", 8, -1), "gpu_memory must be a number of GB above 0"),
+    (lambda: planner.parallel_plan("7b", 8, 80, "carrier-pigeon"), "unknown interconnect"),
+    (lambda: planner.parallel_plan("7b", 8, 80, micro_batches=5000), "at most 1024"),
+    (lambda: tensor_study(nproc=9), "at most 4"),
+])
+def test_bad_input_is_refused_with_the_limit(call, words):
+    with pytest.raises(OptlabError, match=words.replace("(", r"\(")):
+        call()
