@@ -102,3 +102,12 @@ def test_the_plans_bytes_use_the_measured_formula():
 def test_bad_input_is_refused_with_the_limit(call, words):
     with pytest.raises(OptlabError, match=words.replace("(", r"\(")):
         call()
+
+
+def test_the_command_line_prints_the_plan_or_one_error_line(capsys):
+    from optlab.commands.cli import main
+
+    assert main(["parallel-plan", "--model", "gpt2_small", "--gpus", "4", "--gpu-memory", "80"]) == 0
+    assert "FSDP 4" in capsys.readouterr().out
+    assert main(["parallel-plan", "--gpus", "5000"]) == 2
+    assert capsys.readouterr().err == "optlab: error: gpus 5000 is more than this run can use: at most 4096 (GPUs in one plan)\n"

@@ -10,11 +10,12 @@ from .formulas import (
     activation_bytes, block_activation_bytes, block_parameters, bubble_fraction, model_parameters,
     ring_bytes_sent, tensor_parallel_collectives,
 )
+from .planner import MODELS, Layout, fit_table, parallel_plan
 from .tensor import block_plan, group_heads, tensor_parallel, ungroup_heads
 from .tensor_study import CONFIG, PARITY_TOLERANCE, TensorStudy, tensor_study
 
 __all__ = [
-    "CONFIG", "PARITY_TOLERANCE", "TensorStudy", "activation_bytes", "block_activation_bytes", "block_parameters",
+    "CONFIG", "Layout", "MODELS", "PARITY_TOLERANCE", "fit_table", "parallel_plan", "TensorStudy", "activation_bytes", "block_activation_bytes", "block_parameters",
     "block_plan", "bubble_fraction", "group_heads", "model_parameters", "ring_bytes_sent", "tensor_parallel",
     "tensor_parallel_collectives", "tensor_study", "ungroup_heads",
 ]
