@@ -111,3 +111,33 @@ def test_the_command_line_prints_the_plan_or_one_error_line(capsys):
     assert "FSDP 4" in capsys.readouterr().out
     assert main(["parallel-plan", "--gpus", "5000"]) == 2
     assert capsys.readouterr().err == "optlab: error: gpus 5000 is more than this run can use: at most 4096 (GPUs in one plan)\n"
+
+
+@pytest.fixture(scope="module")
+def pipelines():
+    from optlab.studies.parallel import pipeline_study
+    return pipeline_study(microbatches=(4, 8), timeout=LAUNCH_TIMEOUT_S)
+
+
+@pytest.mark.beside_the_book_build  # slow, 4 processes of its own: it fills the wait for the book
+def test_every_schedule_trains_as_one_process_and_idles_as_the_formula_says(pipelines):
+    from optlab.studies.parallel import BUBBLE_TOLERANCE
+    parity = pipelines.parity_table()
+    assert len(parity) == 6 and (parity["gradient"] < PARITY_TOLERANCE).all() and (parity["loss"] < 1e-5).all()
+    idle = pipelines.idle_table()
+    plain = idle.loc[["GPipe", "1F1B"]]
+    assert ((plain["replayed idle"] - plain["formula"]).abs() < BUBBLE_TOLERANCE).all()
+    in_flight = pipelines.held_table("in flight")
+    assert (in_flight["GPipe"] == 8).all() and in_flight["1F1B"].tolist() == [4, 3, 2, 1]
+
+
+def test_a_replay_of_gpipe_gives_the_bubble_and_a_broken_order_is_refused():
+    from optlab.studies.parallel import replayed_idle
+    p, m = 4, 3
+    gpipe = [[("F", i, s) for i in range(m)] + [("B", i, s) for i in reversed(range(m))] for s in range(p)]
+    idle = replayed_idle(gpipe, [{"F": 1.0, "B": 2.0}] * p)
+    assert idle == pytest.approx([formulas.bubble_fraction(p, m)] * p)
+    broken = [list(order) for order in gpipe]
+    broken[1] = [("B", 0, 1), *[event for event in broken[1] if event != ("B", 0, 1)]]  # a backward before its forward
+    with pytest.raises(OptlabError, match="stage boundary is broken"):
+        replayed_idle(broken, [{"F": 1.0, "B": 2.0}] * p)

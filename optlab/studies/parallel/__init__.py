@@ -3,19 +3,23 @@ CPU processes joined by gloo and held against the formulas that plan them for GP
 
 ``formulas`` holds the arithmetic (what a rank holds, what it sends, a pipeline's bubble), ``planner`` applies it to
 large models and clusters; ``tensor`` splits the GPT with DTensor, ``collectives`` counts what DTensor sends,
-``held`` what a rank keeps; ``tensor_study`` runs the chapter's job; ``ranks`` starts and joins the CPU processes,
+``held`` what a rank keeps; ``tensor_study`` runs chapter 19's job; ``pipeline`` cuts the GPT into stages and
+times each rank's chunks, ``pipeline_study`` runs chapter 20's job; ``ranks`` starts and joins the CPU processes,
 ``commands`` holds the rank commands torchrun starts. Imports the core and the distributed study's launcher.
 """
 from .formulas import (
     activation_bytes, block_activation_bytes, block_parameters, bubble_fraction, model_parameters,
     ring_bytes_sent, tensor_parallel_collectives,
 )
+from .pipeline import SCHEDULES, Stage, Timeline, replayed_idle, stage_modules
+from .pipeline_study import BUBBLE_TOLERANCE, PipelineStudy, pipeline_study
 from .planner import MODELS, Layout, fit_table, parallel_plan
 from .tensor import block_plan, group_heads, tensor_parallel, ungroup_heads
 from .tensor_study import CONFIG, PARITY_TOLERANCE, TensorStudy, tensor_study
 
 __all__ = [
-    "CONFIG", "Layout", "MODELS", "PARITY_TOLERANCE", "fit_table", "parallel_plan", "TensorStudy", "activation_bytes", "block_activation_bytes", "block_parameters",
+    "BUBBLE_TOLERANCE", "PipelineStudy", "SCHEDULES", "Stage", "Timeline", "pipeline_study", "replayed_idle",
+    "stage_modules", "CONFIG", "Layout", "MODELS", "PARITY_TOLERANCE", "fit_table", "parallel_plan", "TensorStudy", "activation_bytes", "block_activation_bytes", "block_parameters",
     "block_plan", "bubble_fraction", "group_heads", "model_parameters", "ring_bytes_sent", "tensor_parallel",
     "tensor_parallel_collectives", "tensor_study", "ungroup_heads",
 ]

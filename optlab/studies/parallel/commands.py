@@ -1,4 +1,4 @@
-"""The rank commands torchrun starts: ``tensor-rank``; each writes rank 0's findings to ``--out``."""
+"""The rank commands torchrun starts: ``tensor-rank``, ``pipeline-rank``; each writes rank 0's findings to ``--out``."""
 from __future__ import annotations
 
 import argparse
@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ...core.errors import OptlabError
+from .pipeline_study import pipeline_rank
 from .tensor_study import tensor_rank
 
 
@@ -17,6 +18,10 @@ def _parser() -> argparse.ArgumentParser:
     tensor.add_argument("--out", type=Path, required=True)
     tensor.add_argument("--steps", type=int, default=3)
     tensor.add_argument("--rounds", type=int, default=10)
+    pipeline = commands.add_parser("pipeline-rank", help="pipeline schedules against one process")
+    pipeline.add_argument("--out", type=Path, required=True)
+    pipeline.add_argument("--microbatches", type=lambda text: [int(part) for part in text.split(",")], default=[4, 8])
+    pipeline.add_argument("--repeats", type=int, default=1)
     return parser
 
 
@@ -25,6 +30,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "tensor-rank":
             tensor_rank(args.out, args.steps, args.rounds)
+        elif args.command == "pipeline-rank":
+            pipeline_rank(args.out, args.microbatches, args.repeats)
     except OptlabError as error:
         print(f"optlab: error: {error}")
         return 2
