@@ -4,11 +4,12 @@ CPU processes joined by gloo and held against the formulas that plan them for GP
 ``formulas`` holds the arithmetic (what a rank holds, what it sends, a pipeline's bubble), ``planner`` applies it to
 large models and clusters; ``tensor`` splits the GPT with DTensor, ``collectives`` counts what DTensor sends,
 ``held`` what a rank keeps; ``tensor_study`` runs chapter 19's job; ``pipeline`` cuts the GPT into stages and
-times each rank's chunks, ``pipeline_study`` runs chapter 20's job; ``ranks`` starts and joins the CPU processes,
+times each rank's chunks, ``pipeline_study`` runs chapter 20's job; ``compose_study`` chapter 21's (FSDP2 over TP on a 2 x 2 mesh); ``ranks`` starts and joins the CPU processes,
 ``commands`` holds the rank commands torchrun starts. Imports the core and the distributed study's launcher.
 """
+from .compose_study import ComposeStudy, compose_study, two_d
 from .formulas import (
-    activation_bytes, block_activation_bytes, block_parameters, bubble_fraction, model_parameters,
+    activation_bytes, block_activation_bytes, block_parameters, bubble_fraction, fsdp_collectives, model_parameters,
     ring_bytes_sent, tensor_parallel_collectives,
 )
 from .pipeline import SCHEDULES, Stage, Timeline, replayed_idle, stage_modules
@@ -18,7 +19,7 @@ from .tensor import block_plan, group_heads, tensor_parallel, ungroup_heads
 from .tensor_study import CONFIG, PARITY_TOLERANCE, TensorStudy, tensor_study
 
 __all__ = [
-    "BUBBLE_TOLERANCE", "PipelineStudy", "SCHEDULES", "Stage", "Timeline", "pipeline_study", "replayed_idle",
+    "ComposeStudy", "compose_study", "fsdp_collectives", "two_d", "BUBBLE_TOLERANCE", "PipelineStudy", "SCHEDULES", "Stage", "Timeline", "pipeline_study", "replayed_idle",
     "stage_modules", "CONFIG", "Layout", "MODELS", "PARITY_TOLERANCE", "fit_table", "parallel_plan", "TensorStudy", "activation_bytes", "block_activation_bytes", "block_parameters",
     "block_plan", "bubble_fraction", "group_heads", "model_parameters", "ring_bytes_sent", "tensor_parallel",
     "tensor_parallel_collectives", "tensor_study", "ungroup_heads",

@@ -9,18 +9,21 @@ import torch
 from torch.distributed.tensor.debug import CommDebugMode
 
 NAMES = {"all_reduce": "all-reduce", "all_gather_into_tensor": "all-gather", "reduce_scatter_tensor": "reduce-scatter",
-         "all_to_all_single": "all-to-all", "broadcast": "broadcast"}
+         "all_to_all_single": "all-to-all", "broadcast": "broadcast",  # DTensor's functional collectives
+         "allreduce_": "all-reduce", "_allgather_base_": "all-gather", "_reduce_scatter_base_": "reduce-scatter",
+         "allgather_": "all-gather", "reduce_scatter_": "reduce-scatter"}  # c10d's, which FSDP2 calls
 
 
-def _bytes(value: Any) -> int:
-    tensors = value if isinstance(value, (list, tuple)) else [value]
+def _bytes(*values: Any) -> int:
+    """The largest tensor among ``values`` (tensors, or lists and tuples of them)."""
+    tensors = [t for value in values for t in (value if isinstance(value, (list, tuple)) else [value])]
     return max((t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor)), default=0)
 
 
 class CollectiveLog(CommDebugMode):
-    """``CommDebugMode`` that also keeps one record per collective: its name, ``forward`` or ``backward``, and the
-    bytes of the whole tensor it works on (the output of an all-gather, the input of a reduce-scatter or all-reduce),
-    the size the formulas speak of."""
+    """``CommDebugMode`` that also keeps one record per collective (DTensor's and the c10d ones FSDP2 issues): its
+    name, ``forward`` or ``backward`` (or the caller's ``phase``), and the bytes of the whole tensor it works on (the
+    output of an all-gather, the input of a reduce-scatter or all-reduce), the size the formulas speak of."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -34,7 +37,7 @@ class CollectiveLog(CommDebugMode):
             name = func._overloadpacket.__name__
             self.records.append({"collective": NAMES.get(name, name),
                                  "pass": self.phase or ("backward" if self.advanced_module_tracker.is_bw else "forward"),
-                                 "bytes": max(_bytes(args[0] if args else None), _bytes(out))})
+                                 "bytes": _bytes(*args, out)})
         return out
 
     def summary(self) -> dict[str, dict[str, int]]:

@@ -1,4 +1,4 @@
-"""The rank commands torchrun starts: ``tensor-rank``, ``pipeline-rank``; each writes rank 0's findings to ``--out``."""
+"""The rank commands torchrun starts: ``tensor-rank``, ``pipeline-rank``, ``compose-rank``; each writes rank 0's findings to ``--out``."""
 from __future__ import annotations
 
 import argparse
@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ...core.errors import OptlabError
+from .compose_study import compose_rank
 from .pipeline_study import pipeline_rank
 from .tensor_study import tensor_rank
 
@@ -21,7 +22,10 @@ def _parser() -> argparse.ArgumentParser:
     pipeline = commands.add_parser("pipeline-rank", help="pipeline schedules against one process")
     pipeline.add_argument("--out", type=Path, required=True)
     pipeline.add_argument("--microbatches", type=lambda text: [int(part) for part in text.split(",")], default=[4, 8])
-    pipeline.add_argument("--repeats", type=int, default=1)
+    pipeline.add_argument("--repeats", type=int, default=0)
+    compose = commands.add_parser("compose-rank", help="FSDP2 over TP on a 2 x 2 mesh against one process")
+    compose.add_argument("--out", type=Path, required=True)
+    compose.add_argument("--steps", type=int, default=2)
     return parser
 
 
@@ -32,6 +36,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             tensor_rank(args.out, args.steps, args.rounds)
         elif args.command == "pipeline-rank":
             pipeline_rank(args.out, args.microbatches, args.repeats)
+        elif args.command == "compose-rank":
+            compose_rank(args.out, args.steps)
     except OptlabError as error:
         print(f"optlab: error: {error}")
         return 2
