@@ -141,3 +141,36 @@ def test_a_replay_of_gpipe_gives_the_bubble_and_a_broken_order_is_refused():
     broken[1] = [("B", 0, 1), *[event for event in broken[1] if event != ("B", 0, 1)]]  # a backward before its forward
     with pytest.raises(OptlabError, match="stage boundary is broken"):
         replayed_idle(broken, [{"F": 1.0, "B": 2.0}] * p)
+
+
+@pytest.mark.beside_the_book_build
+def test_the_planner_predicts_what_two_tensor_parallel_ranks_saved_and_sent(study):
+    table = study.planner_table()
+    assert len(table) == 2
+    assert (table["activation bytes"] == table["activations, planner"]).all()
+    assert (table["sent per rank"] == table["sent, planner"]).all() and (table["sent per rank"] > 0).all()
+
+
+@pytest.fixture(scope="module")
+def composed():
+    from optlab.studies.parallel import compose_study
+    return compose_study(steps=2, timeout=LAUNCH_TIMEOUT_S)
+
+
+@pytest.mark.beside_the_book_build  # slow, 4 processes of its own: it fills the wait for the book
+def test_fsdp2_over_tp_trains_as_one_process_and_counts_as_the_formulas_say(composed):
+    parity = composed.parity_table()
+    assert (parity[["gradient", "parameter"]] < PARITY_TOLERANCE).all().all()
+    assert (parity["moved by training"] > 1e3 * PARITY_TOLERANCE).all()
+    collectives = composed.collectives_table()
+    assert (collectives["calls"] == collectives["formula calls"]).all()
+    assert (collectives["bytes"] == collectives["formula bytes"]).all()
+    memory = composed.memory_table()
+    assert (memory[["parameters", "gradients", "optimizer state"]].eq(memory["formula, each"], axis=0)).all().all()
+    plan = composed.planner_table()
+    assert (plan["state bytes"] == plan["state, planner"]).all() and (plan["sent per rank"] == plan["sent, planner"]).all()
+
+
+@pytest.mark.beside_the_book_build
+def test_the_planners_pipeline_holds_what_1f1b_held_on_its_first_stage(pipelines):
+    assert pipelines.held_table("in flight")["1F1B"].iloc[0] == planner.in_flight(planner.Layout(pp=4))

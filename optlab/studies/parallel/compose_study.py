@@ -18,7 +18,7 @@ from torch.distributed.fsdp import fully_shard
 from ...core.gpt.transformer import GPT
 from ...core.knobs.limits import check_count
 from ..distributed import state_bytes
-from . import formulas
+from . import formulas, planner
 from .collectives import CollectiveLog
 from .ranks import joined, run_ranks, write_findings
 from .tensor import full_state, tensor_parallel
@@ -119,6 +119,26 @@ class ComposeStudy:
         one = 4 * formulas.model_parameters(CONFIG)
         rows["one process"] = {"parameters": one, "gradients": one, "optimizer state": one, "formula, each": one}
         return pd.DataFrame(rows).T
+
+    def planner_table(self) -> pd.DataFrame:
+        """FSDP2 x TP (resharding after forward, as the planner assumes): the model state one rank holds and the
+        bytes it sends on rings in one step (TP's all-reduces within a row, FSDP2's gathers and reduce-scatters
+        within a column), measured and as :mod:`.planner` predicts them for this GPT (fp32 weights, gradients and
+        momentum: 12 bytes a parameter)."""
+        layout = planner.Layout(data=self.mesh[0], tp=self.mesh[1], fsdp=True)
+        rows = []
+        for setup, found in self.setups.items():
+            if not SETUPS[setup]:
+                continue
+            ranks = {"all-reduce": self.mesh[1], "all-gather": self.mesh[0], "reduce-scatter": self.mesh[0]}
+            sent = sum(formulas.ring_bytes_sent(key.split()[0], value["bytes"], ranks[key.split()[0]])
+                       for key, value in found["collectives"].items())
+            rows.append({"setup": setup, "state bytes": sum(found["held"][part] for part in
+                                                            ("parameters", "gradients", "optimizer state")),
+                         "state, planner": planner.memory_per_gpu(CONFIG, layout, BATCH, state_bytes=12)["state"],
+                         "sent per rank": sent,
+                         "sent, planner": planner.bytes_per_step(CONFIG, layout, BATCH, micro_batches=1, value_bytes=4)})
+        return pd.DataFrame(rows).set_index("setup")
 
     def collectives_table(self) -> pd.DataFrame:
         """Per setup and collective: calls and bytes counted, and the formulas' (TP's within each row, FSDP2's

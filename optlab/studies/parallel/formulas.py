@@ -82,14 +82,15 @@ def tensor_parallel_collectives(config: GPTConfig, b: int, t: int, sequence: boo
             "reduce-scatter forward": {"calls": 2 * layers, "bytes": 2 * layers * activation}}
 
 
-def fsdp_collectives(config: GPTConfig, tp: int = 1, reshard_after_forward: bool = True,
-                     s: int = 4) -> dict[str, dict[str, int]]:
+def fsdp_collectives(config: GPTConfig, tp: int = 1, reshard_after_forward: bool = True, s: int = 4,
+                     layers: int | None = None) -> dict[str, dict[str, int]]:
     """FSDP2's collectives in one step over the model sharded as one unit per block plus the root (embeddings, final
     norm, head), each unit's parameters being this tensor-parallel rank's (``tp``): forward all-gathers every unit;
     backward gathers every block again when ``reshard_after_forward`` freed it (the root is kept) and
-    reduce-scatters every unit's gradients. Bytes of the whole (gathered) parameters, ``s`` bytes each."""
-    layers = config.n_layer
-    whole, block = s * model_parameters(config, tp), s * block_parameters(config, tp)
+    reduce-scatters every unit's gradients. Bytes of the whole (gathered) parameters, ``s`` bytes each; ``layers``:
+    the blocks on this rank (all)."""
+    layers = config.n_layer if layers is None else layers
+    whole, block = s * model_parameters(config, tp, layers), s * block_parameters(config, tp)
     collectives = {"all-gather forward": {"calls": layers + 1, "bytes": whole},
                    "reduce-scatter backward": {"calls": layers + 1, "bytes": whole}}
     if reshard_after_forward:

@@ -67,36 +67,46 @@ class Layout:
         return None
 
 
-def memory_per_gpu(config: GPTConfig, layout: Layout, micro_batch: int = 1) -> dict[str, float]:
-    """Bytes on the GPU that holds the embeddings: model state and activations (see the module's assumptions)."""
+def memory_per_gpu(config: GPTConfig, layout: Layout, micro_batch: int = 1, state_bytes: int = STATE_BYTES,
+                   value_bytes: int = VALUE_BYTES) -> dict[str, float]:
+    """Bytes on the GPU that holds the embeddings: model state (``state_bytes`` per parameter it keeps), the blocks
+    FSDP holds gathered, and activations of ``value_bytes`` each (see the module's assumptions)."""
     layers = config.n_layer // layout.pp
-    parameters = formulas.model_parameters(config, layout.tp, layers)
-    state = STATE_BYTES * parameters / (layout.data if layout.fsdp else 1)
-    gathered = 2 * VALUE_BYTES * formulas.block_parameters(config, layout.tp) if layout.fsdp else 0
-    in_flight = layout.pp  # 1F1B: the first stage holds pp micro-batches before its first backward
-    activations = in_flight * formulas.activation_bytes(config, micro_batch, config.block_size, layout.tp,
-                                                        layout.sequence, VALUE_BYTES, layers)
-    held = parameters / (layout.data if layout.fsdp else 1)
-    return {"parameters": held, "state": state + gathered, "activations": activations}
+    parameters = formulas.model_parameters(config, layout.tp, layers) / (layout.data if layout.fsdp else 1)
+    gathered = 2 * value_bytes * formulas.block_parameters(config, layout.tp) if layout.fsdp else 0
+    activations = in_flight(layout) * formulas.activation_bytes(config, micro_batch, config.block_size, layout.tp,
+                                                        layout.sequence, value_bytes, layers)
+    return {"parameters": parameters, "state": state_bytes * parameters, "gathered": gathered,
+            "activations": activations}
 
 
-def bytes_per_step(config: GPTConfig, layout: Layout, micro_batch: int = 1, micro_batches: int = 8) -> float:
+def in_flight(layout: Layout) -> int:
+    """Micro-batches whose activations the first stage holds at once: 1F1B runs pp forwards before its first
+    backward (1 without a pipeline)."""
+    return layout.pp
+
+
+def bytes_per_step(config: GPTConfig, layout: Layout, micro_batch: int = 1, micro_batches: int = 8,
+                   value_bytes: int = VALUE_BYTES) -> float:
     """Bytes one GPU sends in one step of ``micro_batches`` micro-batches on rings: the data-parallel gradients
     (DDP: one all-reduce; FSDP: parameters gathered twice and gradients reduce-scattered), the tensor-parallel
     collectives of every micro-batch, and a pipeline stage's activations forward and gradients backward."""
     layers = config.n_layer // layout.pp
-    gradient_bytes = VALUE_BYTES * formulas.model_parameters(config, layout.tp, layers)
     if layout.fsdp:
-        data = 3 * formulas.ring_bytes_sent("all-gather", gradient_bytes, layout.data)
+        data = _ring_sum(formulas.fsdp_collectives(config, layout.tp, True, value_bytes, layers), layout.data)
     else:
+        gradient_bytes = value_bytes * formulas.model_parameters(config, layout.tp, layers)
         data = formulas.ring_bytes_sent("all-reduce", gradient_bytes, layout.data)
     collectives = formulas.tensor_parallel_collectives(config, micro_batch, config.block_size, layout.sequence,
-                                                       VALUE_BYTES, layers) if layout.tp > 1 else {}
-    tensor = micro_batches * sum(formulas.ring_bytes_sent(key.split()[0], value["bytes"], layout.tp)
-                                 for key, value in collectives.items())
-    boundary = micro_batch * config.block_size * config.n_embd * VALUE_BYTES
+                                                       value_bytes, layers) if layout.tp > 1 else {}
+    tensor = micro_batches * _ring_sum(collectives, layout.tp)
+    boundary = micro_batch * config.block_size * config.n_embd * value_bytes
     pipeline = 2 * micro_batches * boundary if layout.pp > 1 else 0
     return data + tensor + pipeline
+
+
+def _ring_sum(collectives: dict[str, dict[str, int]], ranks: int) -> float:
+    return sum(formulas.ring_bytes_sent(key.split()[0], value["bytes"], ranks) for key, value in collectives.items())
 
 
 def layouts(gpus: int) -> list[Layout]:
@@ -143,9 +153,9 @@ def parallel_plan(config: GPTConfig | str, gpus: int, gpu_memory: float, interco
             rows.append(row | {"fits": False, "note": problem})
             continue
         memory = memory_per_gpu(config, layout, micro_batch)
-        total = memory["state"] + memory["activations"]
+        total = memory["state"] + memory["gathered"] + memory["activations"]
         sent = bytes_per_step(config, layout, micro_batch, micro_batches)
-        rows.append(row | {"parameters per GPU (M)": memory["parameters"] / 1e6, "state GB": memory["state"] / 1e9,
+        rows.append(row | {"parameters per GPU (M)": memory["parameters"] / 1e6, "state GB": (memory["state"] + memory["gathered"]) / 1e9,
                            "activations GB": memory["activations"] / 1e9, "total GB": total / 1e9,
                            "fits": total <= 0.9 * gpu_memory * 1e9, "sent GB per step": sent / 1e9,
                            "link s per step": sent / INTERCONNECTS[interconnect],

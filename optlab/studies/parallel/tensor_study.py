@@ -22,7 +22,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from ...core.errors import OptlabError
 from ...core.gpt.transformer import GPT, GPTConfig
 from ...core.knobs.limits import check_count
-from . import formulas
+from . import formulas, planner
 from .collectives import CollectiveLog
 from .held import parameter_bytes, saved_activation_bytes
 from .ranks import joined, run_ranks, write_findings
@@ -175,6 +175,20 @@ class TensorStudy:
                          "parameters, formula": 4 * formulas.model_parameters(CONFIG, tp),
                          "activation bytes": row["activation bytes"],
                          "activations, formula": formulas.activation_bytes(CONFIG, BATCH, CONFIG.block_size, tp, sequence)})
+        return pd.DataFrame(rows).set_index("setup")
+
+    def planner_table(self) -> pd.DataFrame:
+        """Per tensor-parallel setup: activations one rank saved and the bytes it sent on a ring in one step, as
+        measured and as :mod:`.planner` predicts them for this GPT (fp32, one micro-batch of the run's batch)."""
+        rows = []
+        for row in self.held[1:]:
+            setup, layout = row["setup"], planner.Layout(tp=row["ranks"], sequence=SETUPS[row["setup"]])
+            sent = self.collectives_table().loc[setup, "sent per rank"].sum()
+            rows.append({"setup": setup, "activation bytes": row["activation bytes"],
+                         "activations, planner": planner.memory_per_gpu(CONFIG, layout, BATCH, value_bytes=4)[
+                             "activations"],
+                         "sent per rank": sent,
+                         "sent, planner": planner.bytes_per_step(CONFIG, layout, BATCH, micro_batches=1, value_bytes=4)})
         return pd.DataFrame(rows).set_index("setup")
 
     def timing_table(self) -> pd.DataFrame:
