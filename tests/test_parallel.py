@@ -174,3 +174,24 @@ def test_fsdp2_over_tp_trains_as_one_process_and_counts_as_the_formulas_say(comp
 @pytest.mark.beside_the_book_build
 def test_the_planners_pipeline_holds_what_1f1b_held_on_its_first_stage(pipelines):
     assert pipelines.held_table("in flight")["1F1B"].iloc[0] == planner.in_flight(planner.Layout(pp=4))
+
+
+def test_the_several_gpus_pages_parallel_launch_lines_parse():
+    import re
+    import shlex
+    from pathlib import Path
+
+    from torch.distributed.run import get_args_parser
+
+    from optlab.studies.parallel.commands import _parser
+
+    page = (Path(__file__).parents[1] / "book" / "using" / "several_gpus.md").read_text()
+    lines = re.sub(r"\\\n\s*", "", page).splitlines()
+    launches = [line.split("bash -c ")[-1].strip("'") for line in lines
+                if "-m optlab.studies.parallel" in line and "torchrun" in line]
+    assert len(launches) == 5
+    for line in launches:
+        words = shlex.split(re.sub(r"\$\([^)]*\)", "node0", line).replace("$", ""))  # SLURM's shell words
+        torchrun = get_args_parser().parse_args(words[1:])
+        assert torchrun.module and torchrun.training_script == "optlab.studies.parallel"
+        _parser().parse_args(torchrun.training_script_args)
