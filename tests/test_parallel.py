@@ -110,7 +110,8 @@ def test_the_command_line_prints_the_plan_or_one_error_line(capsys):
     assert main(["parallel-plan", "--model", "gpt2_small", "--gpus", "4", "--gpu-memory", "80"]) == 0
     assert "FSDP 4" in capsys.readouterr().out
     assert main(["parallel-plan", "--gpus", "5000"]) == 2
-    assert capsys.readouterr().err == "optlab: error: gpus 5000 is more than this run can use: at most 4096 (GPUs in one plan)\n"
+    assert capsys.readouterr().err == ("optlab: error: gpus 5000 is more than this run can use: at most 4096 "
+                                       "(GPUs in one plan)\n")
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +169,8 @@ def test_fsdp2_over_tp_trains_as_one_process_and_counts_as_the_formulas_say(comp
     memory = composed.memory_table()
     assert (memory[["parameters", "gradients", "optimizer state"]].eq(memory["formula, each"], axis=0)).all().all()
     plan = composed.planner_table()
-    assert (plan["state bytes"] == plan["state, planner"]).all() and (plan["sent per rank"] == plan["sent, planner"]).all()
+    assert (plan["state bytes"] == plan["state, planner"]).all()
+    assert (plan["sent per rank"] == plan["sent, planner"]).all()
 
 
 @pytest.mark.beside_the_book_build

@@ -2,10 +2,11 @@
 CPU processes joined by gloo and held against the formulas that plan them for GPUs.
 
 ``formulas`` holds the arithmetic (what a rank holds, what it sends, a pipeline's bubble), ``planner`` applies it to
-large models and clusters; ``tensor`` splits the GPT with DTensor, ``collectives`` counts what DTensor sends,
-``held`` what a rank keeps; ``tensor_study`` runs chapter 19's job; ``pipeline`` cuts the GPT into stages and
-times each rank's chunks, ``pipeline_study`` runs chapter 20's job; ``compose_study`` chapter 21's (FSDP2 over TP on a 2 x 2 mesh); ``ranks`` starts and joins the CPU processes,
-``commands`` holds the rank commands torchrun starts. Imports the core and the distributed study's launcher.
+large models and clusters; ``tensor`` splits the GPT with DTensor, ``collectives`` counts what DTensor and FSDP2
+send, ``held`` what a rank keeps; ``tensor_study`` runs chapter 19's job; ``pipeline`` cuts the GPT into stages and
+times each rank's chunks, ``pipeline_study`` runs chapter 20's job; ``compose_study`` chapter 21's (FSDP2 over TP on
+a 2 x 2 mesh); ``ranks`` starts and joins the CPU processes, ``commands`` holds the rank commands torchrun starts.
+Imports the core and the distributed study's launcher and state count.
 """
 from .compose_study import ComposeStudy, compose_study, two_d
 from .formulas import (
@@ -19,8 +20,9 @@ from .tensor import block_plan, group_heads, tensor_parallel, ungroup_heads
 from .tensor_study import CONFIG, PARITY_TOLERANCE, TensorStudy, tensor_study
 
 __all__ = [
-    "ComposeStudy", "compose_study", "fsdp_collectives", "two_d", "BUBBLE_TOLERANCE", "PipelineStudy", "SCHEDULES", "Stage", "Timeline", "pipeline_study", "replayed_idle",
-    "stage_modules", "CONFIG", "Layout", "MODELS", "PARITY_TOLERANCE", "fit_table", "parallel_plan", "TensorStudy", "activation_bytes", "block_activation_bytes", "block_parameters",
-    "block_plan", "bubble_fraction", "group_heads", "model_parameters", "ring_bytes_sent", "tensor_parallel",
-    "tensor_parallel_collectives", "tensor_study", "ungroup_heads",
+    "BUBBLE_TOLERANCE", "CONFIG", "ComposeStudy", "Layout", "MODELS", "PARITY_TOLERANCE", "PipelineStudy",
+    "SCHEDULES", "Stage", "TensorStudy", "Timeline", "activation_bytes", "block_activation_bytes", "block_parameters",
+    "block_plan", "bubble_fraction", "compose_study", "fit_table", "fsdp_collectives", "group_heads",
+    "model_parameters", "parallel_plan", "pipeline_study", "replayed_idle", "ring_bytes_sent", "stage_modules",
+    "tensor_parallel", "tensor_parallel_collectives", "tensor_study", "two_d", "ungroup_heads",
 ]

@@ -36,7 +36,8 @@ class CollectiveLog(CommDebugMode):
         if out is not NotImplemented and self.get_total_counts() > before:
             name = func._overloadpacket.__name__
             self.records.append({"collective": NAMES.get(name, name),
-                                 "pass": self.phase or ("backward" if self.advanced_module_tracker.is_bw else "forward"),
+                                 "pass": self.phase or ("backward" if self.advanced_module_tracker.is_bw
+                                                        else "forward"),
                                  "bytes": _bytes(*args, out)})
         return out
 

@@ -1,4 +1,5 @@
-"""The rank commands torchrun starts: ``tensor-rank``, ``pipeline-rank``, ``compose-rank``; each writes rank 0's findings to ``--out``."""
+"""The rank commands torchrun starts: ``tensor-rank``, ``pipeline-rank``, ``compose-rank``; each writes rank 0's
+findings to ``--out``."""
 from __future__ import annotations
 
 import argparse

@@ -6,6 +6,7 @@ tensor-parallel (``tp``: the two ranks of a row split every block, chapter 19). 
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,7 +71,7 @@ def compose_rank(out: Path, steps: int) -> None:
             for step in range(steps):
                 optimizer.zero_grad()
                 batch = token_batch(step * MESH[0] + row)
-                with log if step == 0 else _Quiet():
+                with log if step == 0 else contextlib.nullcontext():
                     log.phase = "forward"
                     loss = loss_of(model, batch)
                     log.phase = "backward"
@@ -89,14 +90,6 @@ def compose_rank(out: Path, steps: int) -> None:
                                          zip(reference.parameters(), initial.parameters()))}
         if rank == 0:
             write_findings(out, findings)
-
-
-class _Quiet:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *args) -> None:
-        return None
 
 
 @dataclass(frozen=True)
@@ -137,7 +130,8 @@ class ComposeStudy:
                                                             ("parameters", "gradients", "optimizer state")),
                          "state, planner": planner.memory_per_gpu(CONFIG, layout, BATCH, state_bytes=12)["state"],
                          "sent per rank": sent,
-                         "sent, planner": planner.bytes_per_step(CONFIG, layout, BATCH, micro_batches=1, value_bytes=4)})
+                         "sent, planner": planner.bytes_per_step(CONFIG, layout, BATCH, micro_batches=1,
+                                                                 value_bytes=4)})
         return pd.DataFrame(rows).set_index("setup")
 
     def collectives_table(self) -> pd.DataFrame:

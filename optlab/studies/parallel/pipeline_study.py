@@ -38,7 +38,8 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def _batch() -> torch.Tensor:
-    return torch.randint(0, CONFIG.vocab_size, (BATCH, CONFIG.block_size + 1), generator=torch.Generator().manual_seed(0))
+    generator = torch.Generator().manual_seed(0)
+    return torch.randint(0, CONFIG.vocab_size, (BATCH, CONFIG.block_size + 1), generator=generator)
 
 
 def _chunk_bytes(rank: int, ranks: int, virtual: int, model: GPT, microbatch: int) -> dict[int, int]:
@@ -91,11 +92,13 @@ def pipeline_rank(out: Path, microbatches: list[int], repeats: int) -> None:
                     losses = _step(schedule, rank, ranks, batch)
                     wall = time.perf_counter() - start
                     if repeat == 0:
-                        gradient = max(float((p.grad - q.grad).abs().max()) for stage, ref in zip(stages, reference_stages)
+                        gradient = max(float((p.grad - q.grad).abs().max())
+                                       for stage, ref in zip(stages, reference_stages)
                                        for p, q in zip(stage.submod.parameters(), ref.parameters()))
                         loss = abs(float(torch.stack(losses).mean()) - reference_loss) if losses else None
                 sizes = _chunk_bytes(rank, ranks, virtual, model, BATCH // m)
-                rows.append({"schedule": name, "microbatches": m, "rank": rank, "wall idle": 1 - timeline.busy_s() / wall,
+                rows.append({"schedule": name, "microbatches": m, "rank": rank,
+                             "wall idle": 1 - timeline.busy_s() / wall,
                              "order": timeline.order(), "durations": timeline.median_s(),
                              "in flight": timeline.most_held(), "held bytes": timeline.most_held(sizes),
                              "chunk bytes": max(sizes.values()), "gradient": gradient, "loss": loss})

@@ -140,7 +140,8 @@ def parallel_plan(config: GPTConfig | str, gpus: int, gpu_memory: float, interco
     check_count("gpus", gpus, 1, MAX_GPUS, "GPUs in one plan")
     check_count("micro_batch", micro_batch, 1, MAX_BATCH, "sequences per micro-batch")
     check_count("micro_batches", micro_batches, 1, MAX_MICRO_BATCHES, "micro-batches per step")
-    if isinstance(gpu_memory, bool) or not isinstance(gpu_memory, (int, float)) or not 0 < gpu_memory <= MAX_GPU_MEMORY_GB:
+    number = isinstance(gpu_memory, (int, float)) and not isinstance(gpu_memory, bool)
+    if not number or not 0 < gpu_memory <= MAX_GPU_MEMORY_GB:
         raise OptlabError(f"gpu_memory must be a number of GB above 0 and at most {MAX_GPU_MEMORY_GB}, "
                           f"got {gpu_memory!r}")
     if interconnect not in INTERCONNECTS:
@@ -155,7 +156,8 @@ def parallel_plan(config: GPTConfig | str, gpus: int, gpu_memory: float, interco
         memory = memory_per_gpu(config, layout, micro_batch)
         total = memory["state"] + memory["gathered"] + memory["activations"]
         sent = bytes_per_step(config, layout, micro_batch, micro_batches)
-        rows.append(row | {"parameters per GPU (M)": memory["parameters"] / 1e6, "state GB": (memory["state"] + memory["gathered"]) / 1e9,
+        rows.append(row | {"parameters per GPU (M)": memory["parameters"] / 1e6,
+                           "state GB": (memory["state"] + memory["gathered"]) / 1e9,
                            "activations GB": memory["activations"] / 1e9, "total GB": total / 1e9,
                            "fits": total <= 0.9 * gpu_memory * 1e9, "sent GB per step": sent / 1e9,
                            "link s per step": sent / INTERCONNECTS[interconnect],

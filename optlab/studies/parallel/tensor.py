@@ -78,7 +78,8 @@ def tensor_parallel(model: GPT, mesh: DeviceMesh, sequence: bool = False) -> GPT
             "blocks.0": PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=Shard(1),
                                            use_local_output=True),
             "norm": SequenceParallel(),
-            "head": PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Replicate(), use_local_output=True),
+            "head": PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Replicate(),
+                                       use_local_output=True),
         })
     return model
 

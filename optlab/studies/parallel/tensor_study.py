@@ -112,8 +112,8 @@ def tensor_rank(out: Path, steps: int, rounds: int) -> None:
         reference = _run(copy.deepcopy(initial), 1, steps)
         moved = _largest_difference(reference["parameters"], dict(initial.named_parameters()))
         rows = [{"setup": "one process", "ranks": 1, "parameter bytes": parameter_bytes(initial),
-                 "activation bytes": _activations(initial), "step ms": _step_ms(copy.deepcopy(initial), rounds, together=False)
-                 if rank == 0 else 0.0}]
+                 "activation bytes": _activations(initial),
+                 "step ms": _step_ms(copy.deepcopy(initial), rounds, together=False) if rank == 0 else 0.0}]
         collectives, parity = {}, []
         for setup, sequence in SETUPS.items():
             model = tensor_parallel(copy.deepcopy(initial), mesh, sequence)
@@ -174,7 +174,8 @@ class TensorStudy:
             rows.append({"setup": row["setup"], "parameter bytes": row["parameter bytes"],
                          "parameters, formula": 4 * formulas.model_parameters(CONFIG, tp),
                          "activation bytes": row["activation bytes"],
-                         "activations, formula": formulas.activation_bytes(CONFIG, BATCH, CONFIG.block_size, tp, sequence)})
+                         "activations, formula": formulas.activation_bytes(CONFIG, BATCH, CONFIG.block_size, tp,
+                                                                           sequence)})
         return pd.DataFrame(rows).set_index("setup")
 
     def planner_table(self) -> pd.DataFrame:
@@ -188,7 +189,8 @@ class TensorStudy:
                          "activations, planner": planner.memory_per_gpu(CONFIG, layout, BATCH, value_bytes=4)[
                              "activations"],
                          "sent per rank": sent,
-                         "sent, planner": planner.bytes_per_step(CONFIG, layout, BATCH, micro_batches=1, value_bytes=4)})
+                         "sent, planner": planner.bytes_per_step(CONFIG, layout, BATCH, micro_batches=1,
+                                                                 value_bytes=4)})
         return pd.DataFrame(rows).set_index("setup")
 
     def timing_table(self) -> pd.DataFrame:
