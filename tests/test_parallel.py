@@ -98,6 +98,7 @@ def test_the_plans_bytes_use_the_measured_formula():
     (lambda: planner.parallel_plan("7b", 8, 80, "carrier-pigeon"), "unknown interconnect"),
     (lambda: planner.parallel_plan("7b", 8, 80, micro_batches=5000), "at most 1024"),
     (lambda: tensor_study(nproc=9), "at most 4"),
+    (lambda: tensor_study(nproc=3), "nproc must divide the GPT's 4 heads, got 3"),
 ])
 def test_bad_input_is_refused_with_the_limit(call, words):
     with pytest.raises(OptlabError, match=words.replace("(", r"\(")):

@@ -3,6 +3,7 @@ findings to ``--out``."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -40,6 +41,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "compose-rank":
             compose_rank(args.out, args.steps)
     except OptlabError as error:
-        print(f"optlab: error: {error}")
+        print(f"optlab: error: {error}", file=sys.stderr)
         return 2
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -14,7 +15,7 @@ import torch.distributed as dist
 from ...core.errors import OptlabError
 from ...core.knobs.limits import check_count
 from ...core.results import store
-from ..distributed import launch, torchrun_command
+from ..distributed import TORCHRUN_ENV, launch, torchrun_command
 
 MAX_CPU_RANKS = 8  # more gloo processes than this only queue for a laptop's cores; the chapters need 2 or 4
 FINDINGS = "findings.json"
@@ -23,6 +24,10 @@ FINDINGS = "findings.json"
 @contextlib.contextmanager
 def joined() -> Iterator[tuple[int, int]]:
     """This process in the job torchrun started, over gloo, with one thread: ``(rank, world size)``."""
+    missing = [name for name in TORCHRUN_ENV if name not in os.environ]
+    if missing:
+        raise OptlabError(f"a rank command must be started by torchrun ({', '.join(missing)} not set); launch it as "
+                          "torchrun --standalone --nproc-per-node N -m optlab.studies.parallel COMMAND --out DIR")
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     try:

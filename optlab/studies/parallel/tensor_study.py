@@ -202,7 +202,9 @@ class TensorStudy:
 def tensor_study(nproc: int = 2, steps: int = 3, rounds: int = 10, timeout: float = 300.0) -> TensorStudy:
     """Launch the study on ``nproc`` CPU processes and return what rank 0 measured."""
     try:
-        check_count("nproc", nproc, 2, 4, "the GPT's 4 heads split over at most 4 ranks")
+        check_count("nproc", nproc, 2, CONFIG.n_head, f"the GPT's {CONFIG.n_head} heads split over at most as many ranks")
+        if CONFIG.n_head % nproc:
+            raise OptlabError(f"nproc must divide the GPT's {CONFIG.n_head} heads, got {nproc}")
         check_count("steps", steps, 1, MAX_STEPS, "parity steps")
         check_count("rounds", rounds, 1, MAX_ROUNDS, "timed steps per setup")
     except OptlabError as error:
