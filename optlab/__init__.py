@@ -19,11 +19,12 @@ from .core.results.store import load_record, load_samples, load_summaries
 from .core.workload import Workload, get_workload, register_workload
 from .studies.tune import InferenceResult, TuneResult, tune
 from .studies.ceilings import measure as ceilings
+from .studies.parallel.planner import parallel_plan
 
 __all__ = [
-    "Experiment", "ExperimentResult", "ceilings", "InferenceResult", "OptlabError", "RunConfig", "TuneResult", "capture_environment",
-    "changed_knobs", "environment_report", "get_experiment", "get_profile", "list_experiments", "load_record",
+    "Experiment", "ExperimentResult", "InferenceResult", "OptlabError", "RunConfig", "TuneResult", "capture_environment",
+    "ceilings", "changed_knobs", "environment_report", "get_experiment", "get_profile", "list_experiments", "load_record",
     "load_samples", "load_summaries", "register_workload", "resolve_device", "run_experiment", "tune", "Workload",
-    "get_workload",
+    "get_workload", "parallel_plan",
 ]
 __version__ = "0.1.0"

@@ -1,4 +1,4 @@
-"""The command line: ``python -m optlab list | run TECHNIQUE | reference | tune | serve STUDY | ceilings``."""
+"""The command line: ``python -m optlab list | run TECHNIQUE | reference | tune | serve STUDY | ceilings | parallel-plan``."""
 from __future__ import annotations
 
 import argparse
@@ -142,6 +142,16 @@ def build_parser() -> argparse.ArgumentParser:
     inference.add_argument("--request-batches", type=_whole_numbers, metavar="B1,B2,...",
                            help="the batch sizes whose request latency is timed (default 1)")
     serve.add_parser(commands)
+
+    plan = commands.add_parser("parallel-plan", help="memory per GPU and bytes per step of each way to split a GPT "
+                                                     "over GPUs (DP, FSDP, TP, SP, PP and their compositions)")
+    plan.add_argument("--model", default="7b", help="gpt2_small, gpt2_medium, gpt2_large, gpt2_xl or 7b (default)")
+    plan.add_argument("--gpus", type=_whole_number, default=8, help="GPUs in all (default 8)")
+    plan.add_argument("--gpu-memory", type=float, default=80.0, metavar="GB", help="memory of one GPU (default 80)")
+    plan.add_argument("--interconnect", default="nvlink4", help="nvlink4 (default), nvlink3, pcie5, pcie4 or "
+                                                                "infiniband-ndr")
+    plan.add_argument("--micro-batch", type=_whole_number, default=1, help="sequences per micro-batch (default 1)")
+    plan.add_argument("--micro-batches", type=_whole_number, default=8, help="micro-batches per step (default 8)")
     return parser
 
 
@@ -335,11 +345,20 @@ def _stopped(stop: Interrupted, bar_shown: bool) -> int:
     return stop.exit_code
 
 
+def _parallel_plan(args: argparse.Namespace) -> None:
+    from ..studies.parallel.planner import parallel_plan
+
+    with pd.option_context("display.width", 200, "display.max_columns", None):
+        print(parallel_plan(args.model, args.gpus, args.gpu_memory, args.interconnect, args.micro_batch,
+                            args.micro_batches).to_string())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     commands = {"list": _list, "run": _interruptible(lambda: _run(args)),
                 "reference": _interruptible(lambda: _reference(args)), "tune": _interruptible(lambda: _tune(args)),
-                "serve": _interruptible(lambda: serve.run(args)), "ceilings": lambda: _ceilings(args)}
+                "serve": _interruptible(lambda: serve.run(args)), "ceilings": lambda: _ceilings(args),
+                "parallel-plan": lambda: _parallel_plan(args)}
     try:
         commands[args.command]()
     except OptlabError as error:
