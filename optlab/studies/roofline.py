@@ -131,11 +131,11 @@ def _counted(config: RunConfig) -> tuple[int, int, int]:
     saved: dict[int, int] = {}
     parameters = {id(p) for p in model.parameters()} | {id(t) for t in input_tensors(inputs)}  # counted apart
 
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        base = tensor._base if tensor._base is not None else tensor
+    def pack(saved_one: torch.Tensor) -> torch.Tensor:
+        base = saved_one._base if saved_one._base is not None else saved_one
         if id(base) not in parameters:  # a view keeps its whole base: each base once
             saved[id(base)] = base.numel() * base.element_size()
-        return tensor
+        return saved_one
 
     counter = OpCounter()
     kept = []  # the saved tensors stay alive until the count ends, so that no id is reused
