@@ -1,11 +1,18 @@
 """make gpu-check: it selects the tests that need CUDA by their ``cuda`` marker, not by how a skip reason is worded,
 lists them with the chapters whose CUDA checks it runs, and says in one line that a CPU has nothing to run."""
 import ast
+import csv
 import importlib.util
 import os
 import subprocess
 import sys
+import tarfile
+import time
 from pathlib import Path
+
+import pytest
+
+from optlab.commands.reference import check_parts
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = importlib.util.spec_from_file_location("gpu_check", ROOT / "tools" / "gpu_check.py")
@@ -74,7 +81,9 @@ def test_gpu_check_lists_every_cuda_test_and_the_chapters_cuda_checks():
     assert any(test.startswith("tests/test_fp8.py::") and test.endswith("[cuda]") for test in tests)
     assert any(test.startswith("tests/test_transformer.py::") and test.endswith("-cuda]") for test in tests)
     assert not any("cpu" in test.partition("[")[2] for test in tests)  # a parametrized test's CPU case stays out
-    assert [line for line in listed if line.startswith("chapter ")] == [
+    chapters = [line for line in listed if line.startswith("chapter ")]
+    assert chapters == [f"chapter notebooks/{name}.ipynb" for name in check_parts.chapters()]  # in the parts' order
+    assert sorted(chapters) == [
         f"chapter notebooks/{name}.ipynb" for name in ("11_cuda_graphs", "14_data_pipeline", "15_profiling",
                                                        "22_attention", "23_checkpointing", "24_gpt_precision",
                                                        "29_memory", "30_kv_cache", "31_quantization",
@@ -92,3 +101,114 @@ def test_a_chapters_cells_get_display_without_importing_it_as_in_jupyter(capsys)
     """Chapters 14, 15 and 29 call ``display`` as a Jupyter kernel's builtin; plain Python has none."""
     exec("display('shown')", gpu_check.chapter_namespace())
     assert "shown" in capsys.readouterr().out
+
+
+# --- gpu-check in parts -------------------------------------------------------------------------------------------
+
+def test_every_part_fits_one_call_on_an_h200_and_every_chapter_is_in_one_part():
+    parts = check_parts.CHECK_PARTS
+    assert all(part.h200_s <= check_parts.DEADLINE_S < check_parts.PART_CALL_S for part in parts), parts
+    assert len(check_parts.chapters()) == len(set(check_parts.chapters()))
+    assert [part.name for part in parts if part.tests] == ["tests"]
+
+
+def test_parts_prints_each_part_with_its_seconds_on_an_h200_and_on_a_cpu():
+    printed = _gpu_check("--parts")
+    assert printed.returncode == 0
+    for number, part in enumerate(check_parts.CHECK_PARTS, 1):
+        assert f"{number} {part.name:<13} {part.h200_s:>7.0f} {part.cpu_s:>6.0f}  {part.what}" in printed.stdout
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--part", "8"], "gpu-check: error: --part '8' is not a part of gpu-check; allowed: 1-7 or tests, serving"),
+    (["--part", "kv"], "gpu-check: error: --part 'kv' is not a part of gpu-check; allowed: 1-7"),
+    (["--deadline", "0"], "gpu-check: error: --deadline must be from 1 to 3600 seconds, got 0"),
+    (["--archive", "x.tar.gz"], "gpu-check: error: --archive packs the --out folder: give --out too"),
+])
+def test_a_bad_part_or_deadline_is_refused_in_one_line(arguments, message):
+    refused = _gpu_check(*arguments, CUDA_VISIBLE_DEVICES="")
+    assert refused.returncode == 2 and refused.stdout.startswith(message), refused.stdout
+
+
+def test_a_part_is_chosen_by_number_or_name():
+    assert check_parts.check_part("4") is check_parts.check_part("memory") is check_parts.CHECK_PARTS[3]
+
+
+def _notebook(folder: Path, stem: str, *cells: str) -> None:
+    import nbformat
+
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells]),
+                   folder / f"{stem}.ipynb")
+
+
+def test_a_part_stops_at_its_deadline_and_writes_what_finished(tmp_path):
+    """The first chapter passes, the second is still running at the deadline, the third never starts: each says so in
+    gpu-check.csv, and the archive (packed after each check) holds it."""
+    _notebook(tmp_path, "a_quick", "x = 1")
+    _notebook(tmp_path, "b_slow", "import time", "time.sleep(30)")
+    _notebook(tmp_path, "c_never", "raise SystemExit('must not run')")
+    part = check_parts.CheckPart("trial", "three chapters", 1, 1, chapters=("a_quick", "b_slow", "c_never"))
+    out = tmp_path / "out"
+    report = gpu_check.Report(out, tmp_path / "check.tar.gz", "CPU", "test")
+    began = time.monotonic()
+    assert not gpu_check.run_part(part, report, [], [], 3.0, probe=False, folder=tmp_path)
+    assert time.monotonic() - began < 20
+    rows = list(csv.DictReader((out / "gpu-check.csv").open()))
+    assert [(row["check"], row["status"]) for row in rows] == [
+        ("a_quick", "ok"), ("b_slow", "stopped: the deadline"), ("c_never", "not reached")]
+    with tarfile.open(tmp_path / "check.tar.gz") as archive:
+        packed = archive.extractfile("out/gpu-check.csv").read().decode()
+    assert packed == (out / "gpu-check.csv").read_text()
+
+
+SHARED_STEP = '''
+import torch
+
+step = torch.compile(lambda x: x * 2, backend="eager", fullgraph=True, dynamic=False)
+'''
+
+
+def test_the_chapter_runner_resets_dynamo_between_chapters(tmp_path, monkeypatch):
+    """Two chapters in one process call one compiled function (as the serving chapters call the one compiled
+    decode), each at six shapes of its own: twelve versions, past Dynamo's limit of 8 under fullgraph, unless each chapter
+    starts with Dynamo's caches empty, as in a kernel of its own."""
+    (tmp_path / "shared_step.py").write_text(SHARED_STEP)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for stem, sizes in (("first", "1, 7"), ("second", "7, 13")):
+        _notebook(tmp_path, stem, "import torch\nfrom shared_step import step",
+                  f"for n in range({sizes}):\n    assert step(torch.ones(n)).sum() == 2 * n")
+    for stem in ("first", "second"):
+        gpu_check.run_chapter(stem, tmp_path)
+
+
+# --- the rehearsal ------------------------------------------------------------------------------------------------
+
+def test_the_rehearsals_python_finds_the_packages_but_not_an_installed_optlab(tmp_path):
+    """An installed optlab (an editable install points at some checkout) would hide a child process that cannot
+    import this one: the GPU machine has none."""
+    python = gpu_check.clean_python(ROOT / "_build" / "rehearsal-python")
+    found = subprocess.run([str(python), "-c", "import importlib.util as u; print(u.find_spec('torch') is not None, "
+                            "u.find_spec('pandas') is not None, u.find_spec('optlab') is None)"],
+                           cwd=tmp_path, env={"PATH": os.environ["PATH"]}, capture_output=True, text=True, timeout=60)
+    assert found.stdout.split() == ["True", "True", "True"], found.stderr
+
+
+REHEARSED = ("memory", "decoding")  # the parts make test rehearses: the child processes, and one compiled decode
+
+
+@pytest.mark.beside_the_book_build
+@pytest.mark.parametrize("part", REHEARSED)
+def test_the_rehearsal_runs_a_part_on_the_cpu_as_the_gpu_would(tmp_path, part):
+    """``--rehearse --part``: a clean interpreter and environment, the GPU's process, order and working folders, Jupyter
+    hidden, the device forced to the CPU; its report lands in the archive. Each of the part's chapters passes."""
+    env = {name: os.environ[name] for name in ("PATH", "HOME", "OPTLAB_DATA") if name in os.environ}
+    run = subprocess.run([sys.executable, "tools/gpu_check.py", "--rehearse", "--part", part, "--out",
+                          str(tmp_path / "cpu"), "--archive", str(tmp_path / "cpu.tar.gz")],
+                         cwd=ROOT, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
+    rows = list(csv.DictReader((tmp_path / "cpu" / "gpu-check.csv").open()))
+    chapters = check_parts.check_part(part).chapters
+    assert [(row["check"], row["status"], row["mode"]) for row in rows] == [
+        (chapter, "ok", "rehearsal on the CPU") for chapter in chapters], run.stdout[-3000:] + run.stderr[-3000:]
+    assert run.returncode == 0 and run.stdout.splitlines()[-1].startswith("gpu-check: all passed in ")
+    with tarfile.open(tmp_path / "cpu.tar.gz") as archive:
+        assert "cpu/gpu-check.csv" in archive.getnames()
