@@ -170,8 +170,8 @@ step = torch.compile(lambda x: x * 2, backend="eager", fullgraph=True, dynamic=F
 
 def test_the_chapter_runner_resets_dynamo_between_chapters(tmp_path, monkeypatch):
     """Two chapters in one process call one compiled function (as the serving chapters call the one compiled
-    decode), each at six shapes of its own: twelve versions, past Dynamo's limit of 8 under fullgraph, unless each chapter
-    starts with Dynamo's caches empty, as in a kernel of its own."""
+    decode), each at six shapes of its own: twelve versions, past Dynamo's limit of 8 under fullgraph, unless each
+    chapter starts with Dynamo's caches empty, as in a kernel of its own."""
     (tmp_path / "shared_step.py").write_text(SHARED_STEP)
     monkeypatch.syspath_prepend(str(tmp_path))
     for stem, sizes in (("first", "1, 7"), ("second", "7, 13")):

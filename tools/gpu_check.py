@@ -315,7 +315,8 @@ def arguments(argv: list[str]) -> argparse.Namespace:
                         help="stop a part after this many seconds and write what finished (default 220, in the "
                              "rehearsal 600; at most 3600)")
     parser.add_argument("--out", type=Path, help="write gpu-check.csv into this folder (a reference run's)")
-    parser.add_argument("--archive", type=Path, metavar="PATH.tar.gz", help="pack --out into this file after each check")
+    parser.add_argument("--archive", type=Path, metavar="PATH.tar.gz",
+                        help="pack --out into this file after each check")
     parser.add_argument("--rehearse", action="store_true",
                         help="run it on the CPU as a GPU would, in a clean interpreter and environment")
     return parser.parse_args(argv)
