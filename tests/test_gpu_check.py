@@ -212,3 +212,38 @@ def test_the_rehearsal_runs_a_part_on_the_cpu_as_the_gpu_would(tmp_path, part):
     assert run.returncode == 0 and run.stdout.splitlines()[-1].startswith("gpu-check: all passed in ")
     with tarfile.open(tmp_path / "cpu.tar.gz") as archive:
         assert "cpu/gpu-check.csv" in archive.getnames()
+
+
+# --- the plan of a short GPU job ----------------------------------------------------------------------------------
+
+def test_the_gpu_page_and_reference_plan_give_the_same_short_job_plan():
+    from optlab.commands.reference.planning import describe_plan
+    from optlab.commands.reference.short_plan import describe_short_plan
+
+    page = (ROOT / "book" / "using" / "gpu.md").read_text()
+    block = page.split("## A short GPU job")[1].split("```bash\n")[1].split("\n```")[0]
+    assert block == describe_short_plan()
+    assert describe_short_plan() in describe_plan("seed", device="cpu")
+
+
+def test_the_short_plan_starts_with_the_seed_set_and_its_first_job_fits():
+    from optlab.commands.reference import short_plan
+    from optlab.commands.reference.planning import set_names
+
+    plan, fitted = short_plan.PLAN, short_plan.first_job()
+    assert plan[0].command.startswith("python3 -m optlab reference --set seed ") and "--budget 230 " in plan[0].command
+    assert fitted >= 2 and short_plan.MACHINE_START_S + sum(s.limit_s for s in plan[:fitted]) <= short_plan.JOB_S
+    assert short_plan.MACHINE_START_S + sum(s.limit_s for s in plan[:fitted + 1]) > short_plan.JOB_S
+    assert all(step.limit_s <= short_plan.COMMAND_S for step in plan)
+    budgets = [(s.command.split("--set ")[1].split()[0], int(s.command.split("--budget ")[1].split()[0]), s.limit_s)
+               for s in plan if s.check is None]
+    assert all(set_names(name) and budget < limit for name, budget, limit in budgets)
+    assert short_plan.parts_left_out() == []
+
+
+def test_a_set_added_to_the_short_plan_is_one_entry(monkeypatch):
+    from optlab.commands.reference import short_plan
+
+    added = short_plan.reference_step("beyond", 230, "precision, the data pipeline and the optimizers")
+    monkeypatch.setattr(short_plan, "PLAN", (*short_plan.PLAN, added))
+    assert short_plan.describe_short_plan().endswith(f"timeout 240 {added.command}   # {added.what}")
