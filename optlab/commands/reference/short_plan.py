@@ -86,7 +86,7 @@ def describe_short_plan() -> str:
              "# Missing ones come as wheels from a machine with a network, for the GPU machine's Python and platform:",
              "#   pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 "
              "-d wheels seaborn tqdm",
-             "#   (copy wheels/ over, then on the GPU machine:) pip install --no-index --find-links wheels seaborn tqdm",
+             "#   then copy wheels/ over; on the GPU machine: pip install --no-index --find-links wheels seaborn tqdm",
              "export PYTHONPATH=.",
              f"# the first job: {fitted} commands, {sum(s.limit_s for s in PLAN[:fitted]) / 60:.0f} minutes of limits"]
     for index, step in enumerate(PLAN):
