@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from .check_parts import CHECK_PARTS, PART_CALL_S, check_part
 
 JOB_S = 900  # one short job: 15 minutes in all
-COMMAND_S = 600  # at most 10 minutes a command
+COMMAND_S = 600  # the longest one command may run
 MACHINE_START_S = 150  # a cloud instance or a job's node takes minutes to start, out of the job's time
 LIMIT_SLACK_S = 10  # a reference command's limit over its --budget: its last pack and the interpreter's exit
 OUT, NAME = "results/reference/gpu", "gpu"  # name the folder and archives after the GPU (h200, a100-80gb, ...)
@@ -79,7 +79,7 @@ def describe_short_plan() -> str:
     with its limit, the first job's steps apart from the next job's."""
     fitted = first_job()
     lines = [f"# A short GPU job: {JOB_S // 60} minutes in all (about {MACHINE_START_S / 60:.1f} of them the "
-             f"machine's start), at most {COMMAND_S // 60} a command.",
+             f"machine's start), each command within {COMMAND_S // 60} minutes.",
              "# Needs Python 3.11+ and these packages, no Jupyter and no network; check them first:",
              f"python3 -c \"import {', '.join(PACKAGES)}\"",
              f"# optional: {', '.join(f'{package} (import {module})' for module, package in OPTIONAL.items())}.",
