@@ -193,7 +193,8 @@ def test_the_rehearsals_python_finds_the_packages_but_not_an_installed_optlab(tm
     assert found.stdout.split() == ["True", "True", "True"], found.stderr
 
 
-REHEARSED = ("memory", "decoding")  # the parts make test rehearses: the child processes, and one compiled decode
+REHEARSED = ("tests", "memory", "decoding")  # what make test rehearses: pytest without Jupyter, the child
+# processes, one compiled decode in two chapters
 
 
 @pytest.mark.beside_the_book_build
@@ -247,3 +248,20 @@ def test_a_set_added_to_the_short_plan_is_one_entry(monkeypatch):
     added = short_plan.reference_step("beyond", 230, "precision, the data pipeline and the optimizers")
     monkeypatch.setattr(short_plan, "PLAN", (*short_plan.PLAN, added))
     assert short_plan.describe_short_plan().endswith(f"timeout 240 {added.command}   # {added.what}")
+
+
+@pytest.mark.parametrize("child, caught", [
+    ("import no_such_module", "cannot import"),  # as optlab from notebooks/ with PYTHONPATH=.
+    ("raise SystemExit('Torch not compiled with CUDA enabled')", None),  # past its imports, at its first CUDA call
+    (None, "started no child process"),  # the chapter's code changed under the probe
+])
+def test_a_probe_fails_on_a_child_that_cannot_import_and_on_none_started(monkeypatch, child, caught):
+    code = ("1 + 1" if child is None else
+            f"done = subprocess.run([sys.executable, '-c', {child!r}], capture_output=True, text=True)\n"
+            "if done.returncode: raise RuntimeError(done.stderr.strip().splitlines()[-1])")
+    monkeypatch.setitem(gpu_check.CHILD_PROBES, "trial", code)
+    if caught is None:
+        gpu_check.probe_children("trial", {"subprocess": subprocess, "sys": sys})
+        return
+    with pytest.raises(gpu_check.ChildCannotImport, match=caught):
+        gpu_check.probe_children("trial", {"subprocess": subprocess, "sys": sys})

@@ -38,6 +38,10 @@ import traceback
 import types
 import venv
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # optlab is imported once the path is set (main)
+    from optlab.commands.reference.check_parts import CheckPart
 
 PROCESS_START = time.monotonic()
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,7 +123,7 @@ def chapter_namespace() -> dict:
     return {"__name__": "__main__", "display": display}
 
 
-JUPYTER = ("IPython", "ipykernel", "ipywidgets", "jupyter_client", "jupyter_core", "nbclient", "nbformat", "nbval")
+JUPYTER = ("IPython", "ipykernel", "ipywidgets", "jupyter_client", "jupyter_core", "nbclient", "nbformat")
 
 
 def hide_jupyter() -> None:
@@ -135,20 +139,36 @@ IMPORT_FAILURES = ("No module named", "ModuleNotFoundError", "ImportError")
 
 
 class ChildCannotImport(RuntimeError):
-    """A chapter's child process could not import what it runs."""
+    """A chapter's child process could not import what it runs (or the probe started none)."""
+
+
+STARTED: list[str] = []  # the processes started while a probe listens (an audit hook cannot be removed: it is gated)
+
+
+def _count_processes(event: str, arguments: tuple) -> None:
+    if event == "subprocess.Popen" and STARTED and STARTED[0] == "listening":
+        STARTED.append(str(arguments[1])[:200])
 
 
 def probe_children(chapter: str, namespace: dict) -> None:
     """Start ``chapter``'s CUDA-only child processes (:data:`CHILD_PROBES`) on a CPU: they must get past their
-    imports to the first CUDA call; a child that cannot import is a :class:`ChildCannotImport`."""
+    imports to the first CUDA call; a child that cannot import, or a probe that starts no child (the chapter's code
+    changed), is a :class:`ChildCannotImport`."""
     if chapter not in CHILD_PROBES:
         return
+    if not STARTED:
+        sys.addaudithook(_count_processes)
+    STARTED[:] = ["listening"]
     try:
         exec(CHILD_PROBES[chapter], namespace)
     except Exception as error:  # noqa: BLE001  (a child that reached CUDA on a CPU fails: that is the probe passing)
         if any(failure in str(error) for failure in IMPORT_FAILURES):
             raise ChildCannotImport(f"{chapter}: a child process started from notebooks/ cannot import: "
                                     f"{error}") from error
+    finally:
+        started, STARTED[:] = STARTED[1:], ["off"]
+    if not started:
+        raise ChildCannotImport(f"{chapter}: {CHILD_PROBES[chapter]} started no child process; update CHILD_PROBES")
 
 
 def fresh_compiler() -> None:
@@ -238,7 +258,7 @@ def _status(error: BaseException) -> str:
     return f"failed: {type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"[:300]
 
 
-def run_part(part, report: Report, files: list[Path], options: list[str], seconds: float, probe: bool,
+def run_part(part: CheckPart, report: Report, files: list[Path], options: list[str], seconds: float, probe: bool,
              folder: Path = NOTEBOOKS) -> bool:
     """Run ``part``'s checks within ``seconds``, a row in ``report`` after each; True if all passed. At the deadline
     the check in flight is recorded as stopped and the rest as not reached."""
@@ -246,7 +266,7 @@ def run_part(part, report: Report, files: list[Path], options: list[str], second
 
     checks = (["CUDA-only tests"] if part.tests else []) + list(part.chapters)
     done: list[str] = []
-    passed = True
+    passed, began = True, time.monotonic()
     try:
         with deadline(seconds):
             for check in checks:
@@ -355,7 +375,7 @@ def main(argv: list[str]) -> int:
         print(f"gpu-check: error: {error}")
         return 2
     files = test_files()
-    options = ["-q", "-p", "no:cacheprovider", "--rootdir", str(ROOT)]
+    options = ["-q", "-p", "no:cacheprovider", "-p", "no:nbval", "--rootdir", str(ROOT)]  # nbval: a Jupyter plugin
     if importlib.util.find_spec("yaml") is None:
         options.append("--noconftest")  # tests/conftest.py reads _toc.yml with PyYAML; the CUDA tests need neither
     if args.list:
