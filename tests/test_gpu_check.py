@@ -193,8 +193,8 @@ def test_the_rehearsals_python_finds_the_packages_but_not_an_installed_optlab(tm
     assert found.stdout.split() == ["True", "True", "True"], found.stderr
 
 
-REHEARSED = ("tests", "memory", "decoding")  # what make test rehearses: pytest without Jupyter, the child
-# processes, one compiled decode in two chapters
+REHEARSED = ("tests", "memory")  # what make test rehearses (about 2 min): pytest without Jupyter, the child
+# processes; make gpu-rehearsal rehearses every part
 
 
 @pytest.mark.beside_the_book_build
