@@ -38,20 +38,21 @@ class CheckPart:
 
 # In the order gpu-check runs them, which is also their value: the tests first (every CUDA path at the smallest
 # size), then the chapters whose GPU branches hold the most that a CPU cannot check. H200: a guess from the chapters'
-# compiles (GPT-2 small's ~45 s a cold compile, field notes 9) and sizes; CPU: the rehearsal's seconds.
+# compiles (GPT-2 small's ~45 s a cold compile) and sizes; CPU: a whole rehearsal's seconds per part (516 s in
+# all on the shared 2-core machine, start-up included).
 CHECK_PARTS = (
-    CheckPart("tests", "the CUDA-only tests (every file with a test marked cuda)", 150, 40, tests=True),
+    CheckPart("tests", "the CUDA-only tests (every file with a test marked cuda)", 150, 55, tests=True),
     CheckPart("serving", "chapters 30-31: the KV cache and quantized decoding (int8/int4 kernels, CUDA graphs)",
-              200, 220, chapters=("30_kv_cache", "31_quantization")),
-    CheckPart("decoding", "chapters 32-33: speculative decoding and serving requests", 170, 80,
+              200, 110, chapters=("30_kv_cache", "31_quantization")),
+    CheckPart("decoding", "chapters 32-33: speculative decoding and serving requests", 170, 95,
               chapters=("32_speculative_decoding", "33_serving")),
     CheckPart("memory", "chapter 29: the allocator's snapshots, the allocator comparison's child processes",
-              90, 70, chapters=("29_memory",)),
-    CheckPart("gpt", "chapters 22-24: attention kernels, checkpointing, GPT precision (FP8 on sm 8.9+)", 150, 110,
+              90, 60, chapters=("29_memory",)),
+    CheckPart("gpt", "chapters 22-24: attention kernels, checkpointing, GPT precision (FP8 on sm 8.9+)", 150, 105,
               chapters=("22_attention", "23_checkpointing", "24_gpt_precision")),
-    CheckPart("cnn", "chapters 11, 14, 15: CUDA graphs, the data pipeline, the profiler", 90, 170,
+    CheckPart("cnn", "chapters 11, 14, 15: CUDA graphs, the data pipeline, the profiler", 90, 150,
               chapters=("11_cuda_graphs", "14_data_pipeline", "15_profiling")),
-    CheckPart("your-model", "chapter 37: tuning your own model", 90, 90, chapters=("37_your_model",)),
+    CheckPart("your-model", "chapter 37: tuning your own model", 90, 100, chapters=("37_your_model",)),
 )
 
 
