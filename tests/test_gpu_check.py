@@ -266,3 +266,15 @@ def test_a_probe_fails_on_a_child_that_cannot_import_and_on_none_started(monkeyp
         return
     with pytest.raises(gpu_check.ChildCannotImport, match=caught):
         gpu_check.probe_children("trial", {"subprocess": subprocess, "sys": sys})
+
+
+def test_without_jupyter_two_chapters_and_their_figures_run_in_one_process():
+    """Where IPython is missing (the GPU image), the stand-in serves a second chapter too, and matplotlib, which asks
+    any IPython module for its shell and version, draws."""
+    code = ("import importlib.util; spec = importlib.util.spec_from_file_location('g', 'tools/gpu_check.py'); "
+            "g = importlib.util.module_from_spec(spec); spec.loader.exec_module(g); g.hide_jupyter(); "
+            "g.chapter_namespace(); namespace = g.chapter_namespace(); "
+            "import matplotlib.pyplot as plt; plt.subplots(); namespace['display']('shown')")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "MPLBACKEND": "Agg"})
+    assert run.returncode == 0 and run.stdout.strip() == "shown", run.stderr[-2000:]
