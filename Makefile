@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test book serve bench lab ddp-check shard-check gpu-check clean
+.PHONY: install test book serve bench lab ddp-check shard-check gpu-check gpu-rehearsal clean
 
 install: $(STAMP)
 
@@ -40,6 +40,9 @@ shard-check: $(STAMP)  # FSDP2 on two gloo processes against one process, and a 
 
 gpu-check:  # the CUDA-only tests and the chapters' CUDA checks; the venv's Python if there is one, else $(PYTHON)
 	PYTHONPATH=. $(if $(wildcard $(PY)),$(PY),$(PYTHON)) tools/gpu_check.py
+
+gpu-rehearsal: $(STAMP)  # gpu-check on the CPU as a GPU machine runs it: its processes, order and folders, clean env
+	$(PY) tools/gpu_check.py --rehearse
 
 lab: $(STAMP)  # the chapters in JupyterLab; --allow-root: containers (and CI) often run as root, where Jupyter refuses
 	$(VENV)/bin/jupyter lab --allow-root notebooks/

@@ -1,11 +1,18 @@
 """make gpu-check: it selects the tests that need CUDA by their ``cuda`` marker, not by how a skip reason is worded,
 lists them with the chapters whose CUDA checks it runs, and says in one line that a CPU has nothing to run."""
 import ast
+import csv
 import importlib.util
 import os
 import subprocess
 import sys
+import tarfile
+import time
 from pathlib import Path
+
+import pytest
+
+from optlab.commands.reference import check_parts
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = importlib.util.spec_from_file_location("gpu_check", ROOT / "tools" / "gpu_check.py")
@@ -66,15 +73,17 @@ def test_gpu_check_lists_every_cuda_test_and_the_chapters_cuda_checks():
     listed = _gpu_check("--list").stdout.splitlines()
     tests = [line.split(" ", 1)[1] for line in listed if line.startswith("test ")]
     files = {test.split("::")[0] for test in tests}
-    assert files == {f"tests/test_{name}.py" for name in ("attention_check", "autotune", "cuda_graphs", "fp8",
-                                                          "largest_batch", "memory_breakdown", "microbench", "numerics",
-                                                          "optimizer_bench", "profiling", "serving_generation", "tf32",
-                                                          "transformer", "tune_memory")}
+    assert files == {f"tests/test_{name}.py" for name in (
+        "attention_check", "autotune", "cuda_graphs", "cuda_paths", "fp8", "gpu_state", "largest_batch",
+        "memory_breakdown", "microbench", "mig_peaks", "numerics", "optimizer_bench", "profiling", "serving_generation",
+        "tf32", "transformer", "tune_memory")}
     assert "tests/test_cuda_graphs.py::test_graphed_inference_and_training_match_eager" in tests
     assert any(test.startswith("tests/test_fp8.py::") and test.endswith("[cuda]") for test in tests)
     assert any(test.startswith("tests/test_transformer.py::") and test.endswith("-cuda]") for test in tests)
     assert not any("cpu" in test.partition("[")[2] for test in tests)  # a parametrized test's CPU case stays out
-    assert [line for line in listed if line.startswith("chapter ")] == [
+    chapters = [line for line in listed if line.startswith("chapter ")]
+    assert chapters == [f"chapter notebooks/{name}.ipynb" for name in check_parts.chapters()]  # in the parts' order
+    assert sorted(chapters) == [
         f"chapter notebooks/{name}.ipynb" for name in ("11_cuda_graphs", "14_data_pipeline", "15_profiling",
                                                        "22_attention", "23_checkpointing", "24_gpt_precision",
                                                        "29_memory", "30_kv_cache", "31_quantization",
@@ -92,3 +101,180 @@ def test_a_chapters_cells_get_display_without_importing_it_as_in_jupyter(capsys)
     """Chapters 14, 15 and 29 call ``display`` as a Jupyter kernel's builtin; plain Python has none."""
     exec("display('shown')", gpu_check.chapter_namespace())
     assert "shown" in capsys.readouterr().out
+
+
+# --- gpu-check in parts -------------------------------------------------------------------------------------------
+
+def test_every_part_fits_one_call_on_an_h200_and_every_chapter_is_in_one_part():
+    parts = check_parts.CHECK_PARTS
+    assert all(part.h200_s <= check_parts.DEADLINE_S < check_parts.PART_CALL_S for part in parts), parts
+    assert len(check_parts.chapters()) == len(set(check_parts.chapters()))
+    assert [part.name for part in parts if part.tests] == ["tests"]
+
+
+def test_parts_prints_each_part_with_its_seconds_on_an_h200_and_on_a_cpu():
+    printed = _gpu_check("--parts")
+    assert printed.returncode == 0
+    for number, part in enumerate(check_parts.CHECK_PARTS, 1):
+        assert f"{number} {part.name:<13} {part.h200_s:>7.0f} {part.cpu_s:>6.0f}  {part.what}" in printed.stdout
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--part", "8"], "gpu-check: error: --part '8' is not a part of gpu-check; allowed: 1-7 or tests, serving"),
+    (["--part", "kv"], "gpu-check: error: --part 'kv' is not a part of gpu-check; allowed: 1-7"),
+    (["--deadline", "0"], "gpu-check: error: --deadline must be from 1 to 3600 seconds, got 0"),
+    (["--archive", "x.tar.gz"], "gpu-check: error: --archive packs the --out folder: give --out too"),
+])
+def test_a_bad_part_or_deadline_is_refused_in_one_line(arguments, message):
+    refused = _gpu_check(*arguments, CUDA_VISIBLE_DEVICES="")
+    assert refused.returncode == 2 and refused.stdout.startswith(message), refused.stdout
+
+
+def test_a_part_is_chosen_by_number_or_name():
+    assert check_parts.check_part("4") is check_parts.check_part("memory") is check_parts.CHECK_PARTS[3]
+
+
+def _notebook(folder: Path, stem: str, *cells: str) -> None:
+    import nbformat
+
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells]),
+                   folder / f"{stem}.ipynb")
+
+
+def test_a_part_stops_at_its_deadline_and_writes_what_finished(tmp_path):
+    """The first chapter passes, the second is still running at the deadline, the third never starts: each says so in
+    gpu-check.csv, and the archive (packed after each check) holds it."""
+    _notebook(tmp_path, "a_quick", "x = 1")
+    _notebook(tmp_path, "b_slow", "import time", "time.sleep(30)")
+    _notebook(tmp_path, "c_never", "raise SystemExit('must not run')")
+    part = check_parts.CheckPart("trial", "three chapters", 1, 1, chapters=("a_quick", "b_slow", "c_never"))
+    out = tmp_path / "out"
+    report = gpu_check.Report(out, tmp_path / "check.tar.gz", "CPU", "test")
+    began = time.monotonic()
+    assert not gpu_check.run_part(part, report, [], [], 3.0, probe=False, folder=tmp_path)
+    assert time.monotonic() - began < 20
+    rows = list(csv.DictReader((out / "gpu-check.csv").open()))
+    assert [(row["check"], row["status"]) for row in rows] == [
+        ("a_quick", "ok"), ("b_slow", "stopped: the deadline"), ("c_never", "not reached")]
+    with tarfile.open(tmp_path / "check.tar.gz") as archive:
+        packed = archive.extractfile("out/gpu-check.csv").read().decode()
+    assert packed == (out / "gpu-check.csv").read_text()
+
+
+SHARED_STEP = '''
+import torch
+
+step = torch.compile(lambda x: x * 2, backend="eager", fullgraph=True, dynamic=False)
+'''
+
+
+def test_the_chapter_runner_resets_dynamo_between_chapters(tmp_path, monkeypatch):
+    """Two chapters in one process call one compiled function (as the serving chapters call the one compiled
+    decode), each at six shapes of its own: twelve versions, past Dynamo's limit of 8 under fullgraph, unless each
+    chapter starts with Dynamo's caches empty, as in a kernel of its own."""
+    (tmp_path / "shared_step.py").write_text(SHARED_STEP)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for stem, sizes in (("first", "1, 7"), ("second", "7, 13")):
+        _notebook(tmp_path, stem, "import torch\nfrom shared_step import step",
+                  f"for n in range({sizes}):\n    assert step(torch.ones(n)).sum() == 2 * n")
+    for stem in ("first", "second"):
+        gpu_check.run_chapter(stem, tmp_path)
+
+
+# --- the rehearsal ------------------------------------------------------------------------------------------------
+
+def test_the_rehearsals_python_finds_the_packages_but_not_an_installed_optlab(tmp_path):
+    """An installed optlab (an editable install points at some checkout) would hide a child process that cannot
+    import this one: the GPU machine has none."""
+    python = gpu_check.clean_python(ROOT / "_build" / "rehearsal-python")
+    found = subprocess.run([str(python), "-c", "import importlib.util as u; print(u.find_spec('torch') is not None, "
+                            "u.find_spec('pandas') is not None, u.find_spec('optlab') is None)"],
+                           cwd=tmp_path, env={"PATH": os.environ["PATH"]}, capture_output=True, text=True, timeout=60)
+    assert found.stdout.split() == ["True", "True", "True"], found.stderr
+
+
+REHEARSED = ("tests", "memory")  # what make test rehearses (about 2 min): pytest without Jupyter, the child
+# processes; make gpu-rehearsal rehearses every part
+
+
+@pytest.mark.beside_the_book_build
+@pytest.mark.parametrize("part", REHEARSED)
+def test_the_rehearsal_runs_a_part_on_the_cpu_as_the_gpu_would(tmp_path, part):
+    """``--rehearse --part``: a clean interpreter and environment, the GPU's process, order and working folders, Jupyter
+    hidden, the device forced to the CPU; its report lands in the archive. Each of the part's chapters passes."""
+    env = {name: os.environ[name] for name in ("PATH", "HOME", "OPTLAB_DATA") if name in os.environ}
+    run = subprocess.run([sys.executable, "tools/gpu_check.py", "--rehearse", "--part", part, "--out",
+                          str(tmp_path / "cpu"), "--archive", str(tmp_path / "cpu.tar.gz")],
+                         cwd=ROOT, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
+    rows = list(csv.DictReader((tmp_path / "cpu" / "gpu-check.csv").open()))
+    chosen = check_parts.check_part(part)
+    checks = (["CUDA-only tests"] if chosen.tests else []) + list(chosen.chapters)
+    assert [(row["check"], row["status"], row["mode"]) for row in rows] == [
+        (check, "ok", "rehearsal on the CPU") for check in checks], run.stdout[-3000:] + run.stderr[-3000:]
+    assert run.returncode == 0 and run.stdout.splitlines()[-1].startswith("gpu-check: all passed in ")
+    with tarfile.open(tmp_path / "cpu.tar.gz") as archive:
+        assert "cpu/gpu-check.csv" in archive.getnames()
+
+
+# --- the plan of a short GPU job ----------------------------------------------------------------------------------
+
+def test_the_gpu_page_and_reference_plan_give_the_same_short_job_plan():
+    from optlab.commands.reference.planning import describe_plan
+    from optlab.commands.reference.short_plan import describe_short_plan
+
+    page = (ROOT / "book" / "using" / "gpu.md").read_text()
+    block = page.split("## A short GPU job")[1].split("```bash\n")[1].split("\n```")[0]
+    assert block == describe_short_plan()
+    assert describe_short_plan() in describe_plan("seed", device="cpu")
+
+
+def test_the_short_plan_starts_with_the_seed_set_and_its_first_job_fits():
+    from optlab.commands.reference import short_plan
+    from optlab.commands.reference.planning import set_names
+
+    plan, fitted = short_plan.PLAN, short_plan.first_job()
+    assert plan[0].command.startswith("python3 -m optlab reference --set seed ") and "--budget 230 " in plan[0].command
+    assert fitted >= 2 and short_plan.MACHINE_START_S + sum(s.limit_s for s in plan[:fitted]) <= short_plan.JOB_S
+    assert short_plan.MACHINE_START_S + sum(s.limit_s for s in plan[:fitted + 1]) > short_plan.JOB_S
+    assert all(step.limit_s <= short_plan.COMMAND_S for step in plan)
+    budgets = [(s.command.split("--set ")[1].split()[0], int(s.command.split("--budget ")[1].split()[0]), s.limit_s)
+               for s in plan if s.check is None]
+    assert all(set_names(name) and budget < limit for name, budget, limit in budgets)
+    assert short_plan.parts_left_out() == []
+
+
+def test_a_set_added_to_the_short_plan_is_one_entry(monkeypatch):
+    from optlab.commands.reference import short_plan
+
+    added = short_plan.reference_step("beyond", 230, "precision, the data pipeline and the optimizers")
+    monkeypatch.setattr(short_plan, "PLAN", (*short_plan.PLAN, added))
+    assert short_plan.describe_short_plan().endswith(f"timeout 240 {added.command}   # {added.what}")
+
+
+@pytest.mark.parametrize("child, caught", [
+    ("import no_such_module", "cannot import"),  # as optlab from notebooks/ with PYTHONPATH=.
+    ("raise SystemExit('Torch not compiled with CUDA enabled')", None),  # past its imports, at its first CUDA call
+    (None, "started no child process"),  # the chapter's code changed under the probe
+])
+def test_a_probe_fails_on_a_child_that_cannot_import_and_on_none_started(monkeypatch, child, caught):
+    code = ("1 + 1" if child is None else
+            f"done = subprocess.run([sys.executable, '-c', {child!r}], capture_output=True, text=True)\n"
+            "if done.returncode: raise RuntimeError(done.stderr.strip().splitlines()[-1])")
+    monkeypatch.setitem(gpu_check.CHILD_PROBES, "trial", code)
+    if caught is None:
+        gpu_check.probe_children("trial", {"subprocess": subprocess, "sys": sys})
+        return
+    with pytest.raises(gpu_check.ChildCannotImport, match=caught):
+        gpu_check.probe_children("trial", {"subprocess": subprocess, "sys": sys})
+
+
+def test_without_jupyter_two_chapters_and_their_figures_run_in_one_process():
+    """Where IPython is missing (the GPU image), the stand-in serves a second chapter too, and matplotlib, which asks
+    any IPython module for its shell and version, draws."""
+    code = ("import importlib.util; spec = importlib.util.spec_from_file_location('g', 'tools/gpu_check.py'); "
+            "g = importlib.util.module_from_spec(spec); spec.loader.exec_module(g); g.hide_jupyter(); "
+            "g.chapter_namespace(); namespace = g.chapter_namespace(); "
+            "import matplotlib.pyplot as plt; plt.subplots(); namespace['display']('shown')")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "MPLBACKEND": "Agg"})
+    assert run.returncode == 0 and run.stdout.strip() == "shown", run.stderr[-2000:]

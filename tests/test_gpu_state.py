@@ -203,3 +203,37 @@ def test_on_the_cpu_a_watch_reads_nothing():
     watch = gpu_sampler.PartWatch(torch.device("cpu"))
     watch.start()
     assert watch.stop() == {"gpu_state": gpu_state.NO_GPU} and watch.samples == []
+
+
+def test_without_nvml_nvidia_smi_is_sampled_seldom_and_named(monkeypatch):
+    """Each nvidia-smi sample is a process started beside the timed work: a 2.5 s part reads it once (at its
+    start), and the parts list says the GPU's state came from nvidia-smi and how often."""
+    reads = []
+    monkeypatch.setattr(gpu_sampler, "gpu_id", lambda index: "GPU-1234")
+    monkeypatch.setattr(gpu_sampler, "load_nvml", lambda: None)
+    monkeypatch.setattr(gpu_sampler, "read_smi", lambda gpu: reads.append(gpu) or {
+        "sm_clock_mhz": 1980, "temperature_c": 40, "throttle_reasons": "none"})
+    watch = gpu_sampler.PartWatch(torch.device("cuda", 0))
+    watch.start()
+    time.sleep(2.5)
+    row = watch.stop()
+    assert reads == ["GPU-1234"] and row["gpu_samples"] == 1
+    assert row["gpu_state_source"] == "nvidia-smi every 10 s (nvidia-ml-py is not installed)"
+
+
+@pytest.mark.cuda
+def test_nvml_samples_this_gpu_while_a_part_runs():
+    """On a GPU with nvidia-ml-py: samples every quarter second while matmuls run, the SM clock read, and the energy
+    counter differenced over the part where the GPU keeps one."""
+    pytest.importorskip("pynvml")
+    watch = gpu_sampler.PartWatch(torch.device("cuda", 0))
+    watch.start()
+    a = torch.randn(4096, 4096, device="cuda")
+    ended = time.monotonic() + 1.5
+    while time.monotonic() < ended:
+        a = (a @ a).clamp_(-1, 1)
+        torch.cuda.synchronize()
+    row = watch.stop()
+    assert row["gpu_state_source"] == "NVML" and row["gpu_samples"] >= 4, row
+    assert row["sm_clock_mhz_max"] > 0 and row["throttled"] in ("yes", "no")
+    assert row["energy_j"] is None or row["energy_j"] > 0

@@ -37,6 +37,18 @@ DATASHEET_TFLOPS: tuple[tuple[tuple[str, ...], str, dict[str, float]], ...] = (
 MEASURED_SIZE = {"cuda": 8192, "cpu": 512}  # matmul side for a measured ceiling
 
 
+# The whole GPU's streaming multiprocessors, per table name: a device with fewer (a MIG slice, a cut-down part) has
+# that share of the peak (tensor-core rate is per multiprocessor, at the same clocks)
+FULL_MULTIPROCESSORS = {"NVIDIA H200 NVL": 132, "NVIDIA H200 SXM": 132, "NVIDIA H100 PCIe": 114,
+                        "NVIDIA H100 SXM": 132, "NVIDIA A100": 108, "NVIDIA L4": 58, "NVIDIA V100 PCIe": 80,
+                        "NVIDIA V100 SXM2": 80}
+
+
+def is_mig(device_name: str) -> bool:
+    """Whether ``device_name`` names a MIG slice (``NVIDIA H100 80GB HBM3 MIG 1g.10gb``), not a whole GPU."""
+    return "MIG" in device_name.upper().split()
+
+
 @dataclass(frozen=True)
 class Peak:
     """A peak rate in TFLOP/s for one precision, and where the number comes from."""
@@ -90,14 +102,28 @@ def precision_of(config: RunConfig, tf32: bool) -> str:
     return matmul_precision(config, tf32)
 
 
-def datasheet_peak(device_name: str, precision: str) -> Peak | None:
-    """The datasheet peak of a GPU named ``device_name`` for ``precision``, or None if the table lacks it."""
+def datasheet_peak(device_name: str, precision: str, multiprocessors: int | None = None) -> Peak | None:
+    """The datasheet peak of a GPU named ``device_name`` for ``precision``, or None if the table lacks it. A device
+    with ``multiprocessors`` fewer than the whole GPU's (a MIG slice) gets that share of it; a MIG slice whose count
+    is not given gets None (its MFU is left out: against the whole GPU it would read several times too low)."""
+    entry = datasheet_entry(device_name)
+    if entry is None or precision not in entry[1] or (multiprocessors is None and is_mig(device_name)):
+        return None
+    name, rates = entry
+    full = FULL_MULTIPROCESSORS[name]
+    if multiprocessors is None or multiprocessors >= full:
+        return Peak(precision, rates[precision], f"{name} datasheet, dense")
+    return Peak(precision, rates[precision] * multiprocessors / full,
+                f"{name} datasheet, dense, x {multiprocessors}/{full} multiprocessors (this "
+                f"{'MIG slice' if is_mig(device_name) else 'device'}'s share)")
+
+
+def datasheet_entry(device_name: str) -> tuple[str, dict[str, float]] | None:
+    """The table's name and TFLOP/s by precision of the GPU ``device_name`` is (or is a slice of), if listed."""
     upper = device_name.upper()
     for fragments, name, rates in DATASHEET_TFLOPS:
         if all(f.upper() in upper for f in fragments):
-            if precision in rates:
-                return Peak(precision, rates[precision], f"{name} datasheet, dense")
-            return None
+            return name, rates
     return None
 
 
@@ -126,7 +152,10 @@ def fp8_matmul_tflops(device: torch.device, n: int) -> float:
 def peak_for(config: RunConfig, info: DeviceInfo) -> Peak:
     """The peak that MFU is measured against for ``config`` on this device: the datasheet's, else a measured one."""
     precision = precision_of(config, has_tf32(info))
-    return (info.is_cuda and datasheet_peak(info.name, precision)) or measured_peak(info, precision)
+    if not info.is_cuda:
+        return measured_peak(info, precision)
+    multiprocessors = torch.cuda.get_device_properties(info.device).multi_processor_count
+    return datasheet_peak(info.name, precision, multiprocessors) or measured_peak(info, precision)
 
 
 def mfu_table(summary: pd.DataFrame, configs: dict[str, dict[str, dict]], info: DeviceInfo,
@@ -160,7 +189,9 @@ def reference_mfu(technique: str = "all_together", phase: str = "train") -> pd.D
             continue
         record = store.load_record(path)
         name = record["environment"].get("gpu_name") or ""
-        tf32 = datasheet_peak(name, "tf32") is not None
+        tf32 = "tf32" in (datasheet_entry(name) or ("", {}))[1]
+        missing = (f"{name!r} is a MIG slice: its share of the GPU's multiprocessors is not recorded, so no MFU"
+                   if is_mig(name) else f"no datasheet peak for {name!r} in optlab's table")
         summary = pd.DataFrame(record["summary"])
         for row in summary[summary["phase"] == phase].itertuples():
             precision = precision_of(RunConfig(**record["effective_configs"][row.model][row.variant]), tf32)
@@ -168,5 +199,5 @@ def reference_mfu(technique: str = "all_together", phase: str = "train") -> pd.D
             rows.append({"machine": machine, "model": row.model, "variant": row.variant, "precision": precision,
                          "achieved TFLOP/s": row.tflops, "peak TFLOP/s": peak.tflops if peak else float("nan"),
                          "MFU %": 100 * row.tflops / peak.tflops if peak else float("nan"),
-                         "peak source": peak.source if peak else f"no datasheet peak for {name!r} in optlab's table"})
+                         "peak source": peak.source if peak else missing})
     return pd.DataFrame(rows) if rows else None

@@ -22,7 +22,8 @@ goes on.
 
 The package's parts: ``costs`` (the H200 step-time table and the estimates), ``planning`` (the parts in order, the
 plan and what a budget leaves out), ``parts_list`` (what a results folder records), ``outputs`` (the writes, the
-problems that stop a run, the log) and ``running`` (the run itself, and ``--unpack``).
+problems that stop a run, the log) and ``running`` (the run itself, and ``--unpack``); ``check_parts`` (gpu-check's
+parts and their seconds) and ``short_plan`` (the order and time limits of a short GPU job).
 """
 from .outputs import PackFailed, check_outputs
 from .planning import describe_plan, plan

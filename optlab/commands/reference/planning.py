@@ -17,6 +17,7 @@ from ...core.techniques.registry import get_experiment
 from ...core.techniques.cnn import technique_set
 from .costs import TABLE_GPU, TABLE_S, TRAIN_STEP_S, config_assumption, estimate, runs_per_variant
 from .parts_list import MANIFEST, Part, read_manifest, recorded, run_key
+from .short_plan import describe_short_plan
 
 
 PRIORITY = ("seed", "beyond", "stack", "compile", "transformer", "serving")  # the sets' order; "all": every one
@@ -248,4 +249,5 @@ def describe_plan(set_name: str = "all", profile: str | Profile | None = None, d
     for part in parts:
         if part.estimate_from == "table" and part.technique:
             lines += [f"{part.name}:", *part_assumptions(part, prof)]
+    lines += ["", "the plan for a short GPU job (book/using/gpu.md shows the same):", describe_short_plan()]
     return "\n".join(lines)

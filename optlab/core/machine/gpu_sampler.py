@@ -3,8 +3,9 @@ and its SM clock, temperature and clock-event reasons sampled by a light thread 
 
 Read before and after a part, a GPU is idle: its clocks are idle clocks and its reason is ``gpu_idle``. So the
 counters NVML keeps (total energy, power and thermal violation time) are differenced over the part, and a thread
-samples the rest every :data:`SAMPLE_S` while it runs. Without NVML, nvidia-smi is sampled (every
-:data:`SMI_SAMPLE_S`, it is a process each time) and the counters are left empty.
+samples the rest every :data:`SAMPLE_S` while it runs. Without NVML (the ``nvidia-ml-py`` package), nvidia-smi is
+sampled every :data:`SMI_SAMPLE_S`, seldom because each sample starts a process beside the timed work (a CPU core
+for tens of milliseconds), the source column says so, and the counters are left empty.
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from .gpu_state import (
 )
 
 SAMPLE_S = 0.25  # NVML sampling period: cheap calls, well under a repeat
-SMI_SAMPLE_S = 2.0  # nvidia-smi sampling period
+SMI_SAMPLE_S = 10.0  # nvidia-smi sampling period: a process each time, so seldom (a part's start, then every 10 s)
+SMI_SOURCE = "nvidia-smi every {:g} s (nvidia-ml-py is not installed)"  # the source column, with the period
 POWER, THERMAL = 0, 1  # NVML_PERF_POLICY_POWER and NVML_PERF_POLICY_THERMAL
 
 
@@ -96,7 +98,7 @@ class PartWatch:
         self.power_limit_w: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._started = 0.0
+        self._started, self._interval = 0.0, 0.0
         self._read: Callable[[], dict[str, Any]] | None = None
 
     def start(self) -> None:
@@ -118,7 +120,7 @@ class PartWatch:
             self.power_limit_w = limit / 1000 if limit is not None else None
         else:
             self._read, interval = (lambda: _smi_sample(gpu)), self.interval_s or SMI_SAMPLE_S
-        self._started = time.monotonic()
+        self._started, self._interval = time.monotonic(), interval
         self._thread = threading.Thread(target=self._loop, args=(interval,), name="optlab-gpu-sampler", daemon=True)
         self._thread.start()
 
@@ -144,4 +146,4 @@ class PartWatch:
         row = summarize(self.samples, self.first, last, seconds, self.power_limit_w)
         if self.handle is None and not any(s["sm_clock_mhz"] is not None for s in self.samples):
             return {"gpu_state": UNREADABLE}
-        return {"gpu_state_source": "NVML" if self.handle is not None else "nvidia-smi", **row}
+        return {"gpu_state_source": "NVML" if self.handle is not None else SMI_SOURCE.format(self._interval), **row}

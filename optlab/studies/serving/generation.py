@@ -264,13 +264,29 @@ def _decode_logits(model: GPT, token: torch.Tensor, cache: StaticKVCache) -> tor
 _COMPILED: dict[str, Callable] = {}
 
 
+DECODE_RECOMPILE_LIMIT = 64  # one compiled decode serves every model, dtype, batch and linear type of a process
+
+
+def _many_shapes(compiled: Callable) -> Callable:
+    """``compiled`` with its own recompile limit: Dynamo's default (8) counts every model, dtype and batch the one
+    decode function meets, and under ``fullgraph=True`` the ninth raises. A call that hits it compiles again under
+    :data:`DECODE_RECOMPILE_LIMIT`; calls that find their compiled version pay nothing."""
+    def step(model: GPT, token: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
+        try:
+            return compiled(model, token, cache)
+        except torch._dynamo.exc.FailOnRecompileLimitHit:
+            with torch._dynamo.config.patch(recompile_limit=DECODE_RECOMPILE_LIMIT):
+                return compiled(model, token, cache)
+    return step
+
+
 def compiled_decode(device: torch.device) -> Callable:
     """The decode step ``(model, token [B, 1], static cache) -> logits [B, V]`` under ``torch.compile``:
     ``mode="reduce-overhead"`` (CUDA graphs) on a GPU, the default mode elsewhere; compiled once per process and
-    mode (a new model or shape recompiles on its first call)."""
+    mode (a new model or shape recompiles on its first call, up to :data:`DECODE_RECOMPILE_LIMIT` versions)."""
     mode = "reduce-overhead" if device.type == "cuda" else "default"
     if mode not in _COMPILED:
-        _COMPILED[mode] = torch.compile(_decode_logits, mode=mode, fullgraph=True)
+        _COMPILED[mode] = _many_shapes(torch.compile(_decode_logits, mode=mode, fullgraph=True))
     return _COMPILED[mode]
 
 

@@ -1,0 +1,87 @@
+"""gpu-check in parts (``tools/gpu_check.py --parts``): the CUDA-only tests, then the chapters' CUDA checks in groups,
+each part with its estimated seconds on one H200 and in the rehearsal on a CPU, and each fitting one short command.
+
+The H200 seconds are estimates until a GPU run measures them (each run's report, ``gpu-check.csv``, keeps every
+part's seconds); the CPU seconds are the rehearsal's (``tools/gpu_check.py --rehearse``) on the 2-core CI machine,
+shared with other work, so they are high. A new chapter with CUDA checks joins the part whose estimates leave it room,
+or a new part.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...core.errors import OptlabError
+
+PART_CALL_S = 240  # every part fits one command of this many seconds on an H200
+
+
+DEADLINE_S = 220  # by default a part stops here and writes what finished, before a 240 s command is ended
+
+
+REHEARSAL_DEADLINE_S = 600  # the rehearsal's default deadline: a shared 2-core CPU is slower than a GPU
+
+
+STARTUP_S = 20  # a part's process before its first check: Python, torch, the CUDA context, optlab
+
+
+@dataclass(frozen=True)
+class CheckPart:
+    """One part of gpu-check: the CUDA-only tests, or some chapters' code cells, in one process."""
+
+    name: str
+    what: str
+    h200_s: float  # estimated seconds on one H200, start-up included
+    cpu_s: float  # seconds in the rehearsal on the 2-core CI machine, start-up included
+    chapters: tuple[str, ...] = ()
+    tests: bool = False  # the tests marked cuda
+
+
+# In the order gpu-check runs them, which is also their value: the tests first (every CUDA path at the smallest
+# size), then the chapters whose GPU branches hold the most that a CPU cannot check. H200: a guess from the chapters'
+# compiles (GPT-2 small's ~45 s a cold compile) and sizes; CPU: a whole rehearsal's seconds per part (516 s in
+# all on the shared 2-core machine, start-up included).
+CHECK_PARTS = (
+    CheckPart("tests", "the CUDA-only tests (every file with a test marked cuda)", 150, 55, tests=True),
+    CheckPart("serving", "chapters 30-31: the KV cache and quantized decoding (int8/int4 kernels, CUDA graphs)",
+              200, 110, chapters=("30_kv_cache", "31_quantization")),
+    CheckPart("decoding", "chapters 32-33: speculative decoding and serving requests", 170, 95,
+              chapters=("32_speculative_decoding", "33_serving")),
+    CheckPart("memory", "chapter 29: the allocator's snapshots, the allocator comparison's child processes",
+              90, 60, chapters=("29_memory",)),
+    CheckPart("gpt", "chapters 22-24: attention kernels, checkpointing, GPT precision (FP8 on sm 8.9+)", 150, 105,
+              chapters=("22_attention", "23_checkpointing", "24_gpt_precision")),
+    CheckPart("cnn", "chapters 11, 14, 15: CUDA graphs, the data pipeline, the profiler", 90, 150,
+              chapters=("11_cuda_graphs", "14_data_pipeline", "15_profiling")),
+    CheckPart("your-model", "chapter 37: tuning your own model", 90, 100, chapters=("37_your_model",)),
+)
+
+
+def chapters() -> tuple[str, ...]:
+    """Every chapter gpu-check runs, in order."""
+    return tuple(chapter for part in CHECK_PARTS for chapter in part.chapters)
+
+
+def check_part(key: str) -> CheckPart:
+    """The part named or numbered (from 1) ``key``; anything else is an OptlabError naming the parts."""
+    names = [part.name for part in CHECK_PARTS]
+    if key.isdigit() and 1 <= int(key) <= len(CHECK_PARTS):
+        return CHECK_PARTS[int(key) - 1]
+    if key in names:
+        return CHECK_PARTS[names.index(key)]
+    raise OptlabError(f"--part {key!r} is not a part of gpu-check; allowed: 1-{len(CHECK_PARTS)} or "
+                      f"{', '.join(names)}")
+
+
+def parts_plan(deadline_s: float = DEADLINE_S) -> str:
+    """The plan ``--parts`` prints: each part's number, name, what it runs, and its seconds on an H200 and in the
+    rehearsal on a CPU, with the command that runs it within one ``PART_CALL_S`` command."""
+    lines = [f"gpu-check in {len(CHECK_PARTS)} parts, each within one {PART_CALL_S} s command on an H200 (a part "
+             f"stops at --deadline, default {deadline_s:g} s, and writes what finished):",
+             f"{'part':<15} {'H200 s':>7} {'CPU s':>6}  what"]
+    for number, part in enumerate(CHECK_PARTS, 1):
+        lines.append(f"{number} {part.name:<13} {part.h200_s:>7.0f} {part.cpu_s:>6.0f}  {part.what}")
+    lines += [f"all: {sum(p.h200_s for p in CHECK_PARTS) / 60:.1f} min on an H200 (estimated), "
+              f"{sum(p.cpu_s for p in CHECK_PARTS) / 60:.1f} min in the rehearsal on the 2-core CI machine",
+              "run one: PYTHONPATH=. python3 tools/gpu_check.py --part N --out results/reference/<gpu> "
+              "--archive <gpu>-check.tar.gz   (timeout 240 s)"]
+    return "\n".join(lines)

@@ -1,0 +1,59 @@
+"""A MIG slice's peak is its share of the GPU's multiprocessors, or its MFU is left out with the reason: against the
+whole GPU's peak a 1g slice of an H100 (16 of 132 multiprocessors) would read eight times too low."""
+import json
+
+import pytest
+import torch
+
+from optlab.core.knobs.config import RunConfig
+from optlab.core.machine.device import resolve_device
+from optlab.core.results import store
+from optlab.studies import peaks
+
+SLICE = "NVIDIA H100 80GB HBM3 MIG 1g.10gb"
+
+
+def test_a_mig_slice_gets_its_share_of_the_peak():
+    peak = peaks.datasheet_peak(SLICE, "bf16", multiprocessors=16)
+    assert peak.tflops == pytest.approx(989.5 * 16 / 132) and "16/132 multiprocessors" in peak.source
+    assert "MIG slice" in peak.source
+
+
+def test_a_mig_slice_without_its_count_has_no_peak_and_a_whole_gpu_keeps_the_datasheet():
+    assert peaks.datasheet_peak(SLICE, "bf16") is None
+    assert peaks.datasheet_peak("NVIDIA H100 80GB HBM3", "bf16", multiprocessors=132).tflops == 989.5
+    assert peaks.datasheet_peak("NVIDIA H100 80GB HBM3", "bf16").tflops == 989.5
+
+
+def test_a_stored_run_on_a_mig_slice_leaves_its_mfu_out_and_says_why(tmp_path, monkeypatch):
+    config = RunConfig(amp_dtype="bf16")
+    record = {"technique": "all_together", "environment": {"gpu_name": SLICE},
+              "effective_configs": {"resnet18": {"baseline": config.__dict__}},
+              "summary": [{"model": "resnet18", "variant": "baseline", "phase": "train", "tflops": 50.0}]}
+    (tmp_path / "h100-mig").mkdir()
+    (tmp_path / "h100-mig" / "all_together.json").write_text(json.dumps(record))
+    monkeypatch.setattr(store, "REFERENCE_DIR", tmp_path)
+    monkeypatch.setattr(store, "reference_machines", lambda: ["h100-mig"])
+    monkeypatch.setattr(store, "load_record", lambda path: json.loads(path.read_text()))
+    table = peaks.reference_mfu()
+    assert table["MFU %"].isna().all() and "MIG slice" in table["peak source"].iloc[0], table
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("precision, config", [("bf16", RunConfig(amp_dtype="bf16", model="gpt_tiny", workload="gpt")),
+                                               ("fp8", RunConfig(amp_dtype="bf16", fp8=True, model="gpt_tiny",
+                                                                 workload="gpt"))])
+def test_the_peak_and_mfu_on_this_gpu_follow_its_multiprocessors(precision, config):
+    """On CUDA (FP8 where the GPU has it: compute capability 8.9+): the peak is the datasheet's share for this
+    device's multiprocessors, or a measured FP8/bf16 matmul where the table lacks it; an MFU against it is a share."""
+    info = resolve_device("cuda")
+    if precision == "fp8" and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 matmuls need compute capability 8.9 or newer")
+    peak = peaks.peak_for(config, info)
+    assert peak.precision == precision and peak.tflops > 0
+    listed = peaks.datasheet_entry(info.name)
+    if listed and precision in listed[1]:
+        share = torch.cuda.get_device_properties(0).multi_processor_count / peaks.FULL_MULTIPROCESSORS[listed[0]]
+        assert peak.tflops == pytest.approx(listed[1][precision] * min(share, 1.0))
+    achieved = peaks.measured_peak(info, precision).tflops
+    assert 0 < achieved / peak.tflops < 1.5, (achieved, peak)
