@@ -14,7 +14,9 @@ import pytest
 import torch
 from torch.utils.checkpoint import CheckpointPolicy
 
+from optlab.core.process.children import child_environment
 from optlab.core.results import store
+from children import WITHOUT_INSTALLED_OPTLAB
 from optlab.core.gpt import transformer
 from optlab.core.errors import OptlabError
 from optlab.core.gpt.transformer import GPT, GPTConfig
@@ -177,10 +179,11 @@ def test_a_child_process_imports_this_optlab_from_a_chapters_folder(monkeypatch)
     root = Path(optlab.__file__).resolve().parents[1]
     monkeypatch.setenv("PYTHONPATH", ".")
     monkeypatch.chdir(root / "notebooks")
-    done = fixes.run_python("import optlab.studies.memory.fixes as f, optlab; print(optlab.__file__)", {})
+    done = fixes.run_python(f"{WITHOUT_INSTALLED_OPTLAB}; import optlab.studies.memory.fixes, optlab; print(optlab.__file__)",
+                            {})
     assert done.returncode == 0, done.stderr
     assert Path(done.stdout.strip()).resolve() == Path(optlab.__file__).resolve()
-    entries = fixes.child_environment({"X": "1"})["PYTHONPATH"].split(os.pathsep)
+    entries = child_environment({"X": "1"})["PYTHONPATH"].split(os.pathsep)
     assert entries == [str(root), str(root / "notebooks")] and all(Path(entry).is_absolute() for entry in entries)
 
 

@@ -14,6 +14,7 @@ from typing import Iterator, Sequence
 import torch
 
 from ...core.errors import OptlabError
+from ...core.process.children import child_environment
 
 def torchrun_command(args: Sequence[str], nproc: int) -> list[str]:
     """``python -m torch.distributed.run --standalone --nproc-per-node N ARGS``: one node, a free rendezvous port."""
@@ -27,7 +28,7 @@ def launch(command: Sequence[str], timeout: float, threads: int | None = None,
     ``threads`` sets OMP_NUM_THREADS for every process. On a timeout the whole process group (torchrun and its
     workers) is killed.
     """
-    environment = {**os.environ, **(env or {})}
+    environment = child_environment(env)  # an absolute import path: the workers run from any folder
     if threads is not None:
         environment["OMP_NUM_THREADS"] = str(threads)
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment,

@@ -24,7 +24,6 @@ fake process group also measures on a CPU).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -44,6 +43,7 @@ from ...core.gpt import build_gpt
 from ...core.knobs.limits import check_count
 from ...core.cifar.models import build_model
 from ...core.knobs.profiles import get_profile
+from ...core.process.children import child_environment
 from ...core.process.quiet import fix_threads
 from ...core.stats.sequential import visit_order
 from ...core.measuring.timing import interval_text, speed_up, too_wide
@@ -480,17 +480,6 @@ def allocator_child(batch_size: int, steps: int) -> None:
         train_step(model, optimizer, subject, ALLOCATOR_SETTING, inputs[:, :length], targets[:, :length])
     torch.cuda.synchronize()
     print(json.dumps({"allocated": torch.cuda.max_memory_allocated(), "reserved": torch.cuda.max_memory_reserved()}))
-
-
-PACKAGE_ROOT = Path(__file__).resolve().parents[3]  # the folder that holds this optlab
-
-
-def child_environment(extra: dict[str, str]) -> dict[str, str]:
-    """This process's environment for a child Python, with ``extra`` set and an import path that finds this very
-    optlab wherever the child runs: its folder first, then each inherited ``PYTHONPATH`` entry made absolute (a
-    relative ``PYTHONPATH=.`` names another folder once the working folder is a chapter's)."""
-    inherited = [str(Path(entry).resolve()) for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
-    return os.environ | extra | {"PYTHONPATH": os.pathsep.join(dict.fromkeys([str(PACKAGE_ROOT), *inherited]))}
 
 
 def run_python(code: str, extra: dict[str, str]) -> subprocess.CompletedProcess:
