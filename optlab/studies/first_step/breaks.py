@@ -24,7 +24,7 @@ from torch import nn
 
 from ...core.errors import OptlabError
 from ...core.knobs.limits import check_count
-from ...core.measuring.timing import SpeedUp, interval_text, speed_up
+from ...core.measuring.timing import INTERVAL, SpeedUp, speed_up
 from ...core.stats.sequential import visit_order
 from . import dynamo_log
 
@@ -82,7 +82,7 @@ class TokenModel(nn.Module):
         if "numpy" in self.breaks:
             x = x * float(np.tanh(np.asarray(x.detach()).std()))
         else:
-            x = x * torch.tanh(x.detach().std())
+            x = x * torch.tanh(x.detach().std(correction=0))
         if "builtin" in self.breaks:
             self.seconds = time.perf_counter()
         for block in self.blocks[1:]:
@@ -180,23 +180,34 @@ class Timings:
         return speed_up(self.seconds[baseline], self.seconds[label], shifts)
 
     def table(self, baseline: str) -> pd.DataFrame:
-        """Median and spread of each variant's call, its first call (the compile), and its speed-up over
-        ``baseline`` with interval and verdict."""
+        """One row per variant: median and spread (IQR) of its call, its first call (where it compiled), and its
+        speed-up over ``baseline`` with the interval's ends and the verdict."""
         rows = []
         for label, seconds in self.seconds.items():
             q1, median, q3 = np.percentile(seconds, [25, 50, 75])
-            gain = self.speed_up(baseline, label) if label != baseline else None
-            rows.append({"variant": label, "median ms": 1e3 * median, "spread ms (IQR)": 1e3 * (q3 - q1),
-                         "first call s": self.first_call_s[label],
-                         "speed-up": gain.ratio if gain else 1.0,
-                         "interval": interval_text(gain.low, gain.high) if gain else "",
-                         "verdict": gain.verdict if gain else "baseline", "rounds": len(seconds)})
-        return pd.DataFrame(rows).round({"median ms": 3, "spread ms (IQR)": 3, "first call s": 2, "speed-up": 2})
+            row = {"variant": label, "ms per call": 1e3 * median, "spread ms (IQR)": 1e3 * (q3 - q1),
+                   "first call s": self.first_call_s[label], "rounds": len(seconds)}
+            if label == baseline:
+                rows.append(row | {"speed-up": 1.0, "low": np.nan, "high": np.nan, "verdict": "reference"})
+                continue
+            gain = self.speed_up(baseline, label)
+            rows.append(row | {"speed-up": gain.ratio, "low": gain.low, "high": gain.high, "verdict": gain.verdict})
+        return pd.DataFrame(rows).set_index("variant").round(4)
+
+    def speedups(self, baseline: str, model: str) -> pd.DataFrame:
+        """The speed-ups over ``baseline`` as tidy rows, in the columns ``optlab.book.report`` plots."""
+        table = self.table(baseline).drop(index=baseline)
+        return pd.DataFrame({"model": model, "phase": f"forward ({INTERVAL})", "variant": table.index,
+                             "source": "live", "speedup": table["speed-up"], "ci_low": table["low"],
+                             "ci_high": table["high"], "verdict": table["verdict"], "role": None,
+                             "versus": baseline}).reset_index(drop=True)
 
 
-def time_variants(variants: dict[str, Callable[[], Any]], rounds: int = 10, calls: int = 20) -> Timings:
-    """Each variant (a function of no arguments: one forward) called once untimed-for-speed (its first call, the
-    compile, is kept apart), then ``calls`` calls per visit, the variants visited in mirrored rounds."""
+def time_variants(variants: dict[str, Callable[[], Any]], rounds: int = 10, calls: int = 20,
+                  device: torch.device | str = "cpu") -> Timings:
+    """Each variant (a function of no arguments: one forward) called once, timed apart (its first call is where it
+    compiles), then ``calls`` calls per visit, the variants visited in mirrored rounds; on a GPU the clock is read
+    after a synchronize."""
     check_count("rounds", rounds, 2, MAX_ROUNDS, "an interval needs two rounds; more only narrow it")
     check_count("calls", calls, 1, MAX_CALLS, "calls timed per visit")
     timings, labels = Timings(), list(variants)
@@ -204,6 +215,7 @@ def time_variants(variants: dict[str, Callable[[], Any]], rounds: int = 10, call
         for label, call in variants.items():
             start = time.perf_counter()
             call()
+            synchronize(device)
             timings.first_call_s[label] = time.perf_counter() - start
         for round_index in range(rounds):
             order = visit_order(labels, round_index)
@@ -211,6 +223,36 @@ def time_variants(variants: dict[str, Callable[[], Any]], rounds: int = 10, call
                 start = time.perf_counter()
                 for _ in range(calls):
                     variants[label]()
+                synchronize(device)
                 timings.seconds.setdefault(label, []).append((time.perf_counter() - start) / calls)
                 timings.shifts.setdefault(label, []).append(slot)
     return timings
+
+
+def synchronize(device: torch.device | str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass(frozen=True)
+class ChapterPlan:
+    """The chapter's sizes: the token model, the batch, and the timing's rounds and calls."""
+
+    vocab: int
+    width: int
+    depth: int
+    batch: int
+    length: int
+    rounds: int
+    calls: int
+
+    def describe(self) -> str:
+        return (f"token model: vocabulary {self.vocab}, width {self.width}, {self.depth} blocks; batches of "
+                f"{self.batch} x {self.length} tokens; {self.rounds} rounds of {self.calls} calls")
+
+
+def chapter_plan(cuda: bool) -> ChapterPlan:
+    """GPT-2 small's width on a GPU; on a CPU a model small enough that Inductor compiles it within the page's time."""
+    if cuda:
+        return ChapterPlan(vocab=50_304, width=768, depth=4, batch=16, length=256, rounds=12, calls=20)
+    return ChapterPlan(vocab=256, width=64, depth=2, batch=8, length=32, rounds=10, calls=20)
