@@ -24,6 +24,7 @@ from torch import nn
 
 from ...core.errors import OptlabError
 from ...core.knobs.limits import check_count
+from ...core.measuring.loops import call_model
 from ...core.measuring.timing import INTERVAL, SpeedUp, speed_up
 from ...core.stats.sequential import visit_order
 from . import dynamo_log
@@ -98,6 +99,7 @@ class Breaks:
     graphs: int
     table: pd.DataFrame
     ops: int
+    skipped: str = ""  # where no graph was made: why Dynamo stopped
 
     @property
     def count(self) -> int:
@@ -127,24 +129,27 @@ def break_kind(reason: str, line: str) -> str:
     return "other"
 
 
-def find_breaks(model: Callable, *args: Any, **kwargs: Any) -> Breaks:
-    """Every graph break Dynamo meets in one call of ``model(*args, **kwargs)``, in order: which of
+def find_breaks(model: Callable, inputs: Any) -> Breaks:
+    """Every graph break Dynamo meets in one call of ``model`` on ``inputs`` (a tensor, a tuple of positional ones or
+    a dict of keyword ones), in order: which of
     :data:`BREAKS` it is, its reason, where it is in the user's code (``file:line``) and that line; with the graphs
     and operations traced. The call is compiled with the ``eager`` backend (Dynamo alone: the breaks are Dynamo's, and
     no kernel is built), after a reset, so that it is traced afresh."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
-    before = dict(counters["stats"])
+    before, stopped = dict(counters["stats"]), dict(counters["unimplemented"])
     with dynamo_log.caught() as log, torch.no_grad():
-        torch.compile(model, backend="eager")(*args, **kwargs)
+        call_model(torch.compile(model, backend="eager"), inputs)
     rows = [{"break": break_kind(found.reason, source_line(found.file, found.line)), "reason": found.reason,
              "where": f"{found.file}:{found.line}", "line": source_line(found.file, found.line)}
             for found in log.breaks]
     torch._dynamo.reset()
+    skipped = [reason_line(reason) for reason, count in counters["unimplemented"].items()
+               if count > stopped.get(reason, 0)]
     return Breaks(counters["stats"]["unique_graphs"] - before.get("unique_graphs", 0),
                   pd.DataFrame(rows, columns=BREAK_COLUMNS),
-                  counters["stats"]["calls_captured"] - before.get("calls_captured", 0))
+                  counters["stats"]["calls_captured"] - before.get("calls_captured", 0), "; ".join(skipped))
 
 
 def source_line(path: str, lineno: int) -> str:

@@ -18,6 +18,7 @@ import torch._dynamo
 
 from ...core.errors import OptlabError
 from ...core.knobs.limits import check_count
+from ...core.measuring.loops import call_model
 from . import dynamo_log
 
 MAX_CALLS = 1_000
@@ -69,8 +70,9 @@ def first_guard(failures: str) -> str:
 
 def watch(fn: Callable, inputs: Sequence[Any], **compile_options: Any) -> Recompiles:
     """``torch.compile(fn, **compile_options)`` called on each of ``inputs`` in turn (a tuple is unpacked into
-    arguments), after a reset of Dynamo's caches: per call, the graphs compiled so far and the guard failure that made
-    it compile again. ``backend`` defaults to ``"eager"``: the guards are Dynamo's, and no kernel is built."""
+    arguments, a dict into keyword arguments), after a reset of Dynamo's caches: per call, the graphs compiled so far
+    and the guard failure that made it compile again. ``backend`` defaults to ``"eager"``: the guards are Dynamo's,
+    and no kernel is built."""
     from torch._dynamo.utils import counters
 
     check_count("calls", len(inputs), 1, MAX_CALLS, "inputs watched in one go")
@@ -80,7 +82,7 @@ def watch(fn: Callable, inputs: Sequence[Any], **compile_options: Any) -> Recomp
     with dynamo_log.caught() as log, torch.no_grad():
         for index, value in enumerate(inputs):
             seen = len(log.recompiles)
-            compiled(*value) if isinstance(value, tuple) else compiled(value)
+            call_model(compiled, value)
             new = log.recompiles[seen:]
             rows.append({"call": index, "input": describe_input(value),
                          "graphs so far": counters["stats"]["unique_graphs"] - start, "recompiled": bool(new),
