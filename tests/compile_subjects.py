@@ -1,7 +1,7 @@
 """Models for ``optlab tune --compile``'s tests, written the way readers write them (the book ships none of them):
 ``TrimmedTagger`` trims the padding off each batch with ``.item()`` (a graph break, and a new length for each
 batch); ``Counting`` counts its calls in an attribute (a guard that fails
-at every call); ``Untraceable`` asks for a random number in forward, which makes Dynamo skip the whole frame."""
+at every call); ``PerPosition`` loops over positions in Python (a graph for every length); ``Untraceable`` asks for a random number in forward, which makes Dynamo skip the whole frame."""
 import random
 
 import torch
@@ -36,6 +36,16 @@ class Counting(TrimmedTagger):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         self.calls += 1
         return super().forward(ids)
+
+
+class PerPosition(TrimmedTagger):
+    """The tagger with a running mean over positions, one position at a time in a Python loop."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        hidden, total = self.embed(ids), 0
+        for position in range(ids.shape[1]):
+            total = total + hidden[:, position]
+        return self.head(self.mlp(total / ids.shape[1]))
 
 
 class Untraceable(nn.Module):

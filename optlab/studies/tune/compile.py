@@ -99,12 +99,13 @@ class CompileResult:
                      for saving in (self.saving_s(r) for r in (gain.ratio, gain.high, gain.low)))
 
     def table(self) -> pd.DataFrame:
-        """Eager and compiled: the median step, spread, first step, speed-up with interval and verdict."""
+        """Eager and compiled after their first steps: the median step, spread, speed-up with interval and
+        verdict."""
         table = self.timings.table("eager")
         table["interval"] = [interval_text(low, high) if not math.isnan(low) else ""
                              for low, high in zip(table["low"], table["high"])]
-        return table[["ms per call", "spread ms (IQR)", "first call s", "speed-up", "interval", "verdict", "rounds"]] \
-            .rename(columns={"ms per call": "ms per step", "first call s": "first step s"})
+        return table[["ms per call", "spread ms (IQR)", "speed-up", "interval", "verdict", "rounds"]] \
+            .rename(columns={"ms per call": "ms per step"})
 
     def describe(self) -> str:
         """The answers in words, then the lines of code to add."""
@@ -194,6 +195,11 @@ def tune_compile(model_fn: ModelFn, *, input_shape: Any = None, num_classes: int
             found.skipped or "Dynamo skipped the whole frame"
         raise OptlabError(f"Dynamo could not trace any of {name}'s forward, so torch.compile would run all of it in "
                           f"eager: {why}")
+    again = watch(model, [example] * 3)
+    if again.count:
+        raise OptlabError(f"{name} recompiles at every call on the same batch, so it would reach the recompile limit "
+                          f"({again.limit}) and run in eager: {first_guard(again.reasons[-1])}; make that value a "
+                          "tensor or keep it out of forward")
     watched, varying = _watch_shapes(model, example, shapes, data, info.device)
     run = _make_step(batch, loss_fn, info.device, inference)
     with dynamo_log.caught() as log:
