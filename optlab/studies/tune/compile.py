@@ -166,7 +166,6 @@ def tune_compile(model_fn: ModelFn, *, input_shape: Any = None, num_classes: int
     The inputs are given as for ``tune``. A model Dynamo cannot trace at all, and shapes that pass the recompile
     limit, are refused in one line each."""
     given = [key for key in NOT_COMPILE if timed_only.pop(key, None) not in (None, False, "auto", "sgd")]
-    timed_only.pop("max_repeats", None), timed_only.pop("min_repeats", None)
     if timed_only:
         raise TypeError(f"tune() got unexpected keyword arguments: {', '.join(timed_only)}")
     if given:
