@@ -196,9 +196,9 @@ def tune_compile(model_fn: ModelFn, *, input_shape: Any = None, num_classes: int
                           f"eager: {why}")
     again = watch(model, [example] * 3)
     if again.count:
-        raise OptlabError(f"{name} recompiles at every call on the same batch, so it would reach the recompile limit "
-                          f"({again.limit}) and run in eager: {first_guard(again.reasons[-1])}; make that value a "
-                          "tensor or keep it out of forward")
+        raise OptlabError(f"{name} recompiles at every call on the same batch (seen by Dynamo alone, before any "
+                          f"kernel was built), so it would reach the recompile limit ({again.limit}) and run in eager: "
+                          f"{first_guard(again.reasons[-1])}; make that value a tensor or keep it out of forward")
     watched, varying = _watch_shapes(model, example, shapes, data, info.device)
     run = _make_step(batch, loss_fn, info.device, inference)
     with dynamo_log.caught() as log:
