@@ -125,6 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--memory", action="store_true",
                       help="one training step's memory by category instead: the largest, what moves it, each fix "
                            "measured, and the largest batch that fits (on a GPU)")
+    tune.add_argument("--compile", action="store_true",
+                      help="whether torch.compile pays instead: graph breaks with their lines, recompiles over "
+                           "--shapes, compile seconds cold and warm, the speed-up and the break-even (the training "
+                           "step; the forward with --inference)")
+    tune.add_argument("--shapes", nargs="+", metavar="D1,D2,...",
+                      help="with --compile, the per-sample shapes your data has, such as 3,224,224 3,160,160 or, for "
+                           "token ids, 128 200 512: the recompiles over them")
     inference = tune.add_argument_group("inference", "--inference tries the inference stack, then batch sizes")
     inference.add_argument("--inference", action="store_true",
                            help="eval() + inference_mode, 16-bit autocast, channels_last, torch.compile (and CUDA "
@@ -287,6 +294,7 @@ def _tune_inputs(args: argparse.Namespace) -> dict:
 
 def _tune(args: argparse.Namespace) -> None:
     from ..studies.tune import tune
+    from ..studies.tune.examples import parse_shape
     from ..studies.tune.inputs import callable_from_spec, model_from_spec, parse_kwargs
     from ..studies.tune.recommendation import NothingRecommended
 
@@ -294,20 +302,24 @@ def _tune(args: argparse.Namespace) -> None:
     inputs = _tune_inputs(args)
     output_fn = args.output_fn and callable_from_spec(args.output_fn, "--output-fn", "picks the output tensor",
                                                       "mypackage.serving:logits")
+    if args.shapes and not args.compile:
+        raise OptlabError("--shapes goes with --compile (the recompiles over your shapes)")
+    compile_only = {"compile": True, "shapes": [parse_shape(text) for text in args.shapes] if args.shapes else None} \
+        if args.compile else {}
     options = {"inference": args.inference, "output_fn": output_fn, "max_batch": args.max_batch,
                "amp_dtype": args.dtype, "sweep_compile": args.sweep_compile, "optimizer": args.optimizer,
                "request_seconds": args.request_seconds, "request_batches": args.request_batches}
     try:
         result = tune(model_fn, num_classes=args.num_classes, batch_size=args.batch_size, device=args.device,
                       profile=_sized_profile(args), steps=args.steps, name=args.model, out=args.out,
-                      progress=not args.quiet, memory=args.memory, **inputs, **options)
+                      progress=not args.quiet, memory=args.memory, **inputs, **options, **compile_only)
     except NothingRecommended as failed:  # its table shows what failed; then the one line
         _print_tune_tables(failed.result, False)
         raise
     except Interrupted as stop:
         stop.args = (f"{stop}: the tune ended before its recommendation, and wrote nothing",)
         raise
-    if args.memory:
+    if args.memory or args.compile:
         print(result.report())
         return
     _print_tune_tables(result, args.inference)

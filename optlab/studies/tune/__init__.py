@@ -10,7 +10,9 @@ import functools
 import inspect
 import sys
 
+from ...core.errors import OptlabError
 from . import batch_sweep, inference, inputs, output_check, training
+from .compile import CompileResult, tune_compile
 from .inference import InferenceResult
 from .memory import MemoryResult, tune_memory
 from .recommendation import NothingRecommended
@@ -18,20 +20,28 @@ from .training import TuneResult, stack_steps
 
 
 @functools.wraps(training.tune)
-def tune(model_fn, *, memory=False, **options):
+def tune(model_fn, *, memory=False, compile=False, **options):
+    if memory and compile:
+        raise OptlabError("give memory=True (--memory) or compile=True (--compile), not both")
+    if compile:
+        return tune_compile(model_fn, **options)
     return tune_memory(model_fn, **options) if memory else training.tune(model_fn, **options)
 
 
 tune.__doc__ += ("\n    ``memory=True`` breaks one training step's memory down instead, names its largest category and what "
                  "moves it,\n    measures each fix that applies, and finds the largest batch that fits on a GPU: "
-                 "``tune_memory`` returns a\n    ``MemoryResult``; the inputs are given as above.\n")
+                 "``tune_memory`` returns a\n    ``MemoryResult``; the inputs are given as above.\n"
+                 "    ``compile=True`` asks whether torch.compile pays instead: the graph breaks with their lines, the "
+                 "recompiles over\n    ``shapes=`` (or a DataLoader's batches), compile seconds cold and warm, the "
+                 "speed-up and the break-even:\n    ``tune_compile`` returns a ``CompileResult``.\n")
 tune.__signature__ = inspect.signature(training.tune).replace(parameters=[
     *inspect.signature(training.tune).parameters.values(),
-    inspect.Parameter("memory", inspect.Parameter.KEYWORD_ONLY, default=False, annotation="bool")],
-    return_annotation="TuneResult | InferenceResult | MemoryResult")
+    inspect.Parameter("memory", inspect.Parameter.KEYWORD_ONLY, default=False, annotation="bool"),
+    inspect.Parameter("compile", inspect.Parameter.KEYWORD_ONLY, default=False, annotation="bool")],
+    return_annotation="TuneResult | InferenceResult | MemoryResult | CompileResult")
 
 for _old, _module in {"tune_inference": inference, "tune_inputs": inputs, "output_check": output_check,
                       "batch_sweep": batch_sweep}.items():
     sys.modules[f"{__name__.rsplit('.', 1)[0]}.{_old}"] = _module
 
-__all__ = ["InferenceResult", "MemoryResult", "NothingRecommended", "TuneResult", "stack_steps", "tune"]
+__all__ = ["CompileResult", "InferenceResult", "MemoryResult", "NothingRecommended", "TuneResult", "stack_steps", "tune"]

@@ -1,0 +1,126 @@
+"""``optlab tune --compile`` and the graph-break and recompile studies behind it (chapter 35): each break found on
+its own line and named, each recompile reported with the guard that failed, the recompile limit's fall-back
+detected, and the command's bad inputs one line each."""
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from optlab.commands.cli import main
+from optlab.studies.first_step import breaks, dynamo_log, recompiles
+from optlab.studies.tune import CompileResult, tune
+
+from tests import compile_subjects
+
+MARKS = {"item": ".item()", "branch": "if x.mean() > 0", "print": "print(", "numpy": "np.", "builtin": "perf_counter"}
+TOKENS = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("kind", breaks.BREAKS)
+def test_each_break_alone_is_found_once_on_its_line(kind):
+    found = breaks.find_breaks(breaks.TokenModel(64, 16, 2, breaks=(kind,)), TOKENS)
+    assert (found.count, found.graphs) == (1, 2), found.table
+    row = found.table.iloc[0]
+    assert row["break"] == kind and MARKS[kind] in row["line"], row
+    path, line = row["where"].rsplit(":", 1)
+    assert path.endswith("first_step/breaks.py") and MARKS[kind] in open(path).read().splitlines()[int(line) - 1]
+
+
+def test_all_five_breaks_in_order_and_none_without_them():
+    found = breaks.find_breaks(breaks.TokenModel(64, 16, 2), TOKENS)
+    clean = breaks.find_breaks(breaks.TokenModel(64, 16, 2, breaks=()), TOKENS)
+    assert found.table["break"].tolist() == ["print", "item", "branch", "numpy", "builtin"]
+    assert found.graphs == 6 and (clean.count, clean.graphs) == (0, 1)
+    assert set(found.table["reason"]) <= set(breaks.counted_breaks())
+
+
+def test_the_breaks_change_nothing_but_the_graphs():
+    torch.manual_seed(0)
+    model = breaks.TokenModel(64, 16, 2)
+    clean = breaks.TokenModel(64, 16, 2, breaks=())
+    clean.load_state_dict(model.state_dict())
+    torch.testing.assert_close(model(TOKENS), clean(TOKENS), rtol=1e-4, atol=1e-5)
+
+
+def test_a_graph_break_message_gives_its_line_and_reason():
+    message = ("Graph break in user code at /a/model.py:42\nGraph Break Reason: Encountered graph break when "
+               "attempting to trace CALL: a function call, e.g. f(x, y):\n\nData dependent operator\n  Explanation: ..")
+    assert dynamo_log.parse_break(message) == dynamo_log.GraphBreak("/a/model.py", 42, "Data dependent operator")
+    assert dynamo_log.parse_break("Recompiling function f") is None
+
+
+def test_past_the_limit_every_recompile_is_reported_and_the_fall_back_named():
+    limit = torch._dynamo.config.recompile_limit
+    lengths = list(range(5, 5 + 3 * (limit + 3), 3))
+    stream = recompiles.sequence_lengths(lengths, batch=2, vocab=64)
+    static = recompiles.watch(breaks.TokenModel(64, 16, 1, breaks=()), stream, dynamic=False)
+    assert static.count == limit and static.fell_back, static.calls
+    assert static.calls["graphs so far"].tolist() == [*range(1, limit + 1), *[limit] * (len(lengths) - limit)]
+    for before, now, guard in zip(lengths, lengths[1:limit], static.calls["guard that failed"][1:limit]):
+        assert f"expected {before}, actual {now}" in guard, guard
+    assert static.calls["ran"].tolist()[limit:] == ["in eager: the limit was reached"] * (len(lengths) - limit)
+    automatic = recompiles.watch(breaks.TokenModel(64, 16, 1, breaks=()), stream)
+    assert (automatic.count, automatic.fell_back) == (1, False), automatic.calls
+
+
+def test_the_stance_fails_on_a_recompile_and_only_then():
+    model = breaks.TokenModel(64, 16, 1, breaks=())
+    short, long = recompiles.sequence_lengths([6, 9], batch=2, vocab=64)
+    assert "fail_on_recompile" in recompiles.recompile_error(model, short, long)
+    assert recompiles.recompile_error(model, short, short) == ""
+
+
+def test_catching_dynamo_s_messages_leaves_its_loggers_as_they_were():
+    from torch._logging._internal import log_state
+
+    loggers = [logging.getLogger(name) for name in (dynamo_log.BREAKS_LOGGER, dynamo_log.RECOMPILES_LOGGER)]
+    before = [(logger.level, logger.propagate, list(logger.handlers)) for logger in loggers]
+    artifacts = set(log_state.artifact_names)
+    with dynamo_log.caught() as log:
+        recompiles.watch(breaks.TokenModel(64, 16, 1, breaks=()), recompiles.sequence_lengths([4, 7], 2, 64))
+    assert len(log.recompiles) == 1 and set(log_state.artifact_names) == artifacts, log
+    assert [(logger.level, logger.propagate, list(logger.handlers)) for logger in loggers] == before
+
+
+COMPILE = ["tune", "--inference", "--compile", "--quiet", "--profile", "smoke", "--input", "tokens:64:16", "--model"]
+SUBJECTS = "tests.compile_subjects:"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["tune", "--model", f"{SUBJECTS}TrimmedTagger", "--input", "tokens:64:16", "--shapes", "12"],
+     "--shapes goes with --compile"),
+    (["tune", "--model", f"{SUBJECTS}TrimmedTagger", "--input", "tokens:64:16", "--compile", "--memory"], "not both"),
+    ([*COMPILE, f"{SUBJECTS}TrimmedTagger", "--shapes", "12,x"], "whole numbers"),
+    ([*COMPILE, f"{SUBJECTS}TrimmedTagger", "--shapes", *map(str, range(1, 70))], "at most 64"),
+    ([*COMPILE[:-3], "--input", "float:8", "--model", f"{SUBJECTS}Untraceable"], "could not trace any of"),
+    ([*COMPILE, f"{SUBJECTS}PerPosition", "--shapes", *map(str, range(4, 16))], "pass the recompile limit"),
+    ([*COMPILE, f"{SUBJECTS}Counting"], "recompiles at every call on the same batch (seen by Dynamo alone"),
+])
+def test_bad_input_untraceable_models_and_the_limit_are_one_line(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("optlab: error: ") and "\n" not in err and message in err, err
+
+
+def item_line() -> int:
+    """The line of ``TrimmedTagger.forward`` that calls ``.item()``."""
+    lines = open(compile_subjects.__file__).read().splitlines()
+    return next(number for number, line in enumerate(lines, 1) if ".item()" in line and "longest" in line)
+
+
+def test_tune_compile_names_the_break_times_cold_and_warm_and_gives_the_break_even():
+    result = tune(compile_subjects.TrimmedTagger, inputs="tokens:64:16", inference=True, compile=True,
+                  shapes=[(16,), (11,), (7,)], profile="smoke", progress=False)
+    assert isinstance(result, CompileResult)
+    assert result.breaks.table["where"].tolist() == [f"{compile_subjects.__file__}:{item_line()}"]
+    assert result.recompiles is not None and result.recompiles.count >= 1 and result.varying_dims == [1]
+    assert result.cold.cache_misses > 0 and result.cold.cache_hits == 0, result.cold  # cold means cold
+    assert result.warm.cache_hits > 0 and result.warm.cache_misses == 0, result.warm
+    assert result.cold.compile_s > result.warm.compile_s > 0
+    gain, (steps, _, _) = result.speed_up(), result.break_even()
+    saving = float(np.median(result.timings.seconds["eager"])) * (1 - 1 / gain.ratio)
+    assert steps == pytest.approx(result.cold.compile_s / saving if saving > 0 else float("inf"))
+    text = result.report()
+    assert f"compile_subjects.py:{item_line()}" in text and "torch._dynamo.mark_dynamic(inputs, 1)" in text
+    assert "break-even" in text and gain.verdict in text
