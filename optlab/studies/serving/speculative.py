@@ -62,8 +62,9 @@ class ChapterPlan:
 
 def chapter_plan(cuda: bool) -> ChapterPlan:
     """On a GPU, GPT-2 small in bf16 with a one-block draft of its width, the one-token decode steps (the baseline's
-    and the draft's) and the target's verification over ``k + 1`` tokens under CUDA graphs; on a CPU, a six-block GPT with a one-block draft (both 64 wide: at batch 1 a
-    CPU's decode step costs about its ops, so the target costs several drafts), trained for seconds, all eager."""
+    and the draft's) and the target's verification over ``k + 1`` tokens under CUDA graphs; on a CPU, a six-block
+    GPT with a one-block draft (both 64 wide: at batch 1 a CPU's decode step costs about its ops, so the target
+    costs several drafts), trained for seconds, all eager."""
     if cuda:
         return ChapterPlan("gpt2_small", "gpt2_draft", 300, 200, 256, 128, 10, torch.bfloat16, True)
     return ChapterPlan("gpt_deep", "gpt_draft", 150, 300, 48, 48, 8, torch.float32, False)
