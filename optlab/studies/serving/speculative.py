@@ -225,7 +225,7 @@ def accepted_prefix(drafted: list[int], predicted: list[int]) -> int:
 def _verify_logits(model: GPT, tokens: torch.Tensor, cache: generation.StaticKVCache) -> torch.Tensor:
     """The target's logits ``[1, k + 1, V]`` at ``tokens`` ``[1, k + 1]``, their keys appended: tensor work only,
     so that it compiles into one graph."""
-    return generation._forward_tokens(model, tokens, cache)
+    return generation.forward_tokens(model, tokens, cache)
 
 
 _VERIFIERS: dict[tuple[str, int], Callable] = {}
