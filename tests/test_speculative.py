@@ -204,3 +204,31 @@ def test_on_a_gpu_every_part_runs_under_cuda_graphs_and_keeps_greedy_tokens():
     assert comparison.verification_compiled and comparison.caveat() is None
     assert table.loc["draft model, k=4", "compiled"] == "the draft's steps and verification"
     assert {("reduce-overhead", 2), ("reduce-overhead", 4)} <= set(sp._VERIFIERS)
+
+
+def test_a_reused_target_cache_keeps_its_storage_and_gives_the_same_tokens(target, prompt, reference):
+    """The comparison's runs refill one cache per setting: CUDA graphs recorded on it replay, and the text is
+    greedy decoding's every time."""
+    cache = generation.StaticKVCache(target, 1, sp.target_cache_len(PROMPT_LEN, NEW, 3))
+    where = cache.data_pointers()
+    for _ in range(2):
+        run = sp.speculative_generate(target, prompt, NEW, sp.PromptLookupDrafter(3), reuse=cache)
+        assert torch.equal(run.tokens, reference) and cache.data_pointers() == where
+        assert run.target_cache_length == len(run.text) - 1
+    with pytest.raises(OptlabError, match="reuse needs a StaticKVCache of one row holding at least 35 positions"):
+        sp.speculative_generate(target, prompt, NEW, sp.PromptLookupDrafter(3),
+                                reuse=generation.StaticKVCache(target, 1, 34))
+
+
+def test_the_comparison_builds_one_target_cache_per_setting_for_all_its_runs(target, prompt, monkeypatch):
+    built = []
+    real = generation.StaticKVCache
+
+    def counted(*args, **kwargs):
+        built.append(args[2])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(generation, "StaticKVCache", counted)
+    comparison = sp.decode_comparison(target, perturbed(target, 0.5), prompt, 6, ks=(2,), rounds=3)
+    assert all(comparison.identical.values())
+    assert len(built) == 4  # the draft's own, the baseline's and the two settings' target caches: 4 runs each

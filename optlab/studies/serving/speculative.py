@@ -241,6 +241,11 @@ def compiled_verify(device: torch.device, k: int) -> Callable:
     return _VERIFIERS[mode, k]
 
 
+def target_cache_len(prompt_len: int, new_tokens: int, k: int) -> int:
+    """Positions the target's cache needs: the prompt, the new tokens and the last round's ``k`` drafted ones."""
+    return prompt_len + new_tokens + k
+
+
 def _check_prompt(target: GPT, prompt: torch.Tensor, new_tokens: int, k: int) -> None:
     if prompt.dim() != 2 or prompt.size(0) != 1 or prompt.size(1) < 1 or prompt.dtype != torch.long:
         raise OptlabError(f"speculative decoding takes one prompt, a LongTensor [1, tokens] with at least one token; "
@@ -252,16 +257,24 @@ def _check_prompt(target: GPT, prompt: torch.Tensor, new_tokens: int, k: int) ->
 
 @torch.no_grad()
 def speculative_generate(target: GPT, prompt: torch.Tensor, new_tokens: int,
-                         drafter: "ModelDrafter | PromptLookupDrafter", compiled: bool = False) -> Speculation:
+                         drafter: "ModelDrafter | PromptLookupDrafter", compiled: bool = False,
+                         reuse: "generation.StaticKVCache | None" = None) -> Speculation:
     """``new_tokens`` tokens after ``prompt`` ``[1, T0]`` by greedy speculative decoding with ``drafter``: the target
     prefills (its first token), then each round verifies ``drafter.k`` drafted tokens in one call (``compiled``:
     :func:`compiled_verify`), keeps the longest agreeing prefix and its own next token, and rolls its cache back to
-    the kept text. Timed with the book's timer."""
+    the kept text. Timed with the book's timer. ``reuse``: the target's static cache of an earlier run (one row, room
+    for :func:`target_cache_len`), emptied and filled again: its storage stays put, so CUDA graphs recorded on it
+    replay instead of recording again."""
     _check_prompt(target, prompt, new_tokens, drafter.k)
     device = target.token_embedding.weight.device
     prompt = prompt.to(device)
     total = prompt.size(1) + new_tokens
-    cache = generation.StaticKVCache(target, 1, total + drafter.k)  # room for the last round's k + 1 tokens
+    room = target_cache_len(prompt.size(1), new_tokens, drafter.k)
+    if reuse is not None and (reuse.batch != 1 or reuse.max_len < room):
+        raise OptlabError(f"reuse needs a StaticKVCache of one row holding at least {room} positions, got "
+                          f"{reuse.batch} rows of {reuse.max_len}")
+    cache = reuse if reuse is not None else generation.StaticKVCache(target, 1, room)
+    cache.reset_rows(0)
     verify = compiled_verify(device, drafter.k) if compiled else None
     timer = StepTimer(device)
     timer.start()
@@ -386,7 +399,8 @@ def decode_comparison(target: GPT, draft: "GPT | None", prompt: torch.Tensor, ne
     length ``k``, ``rounds`` paired rounds after one untimed warm-up round, in mirrored orders
     (``sequential.visit_order``), on the book's timing threads (``quiet.fix_threads``); every run's tokens are compared
     with the no-cache greedy reference. ``compiled`` compiles the one-token steps and, unless
-    ``compile_verification`` is False, the verification (the warm-up round compiles and records them)."""
+    ``compile_verification`` is False, the verification. Each setting fills one target cache of its own, emptied
+    before every run, so that on a GPU its graphs are recorded in the warm-up round and replayed in the timed ones."""
     verify = compiled if compile_verification is None else compile_verification
     rounds = check_count("rounds", rounds, 2, MAX_ROUNDS, "paired rounds of whole generations")
     if not ks or any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_DRAFT for k in ks):
@@ -402,16 +416,20 @@ def decode_comparison(target: GPT, draft: "GPT | None", prompt: torch.Tensor, ne
     shifts: dict[str, list[int]] = {label: [] for label in setups}
     identical = dict.fromkeys(setups, True)
     runs: dict[str, Speculation] = {}
+    caches = {label: generation.StaticKVCache(target, 1, target_cache_len(prompt.size(1), new_tokens, d.k)
+                                              if d else prompt.size(1) + new_tokens - 1)
+              for label, d in setups.items()}  # one each, emptied before every run: graphs replay on it
     labels = list(setups)
     for index in range(-1, rounds):  # round -1 warms up (and is not kept)
         order = visit_order(labels, max(index, 0))
         for label in order:
             drafter = setups[label]
             if drafter is None:
-                out = generation.generate(target, prompt, new_tokens, cache="static", compiled=compiled)
+                out = generation.generate(target, prompt, new_tokens, cache="static", compiled=compiled,
+                                          reuse=caches[label])
                 tokens, seconds = out.tokens[0].tolist(), _decode_s(out)
             else:
-                run = runs[label] = speculative_generate(target, prompt, new_tokens, drafter, verify)
+                run = runs[label] = speculative_generate(target, prompt, new_tokens, drafter, verify, caches[label])
                 tokens, seconds = run.tokens[0].tolist(), run.decode_s
             identical[label] &= tokens == reference
             if index >= 0:
