@@ -68,8 +68,8 @@ def test_gpu_check_lists_every_cuda_test_and_the_chapters_cuda_checks():
     files = {test.split("::")[0] for test in tests}
     assert files == {f"tests/test_{name}.py" for name in ("attention_check", "autotune", "cuda_graphs", "fp8",
                                                           "largest_batch", "memory_breakdown", "microbench", "numerics",
-                                                          "optimizer_bench", "profiling", "serving_generation", "speculative", "tf32",
-                                                          "transformer", "tune_memory")}
+                                                          "optimizer_bench", "profiling", "serving_generation",
+                                                          "speculative", "tf32", "transformer", "tune_memory")}
     assert "tests/test_cuda_graphs.py::test_graphed_inference_and_training_match_eager" in tests
     assert any(test.startswith("tests/test_fp8.py::") and test.endswith("[cuda]") for test in tests)
     assert any(test.startswith("tests/test_transformer.py::") and test.endswith("-cuda]") for test in tests)
