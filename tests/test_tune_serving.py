@@ -5,6 +5,7 @@ import math
 import textwrap
 import weakref
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -268,6 +269,14 @@ def test_the_graph_pool_is_counted_in_the_inference_peak(monkeypatch):
     assert again.peak_mem_mb == 74.0 and again.graph_pool_mb == 64.0
     plain = inference._Prepared(nn.Linear(2, 2), lambda x: x, [torch.zeros(1, 2)])
     assert inference._runner(plain, eager, cuda)("test", TINY, 0).peak_mem_mb == 10.0
+    # the first calls, before any repeat, record the graphs: they are the configuration's too
+    monkeypatch.setattr(loops, "prepare_model", lambda model, config, device: model)
+    monkeypatch.setattr(inference, "_on_device", lambda inputs, config, device: inputs)
+    monkeypatch.setattr(inference, "_forward", lambda model, config, device: lambda x: record(id(model)) or x)
+    run = SimpleNamespace(info=SimpleNamespace(device=cuda), model_fn=lambda: nn.Linear(2, 2), seed=0,
+                          inputs=[torch.zeros(1, 2)], output_fn=None)
+    first = inference._prepare(run, graphs)
+    assert inference._runner(first, graphs, cuda)("test", TINY, 0).graph_pool_mb == 64.0  # the repeat replays them
 
     class Timer:
         def __init__(self, device):
