@@ -109,3 +109,21 @@ def test_a_variants_graph_pool_is_what_its_own_runs_added_in_graph_rows_only(mon
     with autotuned.run():
         graphs(16)
     assert loops.count_graph_pool(phase(), autotuned).graph_pool_mb == pytest.approx(16.0)
+
+
+def test_a_training_and_an_evaluation_pass_count_what_their_own_steps_added(monkeypatch):
+    """The passes wrap their steps in the variant's tally: here each forward call adds 1 MiB to a fake pool that
+    already holds 40 MiB of others' graphs."""
+    pools = {"mb": 40.0}
+    model = torch.nn.Linear(4, 2)
+    model.register_forward_hook(lambda *args: pools.update(mb=pools["mb"] + 1.0))
+    tally = memory.GraphPoolTally(torch.device("cuda"))
+    monkeypatch.setattr(memory, "graph_pool_mb", lambda device: pools["mb"])
+    monkeypatch.setattr(loops, "graph_pool_tally", lambda owner, config, device: tally)
+    config = RunConfig(batch_size=2, num_workers=0, pin_memory=False)
+    batches = [(torch.randn(2, 4), torch.tensor([0, 1]))] * 3
+    trained = loops.train_phase(model, batches, loops.make_optimizer(model, config), loops.make_scaler(config, CPU),
+                                config, CPU, steps=2, warmup=1, step_increase_mb=0.0)
+    assert trained.graph_pool_mb == 3.0 and trained.peak_mem_mb == pytest.approx(trained.resident_mem_mb + 3.0)
+    evaluated = loops.eval_phase(model, batches, config, CPU, steps=2, warmup=1, step_increase_mb=0.0)
+    assert evaluated.graph_pool_mb == 6.0  # the variant's graphs: its training's and its evaluation's
