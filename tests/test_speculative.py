@@ -180,6 +180,20 @@ def test_compiled_verification_goes_through_one_graph_per_k_and_keeps_greedy_tok
     torch._dynamo.reset()
 
 
+def test_the_comparison_can_compile_the_verification_alone(target, prompt, monkeypatch):
+    counter, real_compile = CompileCounter(), torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, mode=None, **kwargs: real_compile(fn, backend=counter, **kwargs))
+    monkeypatch.setattr(sp, "_VERIFIERS", {})
+    torch._dynamo.reset()
+    comparison = sp.decode_comparison(target, perturbed(target, 0.5), prompt, 6, ks=(2,), rounds=2,
+                                      compile_verification=True)
+    table = comparison.table().set_index("variant")
+    assert table["identical to greedy"].all() and counter.frame_count == 1  # one k, one graph, every run
+    assert table.loc[sp.BASELINE, "compiled"] == "none"
+    assert table.loc["prompt lookup, k=2", "compiled"] == "verification"
+    torch._dynamo.reset()
+
+
 def test_compiled_verification_is_labelled_like_the_compiled_baseline(target, prompt):
     eager = sp.decode_comparison(target, perturbed(target, 0.5), prompt, 6, ks=(2,), rounds=2)
     table = dataclasses.replace(eager, compiled=True, verification_compiled=True).table().set_index("variant")
