@@ -76,7 +76,7 @@ def test_gpu_check_lists_every_cuda_test_and_the_chapters_cuda_checks():
     assert files == {f"tests/test_{name}.py" for name in (
         "attention_check", "autotune", "cuda_graphs", "cuda_paths", "fp8", "gpu_state", "largest_batch",
         "memory_breakdown", "microbench", "mig_peaks", "numerics", "optimizer_bench", "profiling", "serving_generation",
-        "tf32", "transformer", "tune_memory")}
+        "speculative", "tf32", "transformer", "tune_memory")}
     assert "tests/test_cuda_graphs.py::test_graphed_inference_and_training_match_eager" in tests
     assert any(test.startswith("tests/test_fp8.py::") and test.endswith("[cuda]") for test in tests)
     assert any(test.startswith("tests/test_transformer.py::") and test.endswith("-cuda]") for test in tests)

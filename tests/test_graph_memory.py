@@ -63,22 +63,67 @@ def test_the_peak_is_the_repeats_after_the_first_and_the_first_is_kept_apart():
     assert table["peak MiB"].tolist() == [120.0, 120.0] and table["first repeat's peak MiB"].tolist() == [900.0, 900.0]
 
 
-def test_a_captured_graphs_private_pool_is_counted_in_graph_rows_only(monkeypatch):
+def test_the_private_pools_are_read_on_the_device_asked_for(monkeypatch):
     mib = 2**20
     segments = [{"device": 0, "total_size": 64 * mib, "segment_pool_id": (0, 0)},  # the ordinary pool
                 {"device": 0, "total_size": 20 * mib, "segment_pool_id": (1, 0)},  # a graph's private pool
                 {"device": 0, "total_size": 12 * mib, "segment_pool_id": (1, 0)},
                 {"device": 1, "total_size": 99 * mib, "segment_pool_id": (2, 0)}]  # another GPU's
     monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda: segments)
+    assert memory.graph_pool_mb(torch.device("cuda", 0)) == pytest.approx(32.0) and memory.graph_pool_mb(CPU) == 0.0
+
+
+def test_a_variants_graph_pool_is_what_its_own_runs_added_in_graph_rows_only(monkeypatch):
+    """Earlier tests' and other variants' graphs already hold private pools when a variant runs, and another
+    variant records between its passes: the variant's count is the growth during its own passes."""
+    mib = 2**20
+    segments = [{"device": 0, "total_size": 64 * mib, "segment_pool_id": (0, 0)},
+                {"device": 0, "total_size": 40 * mib, "segment_pool_id": (1, 0)}]  # recorded before this variant
+
+    def graphs(megabytes: int) -> None:
+        segments.append({"device": 0, "total_size": megabytes * mib, "segment_pool_id": (1, 0)})
+
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda: list(segments))
     cuda = torch.device("cuda", 0)
-    assert memory.graph_pool_mb(cuda) == pytest.approx(32.0) and memory.graph_pool_mb(CPU) == 0.0
+    model = torch.nn.Linear(2, 2)
 
     def phase():
         return loops.PhaseResult(0.0, [0.01], 0.01, peak_mem_mb=100.0)
 
-    graphed = loops.count_graph_pool(phase(), RunConfig(compile_mode="reduce-overhead"), cuda)
-    assert graphed.peak_mem_mb == pytest.approx(132.0) and graphed.graph_pool_mb == pytest.approx(32.0)
-    assert loops.count_graph_pool(phase(), RunConfig(compile_mode="max-autotune"), cuda).peak_mem_mb == pytest.approx(132.0)
-    plain = loops.count_graph_pool(phase(), RunConfig(compile_mode="default"), cuda)
-    assert plain.peak_mem_mb == 100.0 and plain.graph_pool_mb == 0.0
-    assert loops.count_graph_pool(phase(), RunConfig(compile_mode="reduce-overhead"), CPU).peak_mem_mb == 100.0
+    pool = loops.graph_pool_tally(model, RunConfig(compile_mode="reduce-overhead"), cuda)
+    with pool.run():
+        graphs(24)  # its first pass records its graphs
+    graphed = loops.count_graph_pool(phase(), pool)
+    assert graphed.peak_mem_mb == pytest.approx(124.0) and graphed.graph_pool_mb == pytest.approx(24.0)
+    graphs(30)  # another variant's graphs, between two passes of this one
+    again = loops.graph_pool_tally(model, RunConfig(compile_mode="reduce-overhead"), cuda)
+    with again.run():
+        pass  # a replay allocates nothing
+    assert again is pool and loops.count_graph_pool(phase(), again).graph_pool_mb == pytest.approx(24.0)
+    for config, device in [(RunConfig(compile_mode="default"), cuda), (RunConfig(compile_mode="reduce-overhead"), CPU)]:
+        plain = loops.graph_pool_tally(torch.nn.Linear(2, 2), config, device)
+        with plain.run():
+            graphs(8)
+        assert loops.count_graph_pool(phase(), plain).peak_mem_mb == 100.0
+    autotuned = loops.graph_pool_tally(torch.nn.Linear(2, 2), RunConfig(compile_mode="max-autotune"), cuda)
+    with autotuned.run():
+        graphs(16)
+    assert loops.count_graph_pool(phase(), autotuned).graph_pool_mb == pytest.approx(16.0)
+
+
+def test_a_training_and_an_evaluation_pass_count_what_their_own_steps_added(monkeypatch):
+    """The passes wrap their steps in the variant's tally: here each forward call adds 1 MiB to a fake pool that
+    already holds 40 MiB of others' graphs."""
+    pools = {"mb": 40.0}
+    model = torch.nn.Linear(4, 2)
+    model.register_forward_hook(lambda *args: pools.update(mb=pools["mb"] + 1.0))
+    tally = memory.GraphPoolTally(torch.device("cuda"))
+    monkeypatch.setattr(memory, "graph_pool_mb", lambda device: pools["mb"])
+    monkeypatch.setattr(loops, "graph_pool_tally", lambda owner, config, device: tally)
+    config = RunConfig(batch_size=2, num_workers=0, pin_memory=False)
+    batches = [(torch.randn(2, 4), torch.tensor([0, 1]))] * 3
+    trained = loops.train_phase(model, batches, loops.make_optimizer(model, config), loops.make_scaler(config, CPU),
+                                config, CPU, steps=2, warmup=1, step_increase_mb=0.0)
+    assert trained.graph_pool_mb == 3.0 and trained.peak_mem_mb == pytest.approx(trained.resident_mem_mb + 3.0)
+    evaluated = loops.eval_phase(model, batches, config, CPU, steps=2, warmup=1, step_increase_mb=0.0)
+    assert evaluated.graph_pool_mb == 6.0  # the variant's graphs: its training's and its evaluation's

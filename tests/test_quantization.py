@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from optlab.core.errors import OptlabError
+from optlab.core.measuring import memory
 from optlab.core.measuring.timing import VERDICTS
 from optlab.core.gpt.transformer import GPT, GPT_SIZES
 from optlab.studies.serving import quantization as q
@@ -181,3 +182,21 @@ def test_generate_into_a_reused_cache_gives_the_same_tokens(gpt):
         assert torch.equal(q.generation.generate(gpt, prompt, 6, reuse=cache).tokens, fresh)
     with pytest.raises(OptlabError, match="reuse needs"):
         q.generation.generate(gpt, prompt, 9, reuse=cache)
+
+
+def test_a_compiled_variants_peak_counts_its_own_graph_pool_on_a_gpu(monkeypatch):
+    """Other variants' graphs already hold 500 MiB of private pools on a (fake) GPU: a compiled variant's peak adds
+    the 48 MiB its own run recorded there, neither the device's total nor nothing; an eager run adds none."""
+    pools = {"mb": 500.0}
+    monkeypatch.setattr(memory, "graph_pool_mb", lambda device: pools["mb"])
+    monkeypatch.setattr(q, "phase_start", lambda device: 0)
+    monkeypatch.setattr(q, "phase_peak_mb", lambda device, start, resident, increase: resident + 10.0)
+    monkeypatch.setattr(q, "resident_mb", lambda owners, device: 100.0)
+
+    def record() -> None:
+        pools["mb"] += 48.0
+
+    cuda = torch.device("cuda")
+    assert q._peak_mib(nn.Linear(2, 2), record, cuda, graphs=True) == pytest.approx(158.0)
+    assert q._peak_mib(nn.Linear(2, 2), lambda: None, cuda, graphs=True) == pytest.approx(110.0)  # replays only
+    assert q._peak_mib(nn.Linear(2, 2), record, cuda, graphs=False) == pytest.approx(110.0)

@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 import torch
 from torch import nn
+from torch._dynamo.testing import CompileCounter
 
 from optlab.core.errors import OptlabError
 from optlab.core.measuring.timing import VERDICTS
@@ -149,3 +150,99 @@ def test_the_chapters_plan_fits_both_models_blocks(cuda):
     assert trained.serving_config(plan.target).n_layer > trained.serving_config(plan.draft).n_layer
     assert plan.compiled == cuda and (plan.dtype == torch.bfloat16) == cuda
     assert sp.prompt_tokens(plan.prompt_len).shape == (1, plan.prompt_len)
+
+
+def test_compiled_verification_goes_through_one_graph_per_k_and_keeps_greedy_tokens(target, prompt, reference,
+                                                                                    monkeypatch):
+    """With ``compiled`` every round's verification of k + 1 tokens runs the compiled function of its k (a cheap
+    counting backend stands in for Inductor here), never the eager call, and the text is still greedy decoding's."""
+    counter = CompileCounter()
+    real_compile, eager_calls = torch.compile, []
+
+    def cheap(fn, mode=None, **kwargs):
+        return real_compile(fn, backend=counter, **kwargs)
+
+    def counted(model, tokens, cache):
+        eager_calls.append(tokens.size(1))
+        return real_forward(model, tokens, cache)
+
+    real_forward = generation.forward_cached
+    monkeypatch.setattr(torch, "compile", cheap)
+    monkeypatch.setattr(generation, "forward_cached", counted)
+    monkeypatch.setattr(sp, "_VERIFIERS", {})
+    torch._dynamo.reset()
+    for k in (2, 3):
+        run = sp.speculative_generate(target, prompt, NEW, sp.PromptLookupDrafter(k), compiled=True)
+        assert torch.equal(run.tokens, reference) and len(run.rounds) > 1
+        assert run.target_cache_length == len(run.text) - 1  # the compiled call's keys are kept and rolled back
+    assert counter.frame_count == 2 and set(sp._VERIFIERS) == {("default", 2), ("default", 3)}
+    assert eager_calls == [PROMPT_LEN, PROMPT_LEN]  # the prefills only: no round verified eagerly
+    torch._dynamo.reset()
+
+
+def test_the_comparison_can_compile_the_verification_alone(target, prompt, monkeypatch):
+    counter, real_compile = CompileCounter(), torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, mode=None, **kwargs: real_compile(fn, backend=counter, **kwargs))
+    monkeypatch.setattr(sp, "_VERIFIERS", {})
+    torch._dynamo.reset()
+    comparison = sp.decode_comparison(target, perturbed(target, 0.5), prompt, 6, ks=(2,), rounds=2,
+                                      compile_verification=True)
+    table = comparison.table().set_index("variant")
+    assert table["identical to greedy"].all() and counter.frame_count == 1  # one k, one graph, every run
+    assert table.loc[sp.BASELINE, "compiled"] == "none"
+    assert table.loc["prompt lookup, k=2", "compiled"] == "verification"
+    torch._dynamo.reset()
+
+
+def test_compiled_verification_is_labelled_like_the_compiled_baseline(target, prompt):
+    eager = sp.decode_comparison(target, perturbed(target, 0.5), prompt, 6, ks=(2,), rounds=2)
+    table = dataclasses.replace(eager, compiled=True, verification_compiled=True).table().set_index("variant")
+    assert table.loc[sp.BASELINE, "compiled"] == "every decode step"
+    assert table.loc["draft model, k=2", "compiled"] == "the draft's steps and verification"
+    assert table.loc["prompt lookup, k=2", "compiled"] == "verification"
+    assert dataclasses.replace(eager, compiled=True, verification_compiled=True).caveat() is None
+    alone = dataclasses.replace(eager, verification_compiled=True).table().set_index("variant")
+    assert alone.loc[sp.BASELINE, "compiled"] == "none" and alone.loc["draft model, k=2", "compiled"] == "verification"
+
+
+@pytest.mark.cuda
+def test_on_a_gpu_every_part_runs_under_cuda_graphs_and_keeps_greedy_tokens():
+    """The real thing: the baseline, the draft and the verification compiled with CUDA graphs, in bf16."""
+    cuda = torch.device("cuda")
+    target = random_gpt(0).to(cuda, torch.bfloat16)
+    draft = perturbed(random_gpt(0), 0.5).to(cuda, torch.bfloat16)
+    prompt = torch.randint(16, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(0))
+    comparison = sp.decode_comparison(target, draft, prompt, 16, ks=(2, 4), rounds=2, compiled=True)
+    table = comparison.table().set_index("variant")
+    assert table["identical to greedy"].all(), table
+    assert comparison.verification_compiled and comparison.caveat() is None
+    assert table.loc["draft model, k=4", "compiled"] == "the draft's steps and verification"
+    assert {("reduce-overhead", 2), ("reduce-overhead", 4)} <= set(sp._VERIFIERS)
+
+
+def test_a_reused_target_cache_keeps_its_storage_and_gives_the_same_tokens(target, prompt, reference):
+    """The comparison's runs refill one cache per setting: CUDA graphs recorded on it replay, and the text is
+    greedy decoding's every time."""
+    cache = generation.StaticKVCache(target, 1, sp.target_cache_len(PROMPT_LEN, NEW, 3))
+    where = cache.data_pointers()
+    for _ in range(2):
+        run = sp.speculative_generate(target, prompt, NEW, sp.PromptLookupDrafter(3), reuse=cache)
+        assert torch.equal(run.tokens, reference) and cache.data_pointers() == where
+        assert run.target_cache_length == len(run.text) - 1
+    with pytest.raises(OptlabError, match="reuse needs a StaticKVCache of one row holding at least 35 positions"):
+        sp.speculative_generate(target, prompt, NEW, sp.PromptLookupDrafter(3),
+                                reuse=generation.StaticKVCache(target, 1, 34))
+
+
+def test_the_comparison_builds_one_target_cache_per_setting_for_all_its_runs(target, prompt, monkeypatch):
+    built = []
+    real = generation.StaticKVCache
+
+    def counted(*args, **kwargs):
+        built.append(args[2])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(generation, "StaticKVCache", counted)
+    comparison = sp.decode_comparison(target, perturbed(target, 0.5), prompt, 6, ks=(2,), rounds=3)
+    assert all(comparison.identical.values())
+    assert len(built) == 4  # the draft's own, the baseline's and the two settings' target caches: 4 runs each

@@ -5,6 +5,7 @@ import math
 import textwrap
 import weakref
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -239,25 +240,70 @@ def test_request_latency_includes_the_copies_and_a_synchronisation_per_request(m
 
 
 def test_the_graph_pool_is_counted_in_the_inference_peak(monkeypatch):
-    """A fake CUDA device whose graphs hold a 64 MiB pool: a reduce-overhead configuration's comparison repeats and
-    its sweep points each count it; an eager one's do not."""
-    monkeypatch.setattr(memory, "graph_pool_mb", lambda device: 64.0)
+    """A fake CUDA device whose private pools already hold 500 MiB of other configurations' graphs: a
+    reduce-overhead configuration's comparison repeats and its sweep points each count what its own first calls
+    recorded (64 MiB a shape), not the device's total nor what another recorded between its repeats; an eager one's
+    count none."""
+    pools = {"mb": 500.0}
+    monkeypatch.setattr(memory, "graph_pool_mb", lambda device: pools["mb"])
     monkeypatch.setattr(memory, "phase_peak_mb", lambda device, start, resident, *increase: 10.0)
+    monkeypatch.setattr(memory, "phase_start", lambda device: 0)
     cuda = torch.device("cuda")
+    recorded: set = set()
 
-    def timed(*args, **kwargs):
+    def record(key) -> None:  # a first call records the graphs for this model and shape
+        if key not in recorded:
+            recorded.add(key)
+            pools["mb"] += 64.0
+
+    def timed(step, calls, device, steps, warmup, resident):
+        record(id(resident[0]))
         return loops.PhaseResult(0.0, [0.001], 0.01, 10.0), []
 
     monkeypatch.setattr(loops, "run_timed", timed)
     prepared = inference._Prepared(nn.Linear(2, 2), lambda x: x, [torch.zeros(1, 2)])
     graphs, eager = RunConfig(compile_mode="reduce-overhead"), RunConfig()
     assert inference._runner(prepared, graphs, cuda)("test", TINY, 0).peak_mem_mb == 74.0
-    assert inference._runner(prepared, eager, cuda)("test", TINY, 0).peak_mem_mb == 10.0
-    served = Served(lambda x: x, lambda x: x, uses_graphs=True)
-    point = batch_sweep.measure(served, torch.zeros(2, 4), torch.device("cpu"), calls=5, warmup=1)
+    pools["mb"] += 30.0  # another configuration records its graphs between the repeats
+    again = inference._runner(prepared, graphs, cuda)("test", TINY, 1)
+    assert again.peak_mem_mb == 74.0 and again.graph_pool_mb == 64.0
+    plain = inference._Prepared(nn.Linear(2, 2), lambda x: x, [torch.zeros(1, 2)])
+    assert inference._runner(plain, eager, cuda)("test", TINY, 0).peak_mem_mb == 10.0
+    # the first calls, before any repeat, record the graphs: they are the configuration's too
+    monkeypatch.setattr(loops, "prepare_model", lambda model, config, device: model)
+    monkeypatch.setattr(inference, "_on_device", lambda inputs, config, device: inputs)
+    monkeypatch.setattr(inference, "_forward", lambda model, config, device: lambda x: record(id(model)) or x)
+    run = SimpleNamespace(info=SimpleNamespace(device=cuda), model_fn=lambda: nn.Linear(2, 2), seed=0,
+                          inputs=[torch.zeros(1, 2)], output_fn=None)
+    first = inference._prepare(run, graphs)
+    assert inference._runner(first, graphs, cuda)("test", TINY, 0).graph_pool_mb == 64.0  # the repeat replays them
+
+    class Timer:
+        def __init__(self, device):
+            self.marks = 0
+
+        def start(self):
+            pass
+
+        def mark(self):
+            self.marks += 1
+
+        def finish(self):
+            return [0.001] * self.marks, 0.001 * self.marks
+
+    monkeypatch.setattr(batch_sweep, "StepTimer", Timer)
+    monkeypatch.setattr(batch_sweep, "synchronize", lambda device: None)
+
+    def forward(inputs):
+        record(tuple(inputs.shape))
+
+    served = Served(forward, lambda x: x, uses_graphs=True)
+    point = batch_sweep.measure(served, torch.zeros(2, 4), cuda, calls=5, warmup=1)
     assert point["graph_pool_mb"] == 64.0 and point["peak_mem_mb"] == 74.0
-    assert batch_sweep.measure(replace(served, uses_graphs=False), torch.zeros(2, 4), torch.device("cpu"),
-                               calls=5, warmup=1)["peak_mem_mb"] == 10.0
+    bigger = batch_sweep.measure(served, torch.zeros(4, 4), cuda, calls=5, warmup=1)
+    assert bigger["graph_pool_mb"] == 128.0  # the smaller batch's graphs are still its own
+    eager_served = Served(forward, lambda x: x)
+    assert batch_sweep.measure(eager_served, torch.zeros(8, 4), cuda, calls=5, warmup=1)["peak_mem_mb"] == 10.0
 
 
 class FakeDevice:

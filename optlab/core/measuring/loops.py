@@ -6,6 +6,7 @@ import itertools
 import math
 import os
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Generator, Iterable, Iterator, TypeVar, Union
 
@@ -293,12 +294,22 @@ def timed_pass(step, loader, device, steps, warmup, resident: Iterable[object] =
     return result, outputs
 
 
-def count_graph_pool(result: PhaseResult, config: RunConfig, device: torch.device) -> PhaseResult:
-    """For a config that replays CUDA graphs on CUDA: their private pool (:func:`memory.graph_pool_mb`), which a
-    replay uses without allocating, added to the phase's peak and kept apart in ``graph_pool_mb``."""
-    if device.type == "cuda" and compiler.uses_cuda_graphs(config):
-        result.graph_pool_mb = memory.graph_pool_mb(device)
-        result.peak_mem_mb += result.graph_pool_mb
+_GRAPH_POOLS: "weakref.WeakKeyDictionary[nn.Module, memory.GraphPoolTally]" = weakref.WeakKeyDictionary()
+
+
+def graph_pool_tally(model: nn.Module, config: RunConfig, device: torch.device) -> memory.GraphPoolTally:
+    """The tally of ``model``'s own CUDA graphs (:class:`memory.GraphPoolTally`), kept across all its passes: a
+    variant's graphs are recorded in its first pass and replayed in the later ones. Counted only for a config that
+    replays CUDA graphs on CUDA."""
+    counted = device.type == "cuda" and compiler.uses_cuda_graphs(config)
+    return _GRAPH_POOLS.setdefault(model, memory.GraphPoolTally(device, counted))
+
+
+def count_graph_pool(result: PhaseResult, tally: memory.GraphPoolTally) -> PhaseResult:
+    """The variant's graphs' private pool (``tally``), which a replay uses without allocating, added to the phase's
+    peak and kept apart in ``graph_pool_mb``."""
+    result.graph_pool_mb = tally.mb
+    result.peak_mem_mb += tally.mb
     return result
 
 
@@ -336,10 +347,11 @@ def train_pass(model, loader, optimizer, scaler, config: RunConfig, device: torc
         return loss
 
     prefetch = config if config.prefetch_to_device else None
-    with backend_flags(config):
+    pool = graph_pool_tally(model, config, device)
+    with backend_flags(config), pool.run():
         result, losses = yield from timed_pass(step, loader, device, steps, warmup, (model, optimizer, loader),
                                                prefetch, step_increase_mb)
-    count_graph_pool(result, config, device)
+    count_graph_pool(result, pool)
     result.losses = torch.stack(losses).float().cpu().tolist()
     result.warmup_losses = torch.stack(warmup_losses).float().cpu().tolist() if warmup_losses else []
     result.samples = len(losses) * config.samples_per_step
@@ -365,10 +377,11 @@ def eval_pass(model, loader, config: RunConfig, device: torch.device, steps: int
         predictions[index] = batch[1].numel()  # one per sample, or one per token
         return eval_step(model, batch, config, device, warmup_losses if index < warmup else None, loss_fn)
 
-    with backend_flags(config):
+    pool = graph_pool_tally(model, config, device)
+    with backend_flags(config), pool.run():
         result, correct = yield from timed_pass(step, loader, device, steps, warmup, (model, loader), prefetch,
                                                 step_increase_mb)
-    count_graph_pool(result, config, device)
+    count_graph_pool(result, pool)
     result.correct = int(torch.stack(correct).sum())
     result.warmup_losses = torch.stack(warmup_losses).float().cpu().tolist() if warmup_losses else []
     result.predictions = sum(predictions[i] for i in range(warmup, warmup + len(correct)))

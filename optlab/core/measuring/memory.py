@@ -21,11 +21,12 @@ much memory a device has at most, for sizes that are refused before any work.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import torch
 from torch.autograd import DeviceType
@@ -95,6 +96,24 @@ def graph_pool_mb(device: torch.device) -> float:
     pooled = sum(segment["total_size"] for segment in torch.cuda.memory_snapshot()
                  if segment.get("device") == index and tuple(segment.get("segment_pool_id", (0, 0))) != (0, 0))
     return pooled / 2**20
+
+
+class GraphPoolTally:
+    """The private-pool MiB one variant's CUDA graphs hold: what :func:`graph_pool_mb` grew by over each of the
+    variant's own runs (:meth:`run`), summed. The device's pools are shared (Inductor's graphs share one), so their
+    total counts other variants' graphs and an earlier run's; the growth while this variant runs is its own, and a
+    replay of graphs already recorded adds nothing. ``counted=False`` (no graphs, or not on CUDA): always 0."""
+
+    def __init__(self, device: torch.device, counted: bool = True):
+        self.device, self.counted, self.mb = device, counted and device.type == "cuda", 0.0
+
+    @contextlib.contextmanager
+    def run(self) -> Iterator[None]:
+        """Add what the private pools grew by while the block ran (nothing if it raised)."""
+        before = graph_pool_mb(self.device) if self.counted else 0.0
+        yield
+        if self.counted:
+            self.mb += max(0.0, graph_pool_mb(self.device) - before)
 
 
 def memory_kind(device: torch.device) -> str:

@@ -167,7 +167,7 @@ def _attend_cached(block: torch.nn.Module, layer: int, x: torch.Tensor, position
     return attn.proj(y.transpose(1, 2).contiguous().view(n, t, c))
 
 
-def _forward_tokens(model: GPT, tokens: torch.Tensor, cache: "StaticKVCache | DynamicKVCache") -> torch.Tensor:
+def forward_tokens(model: GPT, tokens: torch.Tensor, cache: "StaticKVCache | DynamicKVCache") -> torch.Tensor:
     """Tensor work only (no host-side state), so that it compiles into one graph: logits, keys appended, lengths
     advanced."""
     positions = cache.lengths[:, None] + torch.arange(tokens.size(1), device=tokens.device)
@@ -189,7 +189,7 @@ def forward_cached(model: GPT, tokens: torch.Tensor, cache: "StaticKVCache | Dyn
     if cache.longest + t > cache.room():
         raise OptlabError(f"{t} new tokens after {cache.longest} cached do not fit the cache's {cache.room()} "
                           "positions; make the cache (max_len) or the GPT's block_size larger, or generate fewer")
-    logits = _forward_tokens(model, tokens, cache)
+    logits = forward_tokens(model, tokens, cache)
     cache.longest += t
     return logits
 
@@ -258,7 +258,7 @@ def next_token(logits: torch.Tensor, temperature: float, top_k: "int | None",
 
 
 def _decode_logits(model: GPT, token: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
-    return _forward_tokens(model, token, cache)[:, -1]
+    return forward_tokens(model, token, cache)[:, -1]
 
 
 _COMPILED: dict[str, Callable] = {}

@@ -31,7 +31,7 @@ from torch import nn
 
 from ...core.errors import OptlabError, choice_error
 from ...core.knobs.limits import check_count
-from ...core.measuring.memory import cpu_step_increase_mb, phase_peak_mb, phase_start, resident_mb
+from ...core.measuring.memory import GraphPoolTally, cpu_step_increase_mb, phase_peak_mb, phase_start, resident_mb
 from ...core.process.quiet import fix_threads
 from ...core.stats.sequential import visit_order
 from ...core.measuring.timing import INTERVAL, speed_up
@@ -393,15 +393,19 @@ def _generation(model: nn.Module, prompt: torch.Tensor, new_tokens: int, compile
     return generation.generate(model, prompt, new_tokens, cache="static", compiled=compiled, reuse=cache)
 
 
-def _peak_mib(model: nn.Module, run: Callable[[], object], device: torch.device) -> float:
-    """Resident MiB of ``model`` plus the peak increase while ``run`` runs once (the cache and the activations)."""
+def _peak_mib(model: nn.Module, run: Callable[[], object], device: torch.device, graphs: bool) -> float:
+    """Resident MiB of ``model`` plus the peak increase while ``run`` runs once (the cache and the activations),
+    and, if it replays CUDA graphs (``graphs``), what its graphs added to the private pools in that run: a replay
+    uses that memory without allocating, and the other variants' graphs are not its own."""
     start = phase_start(device)
     increase = np.nan
+    pool = GraphPoolTally(device, graphs)
     if device.type == "cuda":
-        run()
+        with pool.run():
+            run()
     else:
         increase = cpu_step_increase_mb(run)
-    return phase_peak_mb(device, start, resident_mb([model], device), increase)
+    return phase_peak_mb(device, start, resident_mb([model], device), increase) + pool.mb
 
 
 @torch.no_grad()
@@ -425,7 +429,7 @@ def decode_times(models: dict[str, nn.Module], batch: int, prompt_len: int = 8, 
     compiled, labels = device.type == "cuda", list(models)
     caches = {label: generation.StaticKVCache(models[label], batch, prompt_len + new_tokens - 1) for label in labels}
     peaks = {label: _peak_mib(models[label], lambda m=models[label], c=caches[label]:
-                              _generation(m, prompt, new_tokens, compiled, c), device)
+                              _generation(m, prompt, new_tokens, compiled, c), device, compiled)
              + caches[label].nbytes / 2**20 for label in labels}  # the cache, allocated before the run
     step_s: dict[str, list[float]] = {label: [] for label in labels}
     shifts: dict[str, list[int]] = {label: [] for label in labels}

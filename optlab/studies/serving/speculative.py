@@ -12,11 +12,16 @@ Two drafters: a small GPT trained on the same text (``ModelDrafter``, with its o
 lookup (``PromptLookupDrafter``: the tokens that followed the latest earlier occurrence of the text's last few
 tokens, at no model cost). ``decode_comparison`` times each drafter and draft length against plain greedy decoding
 with the static cache, in paired rounds, and checks every run's tokens against the greedy reference.
+
+Compiled, every part runs compiled when the baseline does (as gpt-fast does): the baseline's and the draft's one-token
+steps, and the target's verification of ``k + 1`` tokens, compiled once per ``k`` on the static cache
+(:func:`compiled_verify`; CUDA graphs on a GPU). Only the prefill stays eager, in both.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -57,9 +62,9 @@ class ChapterPlan:
 
 def chapter_plan(cuda: bool) -> ChapterPlan:
     """On a GPU, GPT-2 small in bf16 with a one-block draft of its width, the one-token decode steps (the baseline's
-    and the draft's) under CUDA graphs and the target's verification over ``k + 1`` tokens eager (``generation``
-    compiles a one-token step only); on a CPU, a six-block GPT with a one-block draft (both 64 wide: at batch 1 a
-    CPU's decode step costs about its ops, so the target costs several drafts), trained for seconds, all eager."""
+    and the draft's) and the target's verification over ``k + 1`` tokens under CUDA graphs; on a CPU, a six-block
+    GPT with a one-block draft (both 64 wide: at batch 1 a CPU's decode step costs about its ops, so the target
+    costs several drafts), trained for seconds, all eager."""
     if cuda:
         return ChapterPlan("gpt2_small", "gpt2_draft", 300, 200, 256, 128, 10, torch.bfloat16, True)
     return ChapterPlan("gpt_deep", "gpt_draft", 150, 300, 48, 48, 8, torch.float32, False)
@@ -217,6 +222,30 @@ def accepted_prefix(drafted: list[int], predicted: list[int]) -> int:
     return len(drafted)
 
 
+def _verify_logits(model: GPT, tokens: torch.Tensor, cache: generation.StaticKVCache) -> torch.Tensor:
+    """The target's logits ``[1, k + 1, V]`` at ``tokens`` ``[1, k + 1]``, their keys appended: tensor work only,
+    so that it compiles into one graph."""
+    return generation.forward_tokens(model, tokens, cache)
+
+
+_VERIFIERS: dict[tuple[str, int], Callable] = {}
+
+
+def compiled_verify(device: torch.device, k: int) -> Callable:
+    """The verification of ``k`` drafted tokens ``(target, tokens [1, k + 1], static cache) -> logits`` under
+    ``torch.compile`` with fixed shapes, one per ``k``: ``mode="reduce-overhead"`` (CUDA graphs) on a GPU, the
+    default mode elsewhere, as ``generation.compiled_decode`` compiles the one-token step."""
+    mode = "reduce-overhead" if device.type == "cuda" else "default"
+    if (mode, k) not in _VERIFIERS:
+        _VERIFIERS[mode, k] = torch.compile(_verify_logits, mode=mode, fullgraph=True, dynamic=False)
+    return _VERIFIERS[mode, k]
+
+
+def target_cache_len(prompt_len: int, new_tokens: int, k: int) -> int:
+    """Positions the target's cache needs: the prompt, the new tokens and the last round's ``k`` drafted ones."""
+    return prompt_len + new_tokens + k
+
+
 def _check_prompt(target: GPT, prompt: torch.Tensor, new_tokens: int, k: int) -> None:
     if prompt.dim() != 2 or prompt.size(0) != 1 or prompt.size(1) < 1 or prompt.dtype != torch.long:
         raise OptlabError(f"speculative decoding takes one prompt, a LongTensor [1, tokens] with at least one token; "
@@ -228,15 +257,25 @@ def _check_prompt(target: GPT, prompt: torch.Tensor, new_tokens: int, k: int) ->
 
 @torch.no_grad()
 def speculative_generate(target: GPT, prompt: torch.Tensor, new_tokens: int,
-                         drafter: "ModelDrafter | PromptLookupDrafter") -> Speculation:
+                         drafter: "ModelDrafter | PromptLookupDrafter", compiled: bool = False,
+                         reuse: "generation.StaticKVCache | None" = None) -> Speculation:
     """``new_tokens`` tokens after ``prompt`` ``[1, T0]`` by greedy speculative decoding with ``drafter``: the target
-    prefills (its first token), then each round verifies ``drafter.k`` drafted tokens in one call, keeps the longest
-    agreeing prefix and its own next token, and rolls its cache back to the kept text. Timed with the book's timer."""
+    prefills (its first token), then each round verifies ``drafter.k`` drafted tokens in one call (``compiled``:
+    :func:`compiled_verify`), keeps the longest agreeing prefix and its own next token, and rolls its cache back to
+    the kept text. Timed with the book's timer. ``reuse``: the target's static cache of an earlier run (one row, room
+    for :func:`target_cache_len`), emptied and filled again: its storage stays put, so CUDA graphs recorded on it
+    replay instead of recording again."""
     _check_prompt(target, prompt, new_tokens, drafter.k)
     device = target.token_embedding.weight.device
     prompt = prompt.to(device)
     total = prompt.size(1) + new_tokens
-    cache = generation.StaticKVCache(target, 1, total + drafter.k)
+    room = target_cache_len(prompt.size(1), new_tokens, drafter.k)
+    if reuse is not None and (reuse.batch != 1 or reuse.max_len < room):
+        raise OptlabError(f"reuse needs a StaticKVCache of one row holding at least {room} positions, got "
+                          f"{reuse.batch} rows of {reuse.max_len}")
+    cache = reuse if reuse is not None else generation.StaticKVCache(target, 1, room)
+    cache.reset_rows(0)
+    verify = compiled_verify(device, drafter.k) if compiled else None
     timer = StepTimer(device)
     timer.start()
     sequence = prompt[0].tolist() + [int(generation.forward_cached(target, prompt, cache)[0, -1].argmax())]
@@ -246,7 +285,13 @@ def speculative_generate(target: GPT, prompt: torch.Tensor, new_tokens: int,
     while len(sequence) < total:
         drafted = drafter.propose(sequence)
         checked = torch.tensor([[sequence[-1], *drafted]], device=device)
-        predicted = generation.forward_cached(target, checked, cache)[0].argmax(dim=-1).tolist()
+        if verify is None:
+            logits = generation.forward_cached(target, checked, cache)
+        else:
+            torch.compiler.cudagraph_mark_step_begin()
+            logits = verify(target, checked, cache)
+            cache.longest += checked.size(1)
+        predicted = logits[0].argmax(dim=-1).tolist()
         accepted = accepted_prefix(drafted, predicted)
         rounds.append(Round(len(sequence), tuple(drafted), accepted))
         sequence += drafted[:accepted] + [predicted[accepted]]
@@ -282,20 +327,22 @@ class DecodeComparison:
     runs: dict[str, Speculation]  # the last run of each setting
     identical: dict[str, bool]
     compiled: bool = False  # the one-token decode steps (the baseline's, the draft's) ran compiled
+    verification_compiled: bool = False  # the target's verification of k + 1 tokens ran compiled
 
     def compiled_steps(self, label: str) -> str:
-        """What ran compiled in the setting: the one-token steps only; the target's verification is always eager."""
-        if not self.compiled:
-            return "none"
+        """What ran compiled in the setting: the one-token steps, and the target's verification if it was."""
         if label == BASELINE:
-            return "every decode step"
-        drafter = self.settings[label]["drafter"]
-        return ("the draft's steps" if drafter == "draft model" else "none") + "; verification eager"
+            return "every decode step" if self.compiled else "none"
+        parts = ["the draft's steps"] if self.compiled and self.settings[label]["drafter"] == "draft model" else []
+        parts += ["verification"] if self.verification_compiled else []
+        eager = "; verification eager" if self.compiled and not self.verification_compiled else ""
+        return " and ".join(parts or ["none"]) + eager
 
     def caveat(self) -> str | None:
-        """Where the comparison leans: with compiled steps, the baseline decodes entirely through CUDA graphs while
-        the target verifies the drafts eagerly, so launch-bound verification pulls the speed-ups down."""
-        if not self.compiled:
+        """Where the comparison leans: with compiled steps and eager verification, the baseline decodes entirely
+        through CUDA graphs while the target verifies the drafts eagerly, so launch-bound verification pulls the
+        speed-ups down. None where both are compiled or neither is."""
+        if not self.compiled or self.verification_compiled:
             return None
         return ("Compiled against eager: greedy decoding runs every step compiled (CUDA graphs on a GPU), while "
                 "speculative decoding verifies each draft eagerly (one eager call of k + 1 tokens a round), so where a "
@@ -346,11 +393,15 @@ def make_drafter(kind: str, k: int, draft: "GPT | None", max_len: int,
 @torch.no_grad()
 def decode_comparison(target: GPT, draft: "GPT | None", prompt: torch.Tensor, new_tokens: int,
                       ks: "tuple[int, ...]" = DRAFT_LENGTHS, drafters: "tuple[str, ...]" = DRAFTERS,
-                      rounds: int = 8, compiled: bool = False) -> DecodeComparison:
+                      rounds: int = 8, compiled: bool = False,
+                      compile_verification: "bool | None" = None) -> DecodeComparison:
     """Plain greedy decoding with the static cache against speculative decoding with each drafter and each draft
     length ``k``, ``rounds`` paired rounds after one untimed warm-up round, in mirrored orders
     (``sequential.visit_order``), on the book's timing threads (``quiet.fix_threads``); every run's tokens are compared
-    with the no-cache greedy reference."""
+    with the no-cache greedy reference. ``compiled`` compiles the one-token steps and, unless
+    ``compile_verification`` is False, the verification. Each setting fills one target cache of its own, emptied
+    before every run, so that on a GPU its graphs are recorded in the warm-up round and replayed in the timed ones."""
+    verify = compiled if compile_verification is None else compile_verification
     rounds = check_count("rounds", rounds, 2, MAX_ROUNDS, "paired rounds of whole generations")
     if not ks or any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_DRAFT for k in ks):
         raise OptlabError(f"ks must be draft lengths from 1 to {MAX_DRAFT}, got {ks!r}")
@@ -365,19 +416,23 @@ def decode_comparison(target: GPT, draft: "GPT | None", prompt: torch.Tensor, ne
     shifts: dict[str, list[int]] = {label: [] for label in setups}
     identical = dict.fromkeys(setups, True)
     runs: dict[str, Speculation] = {}
+    caches = {label: generation.StaticKVCache(target, 1, target_cache_len(prompt.size(1), new_tokens, d.k)
+                                              if d else prompt.size(1) + new_tokens - 1)
+              for label, d in setups.items()}  # one each, emptied before every run: graphs replay on it
     labels = list(setups)
     for index in range(-1, rounds):  # round -1 warms up (and is not kept)
         order = visit_order(labels, max(index, 0))
         for label in order:
             drafter = setups[label]
             if drafter is None:
-                out = generation.generate(target, prompt, new_tokens, cache="static", compiled=compiled)
+                out = generation.generate(target, prompt, new_tokens, cache="static", compiled=compiled,
+                                          reuse=caches[label])
                 tokens, seconds = out.tokens[0].tolist(), _decode_s(out)
             else:
-                run = runs[label] = speculative_generate(target, prompt, new_tokens, drafter)
+                run = runs[label] = speculative_generate(target, prompt, new_tokens, drafter, verify, caches[label])
                 tokens, seconds = run.tokens[0].tolist(), run.decode_s
             identical[label] &= tokens == reference
             if index >= 0:
                 times[label].append(seconds)
                 shifts[label].append(order.index(label) - order.index(BASELINE))
-    return DecodeComparison(new_tokens, times, shifts, settings, runs, identical, compiled)
+    return DecodeComparison(new_tokens, times, shifts, settings, runs, identical, compiled, verify)

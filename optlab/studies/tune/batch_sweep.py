@@ -19,7 +19,8 @@ out-of-memory point is the model's own. Running out of memory (``torch.OutOfMemo
 allocator's ``RuntimeError``, also when raised inside graph capture or compilation: :func:`memory.is_out_of_memory`,
 through :func:`~optlab.core.run.experiments.failure_status`) ends that configuration's series
 at that point; the failed call's tensors are released (the error and its traceback dropped) before the cache is
-emptied. With CUDA graphs, the graphs' private pool is counted in the peak memory (:func:`memory.graph_pool_mb`).
+emptied. With CUDA graphs, what the configuration's own graphs hold in the private pools is counted in the peak memory
+(:class:`memory.GraphPoolTally`).
 """
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ class Served:
     to_device: Callable[[Inputs], Inputs]
     holds: tuple = ()
     uses_graphs: bool = False  # replays CUDA graphs: their pool is counted in its memory
+    graph_pool: memory.GraphPoolTally | None = None  # what its own graphs hold, over every batch size so far
 
 
 @dataclass(frozen=True)
@@ -104,24 +106,27 @@ def measure(served: Served, inputs: Inputs, device: torch.device, calls: int, wa
     device, or fewer (never under :data:`MIN_CALLS`) once they have taken ``budget_s`` seconds; on the CPU one more,
     untimed, under the profiler gives the peak memory (:func:`memory.cpu_step_increase_mb`)."""
     resident = memory.resident_mb(served.holds, device)
+    if served.graph_pool is None:
+        served.graph_pool = memory.GraphPoolTally(device, served.uses_graphs)
     start_bytes = memory.phase_start(device)
     on_device = served.to_device(inputs)
-    started = time.perf_counter()
-    served.forward(on_device)
-    synchronize(device)
-    first_call_s = time.perf_counter() - started
-    for _ in range(max(0, warmup - 1)):
+    with served.graph_pool.run():  # a new batch size records new graphs in its first calls
+        started = time.perf_counter()
         served.forward(on_device)
-    timer = StepTimer(device)
-    timer.start()
-    began, done = time.perf_counter(), 0
-    while done < calls and (done < MIN_CALLS or time.perf_counter() - began < budget_s):
-        served.forward(on_device)
-        timer.mark()
-        done += 1
-    times, _ = timer.finish()
+        synchronize(device)
+        first_call_s = time.perf_counter() - started
+        for _ in range(max(0, warmup - 1)):
+            served.forward(on_device)
+        timer = StepTimer(device)
+        timer.start()
+        began, done = time.perf_counter(), 0
+        while done < calls and (done < MIN_CALLS or time.perf_counter() - began < budget_s):
+            served.forward(on_device)
+            timer.mark()
+            done += 1
+        times, _ = timer.finish()
     median = float(np.median(times))
-    pool = memory.graph_pool_mb(device) if served.uses_graphs else 0.0
+    pool = served.graph_pool.mb
     increase_mb = (memory.cpu_step_increase_mb(lambda: served.forward(on_device)) if device.type == "cpu"
                    else math.nan)  # one untimed call
     return {"status": "ok", "calls": len(times), "call_ms": 1e3 * median,

@@ -347,12 +347,13 @@ def _prepare(run: _Run, config: RunConfig, check: bool = True) -> _Prepared:
     model = loops.prepare_model(model, config, device)
     prepared = _Prepared(model, _forward(model, config, device), [_on_device(x, config, device) for x in run.inputs])
     outputs = []
-    for index, inputs in enumerate(prepared.inputs if check else prepared.inputs[:1]):
-        started = time.perf_counter()
-        output = pick_output(prepared.forward(inputs), run.output_fn)
-        outputs.append(output.detach().to("cpu", torch.float32, copy=True))  # a CUDA graph reuses its memory
-        if index == 0:
-            prepared.first_call_s = time.perf_counter() - started
+    with loops.graph_pool_tally(model, config, device).run():  # the first calls record the config's graphs
+        for index, inputs in enumerate(prepared.inputs if check else prepared.inputs[:1]):
+            started = time.perf_counter()
+            output = pick_output(prepared.forward(inputs), run.output_fn)
+            outputs.append(output.detach().to("cpu", torch.float32, copy=True))  # a CUDA graph reuses its memory
+            if index == 0:
+                prepared.first_call_s = time.perf_counter() - started
     prepared.outputs = torch.cat(outputs)
     return prepared
 
@@ -378,8 +379,10 @@ def _runner(prepared: _Prepared, config: RunConfig, device: torch.device):
         def step(inputs: Inputs, index: int) -> None:
             prepared.forward(inputs)  # the output is dropped: a CUDA graph's would be overwritten by the next call
 
-        result, _ = loops.run_timed(step, calls, device, profile.steps, profile.warmup_steps, (prepared.model,))
-        return loops.count_graph_pool(result, config, device)  # recorded in the first repeat, replayed in every one
+        pool = loops.graph_pool_tally(prepared.model, config, device)
+        with pool.run():
+            result, _ = loops.run_timed(step, calls, device, profile.steps, profile.warmup_steps, (prepared.model,))
+        return loops.count_graph_pool(result, pool)  # recorded in the first calls, replayed in every repeat
     return run_phase
 
 
