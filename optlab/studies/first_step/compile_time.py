@@ -23,7 +23,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ...core.errors import choice_error
 from ...core.knobs.limits import check_count
+from ...core.results import store
 from ...core.measuring.timing import CONFIDENCE, speed_up, t_quantile
 from . import fresh
 from .starts import MODELS
@@ -44,7 +46,6 @@ def run_starts(model: str, rounds: int = 3, size: str = "small", steps: int = 10
     seconds, median steady step, graphs compiled, cache hits and misses and its cache folder's files before and
     after. ``root`` holds the rounds' cache folders (a new temporary folder if not given)."""
     if model not in MODELS:
-        from ...core.errors import choice_error
         raise choice_error("model", model, MODELS)
     check_count("rounds", rounds, 2, MAX_ROUNDS, "each round compiles the model from cold twice")
     check_count("steps", steps, 1, MAX_STEPS, "steady steps per start")
@@ -145,3 +146,16 @@ def speedup_points(table: pd.DataFrame, claims: pd.DataFrame, model: str) -> pd.
                            "ci_low": compiled["low"], "ci_high": compiled["high"], "verdict": compiled["verdict"]})
     return pd.concat([first, steady], ignore_index=True).assign(model=model, source="live", role="claim",
                                                                  versus=None)
+
+
+def run_reference(out: "str | Path", device: str = "cuda") -> list[Path]:
+    """The chapter's GPU measurement: three rounds of every start of GPT-2 small (ResNet18's would not fit one part
+    of the reference run: its page measures it live), saved under ``out`` as ``compile-time-gpt-*.csv`` (the starts,
+    the table and the verdicts)."""
+    folder, paths = store.writable_dir(out), []
+    rows = run_starts("gpt", rounds=3, size="real")
+    for name, table in (("starts", rows.drop(columns=["step_times_s"])), ("table", start_table(rows).reset_index()),
+                        ("verdicts", start_verdicts(rows))):
+        paths.append(folder / f"compile-time-gpt-{name}.csv")
+        store.atomic_write_text(paths[-1], table.to_csv(index=False))
+    return paths

@@ -29,6 +29,7 @@ import torch
 from ...core.errors import choice_error
 from ...core.gpt.transformer import GPT, GPTConfig
 from ...core.knobs.limits import check_count
+from ...core.results import store
 from ...core.machine import compiler
 from ...core.machine.device import resolve_device
 from ...core.measuring.timing import CONFIDENCE, speed_up
@@ -163,3 +164,12 @@ def shape_table(rows: pd.DataFrame, confidence: float = CONFIDENCE) -> pd.DataFr
                     "tokens/s": row["tokens"] / float(np.median(times)), "speed-up": rate.ratio, "low": rate.low,
                     "high": rate.high, "verdict": "baseline" if strategy == EAGER else rate.verdict})
     return pd.DataFrame(out).set_index("strategy")
+
+
+def run_reference(out: "str | Path", device: str = "cuda") -> list[Path]:
+    """The chapter's GPU measurement: GPT-2 small's stream through every strategy, CUDA graphs per bucket included,
+    saved under ``out`` as ``changing-shapes.csv``."""
+    table = shape_table(run_shapes(GPU_STREAM, passes=10))
+    path = store.writable_dir(out) / "changing-shapes.csv"
+    store.atomic_write_text(path, table.reset_index().to_csv(index=False))
+    return [path]
