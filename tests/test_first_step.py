@@ -12,11 +12,23 @@ from optlab.studies.first_step import compile_time, fresh, shapes
 
 
 def test_a_fresh_process_keeps_every_cache_inside_its_folder(tmp_path):
-    cache = fresh.CacheFolder(tmp_path / "start")
+    cache = fresh.CacheFolder(tmp_path / "start", tmp_path / "headers")
     seen = fresh.run_fresh("tests.fresh_probe:where", {}, cache, cold=True)
     for name in ("inductor", "triton", "headers", "tmp"):
         assert seen[name].startswith(str(cache.path)), (name, seen[name])
     assert seen["cache_files_before"] == 0 and seen["process_s"] > 0
+
+
+def test_shared_headers_are_linked_in_and_not_counted_as_the_folders_files(tmp_path):
+    headers = tmp_path / "headers"
+    cache = fresh.CacheFolder(tmp_path / "start", headers)
+    cache.prepare()
+    (headers / "built.h.gch").write_text("a precompiled header")
+    (cache.path / "fxgraph").mkdir()
+    (cache.path / "fxgraph" / "entry").write_text("a graph")
+    links = [path for path in cache.path.rglob("precompiled_headers")]
+    assert len(links) == 1 and links[0].resolve() == headers.resolve()
+    assert cache.files() == 1
 
 
 def test_a_cold_start_refuses_a_folder_that_holds_files(tmp_path):

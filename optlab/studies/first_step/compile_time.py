@@ -44,12 +44,16 @@ def run_starts(model: str, rounds: int = 3, size: str = "small", steps: int = 10
                root: "Path | None" = None) -> pd.DataFrame:
     """Every start of ``STARTS`` in each of ``rounds`` rounds of ``model``: one row per process, with its first-step
     seconds, median steady step, graphs compiled, cache hits and misses and its cache folder's files before and
-    after. ``root`` holds the rounds' cache folders (a new temporary folder if not given)."""
+    after. ``root`` holds the rounds' cache folders (a new temporary folder if not given). Inductor's precompiled
+    headers are built first, once, by a process of their own (``headers_s``), and shared by every start."""
     if model not in MODELS:
         raise choice_error("model", model, MODELS)
     check_count("rounds", rounds, 2, MAX_ROUNDS, "each round compiles the model from cold twice")
     check_count("steps", steps, 1, MAX_STEPS, "steady steps per start")
     root = Path(root or tempfile.mkdtemp(prefix="optlab-first-step-"))
+    headers = root / "precompiled-headers"  # the machine's, built once: see ``fresh``
+    built = fresh.run_fresh("optlab.studies.first_step.starts:build_headers", {},
+                            fresh.CacheFolder(root / "headers-build", headers), cold=True)
     rows = []
     for round_ in range(rounds):
         artifacts = root / f"round{round_}-artifacts.bin"
@@ -57,10 +61,11 @@ def run_starts(model: str, rounds: int = 3, size: str = "small", steps: int = 10
             kwargs = {"model": model, "how": how, "size": size, "steps": steps,
                       "save_to": str(artifacts) if label == COLD else None,
                       "artifacts": str(artifacts) if how == "portable" else None}
-            cache = fresh.CacheFolder(root / f"round{round_}" / folder)
+            cache = fresh.CacheFolder(root / f"round{round_}" / folder, headers)
             answer = fresh.run_fresh("optlab.studies.first_step.starts:start", kwargs, cache, cold)
             rows.append({"round": round_, "start": label, "cache_folder": str(cache.path),
-                         "step_s": float(np.median(answer["step_times_s"])), **answer})
+                         "step_s": float(np.median(answer["step_times_s"])), "headers_s": built["headers_s"],
+                         **answer})
     return pd.DataFrame(rows)
 
 

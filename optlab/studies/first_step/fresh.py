@@ -1,17 +1,21 @@
 """A function run in a fresh Python process with its own empty compile caches, its answer read back as JSON.
 
 Cold means cold: Inductor keeps its FX graphs, AOTAutograd's graphs and its C++ kernels under
-``TORCHINDUCTOR_CACHE_DIR``, and Triton its GPU kernels under ``TRITON_CACHE_DIR``; but Inductor's precompiled C++
-headers go to ``<temporary folder>/torchinductor_<user>/precompiled_headers`` whatever ``TORCHINDUCTOR_CACHE_DIR``
-says (they are meant to outlive a fresh cache), so ``TMPDIR`` is pointed into the folder too. A process also keeps
-what it compiled in memory. So every start here is a new process whose cache folders are named by the caller, the
-folders' files are counted before (a cold start requires zero) and after, and the remote caches are switched off.
+``TORCHINDUCTOR_CACHE_DIR``, and Triton its GPU kernels under ``TRITON_CACHE_DIR``; but some of its caches live under
+``<temporary folder>/torchinductor_<user>`` whatever ``TORCHINDUCTOR_CACHE_DIR`` says (its newer on-disk caches, and
+its precompiled C++ headers, which it keeps for the machine on purpose), so ``TMPDIR`` is pointed into the folder
+too. A process also keeps what it compiled in memory. So every start here is a new process whose cache folders are
+named by the caller, the folders' files are counted before (a cold start requires zero) and after, and the remote
+caches are switched off. The one thing a caller may share between starts is the precompiled headers (``headers``):
+they depend on the compiler and its flags only, not on any model, so a machine builds them once.
 """
 from __future__ import annotations
 
+import getpass
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -31,18 +35,31 @@ TIMEOUT_S = 1800
 @dataclass(frozen=True)
 class CacheFolder:
     """One start's cache folder: Inductor's and AOTAutograd's caches in it, Triton's in its ``triton`` sub-folder,
-    the process's temporary files (Inductor's precompiled headers among them) in ``tmp``."""
+    the process's temporary files (Inductor's caches kept there among them) in ``tmp``; ``headers``, if given, a
+    folder outside it that holds Inductor's precompiled headers for every start that names it."""
 
     path: Path
+    headers: "Path | None" = None
 
     def environment(self) -> dict[str, str]:
         """The variables that point torch.compile's on-disk caches here."""
         return {"TORCHINDUCTOR_CACHE_DIR": str(self.path), "TRITON_CACHE_DIR": str(self.path / "triton"),
                 "TMPDIR": str(self.path / "tmp"), **CACHE_SWITCHES}
 
+    def prepare(self) -> None:
+        """Create the folder, and link Inductor's headers folder in it to ``headers`` where one is shared."""
+        user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())  # as Inductor names its folder
+        inductor_tmp = self.path / "tmp" / f"torchinductor_{user}"
+        inductor_tmp.mkdir(parents=True, exist_ok=True)
+        if self.headers is not None:
+            self.headers.mkdir(parents=True, exist_ok=True)
+            link = inductor_tmp / "precompiled_headers"
+            if not link.is_symlink():
+                link.symlink_to(self.headers, target_is_directory=True)
+
     def files(self) -> int:
-        """How many files the folder holds now (0 if it does not exist)."""
-        return sum(1 for item in self.path.rglob("*") if item.is_file()) if self.path.exists() else 0
+        """How many files the folder holds now (0 if it does not exist), the shared headers not counted."""
+        return sum(len(names) for _, _, names in os.walk(self.path))  # os.walk does not follow the headers' link
 
 
 def run_fresh(function: str, kwargs: dict[str, Any], cache: CacheFolder, cold: bool) -> dict[str, Any]:
@@ -53,7 +70,7 @@ def run_fresh(function: str, kwargs: dict[str, Any], cache: CacheFolder, cold: b
     before = cache.files()
     if cold and before:
         raise OptlabError(f"a cold start needs an empty cache folder; {cache.path} holds {before} files")
-    (cache.path / "tmp").mkdir(parents=True, exist_ok=True)
+    cache.prepare()
     env = {**os.environ, **cache.environment(), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     command = [sys.executable, "-m", __name__, function, json.dumps(kwargs)]
     started = time.perf_counter()

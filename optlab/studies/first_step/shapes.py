@@ -1,6 +1,9 @@
 """Shapes that change: one stream of batches of varying length and size through each way of running it.
 
-The ways (``STRATEGIES``), each in a fresh process with its own empty cache folder, forward passes (serving) only:
+The ways (``STRATEGIES``), forward passes (serving) only, each from empty compile caches (Dynamo reset, and
+Inductor's ``fresh_cache``: a new cache folder and its in-memory caches cleared), so that none reuses another's
+kernels; Inductor's precompiled C++ headers, which it keeps for the machine on purpose, are built once before the
+first (``starts.build_headers``):
 
 - ``eager``;
 - ``automatic dynamic``: ``torch.compile`` as it comes; the first shape compiles a static graph, the first change
@@ -16,15 +19,15 @@ eager's (the page checks it).
 """
 from __future__ import annotations
 
-import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
+from torch._inductor.utils import fresh_cache
 
 from ...core.errors import choice_error
 from ...core.gpt.transformer import GPT, GPTConfig
@@ -33,7 +36,6 @@ from ...core.results import store
 from ...core.machine import compiler
 from ...core.machine.device import resolve_device
 from ...core.measuring.timing import CONFIDENCE, speed_up
-from . import fresh
 
 EAGER, AUTOMATIC, MARKED, BUCKETS, GRAPHS = ("eager", "automatic dynamic", "mark_dynamic", "buckets, dynamic=False",
                                              "CUDA graphs per bucket")
@@ -78,20 +80,18 @@ GPU_STREAM = Stream(batches=64, max_batch=8, min_len=64, buckets=(128, 256, 512,
                     n_head=12, vocab_size=50304)
 
 
-def stream_run(strategy: str, stream: dict[str, Any], passes: int = 5) -> dict[str, Any]:
-    """Inside a fresh process: run the stream once (where the compiles happen) and then ``passes`` more, timed; the
-    graphs compiled, the tokens and padded tokens, and the largest difference of the real tokens' logits from
-    eager's."""
+def stream_run(model: GPT, strategy: str, setup: Stream, passes: int = 5) -> dict[str, Any]:
+    """Run the stream through ``model`` once (where the compiles happen) and then ``passes`` more, timed, from empty
+    compile caches; the graphs compiled, the cache hits and misses, the tokens and padded tokens, and the largest
+    difference of the real tokens' logits from eager's."""
     if strategy not in STRATEGIES:
         raise choice_error("strategy", strategy, STRATEGIES)
-    setup = Stream(**{**stream, "buckets": tuple(stream["buckets"])})
-    device = resolve_device().device
-    torch.manual_seed(setup.seed)
-    model = GPT(GPTConfig(vocab_size=setup.vocab_size, block_size=setup.buckets[-1], n_layer=setup.n_layer,
-                          n_head=setup.n_head, n_embd=setup.n_embd)).to(device).eval()
+    device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(setup.seed)
     batches = [torch.randint(0, setup.vocab_size, shape, generator=generator).to(device) for shape in setup.shapes()]
     padded = strategy in (BUCKETS, GRAPHS)
+    torch._dynamo.reset()
+    graphs_before, counts_before = compiler.compiled_graphs(), compiler.cache_counts()
     run = model if strategy == EAGER else torch.compile(
         model, dynamic=False if padded else None, mode="reduce-overhead" if strategy == GRAPHS else None)
 
@@ -109,39 +109,40 @@ def stream_run(strategy: str, stream: dict[str, Any], passes: int = 5) -> dict[s
             torch.cuda.synchronize()
         return outs
 
-    with torch.no_grad():
+    with torch.no_grad(), fresh_cache():
         started = time.perf_counter()
         outs = one_pass()
         first = time.perf_counter() - started
-        graphs = compiler.compiled_graphs()
+        graphs = compiler.compiled_graphs() - graphs_before
         times = []
         for _ in range(passes):
             started = time.perf_counter()
             one_pass()
             times.append(time.perf_counter() - started)
         difference = max(float((out.float() - model(x).float()).abs().max()) for out, x in zip(outs, batches))
+    counts = {name: value - counts_before[name] for name, value in compiler.cache_counts().items()}
     real = sum(n * t for n, t in setup.shapes())
     padded_tokens = sum(setup.max_batch * setup.bucket(t) for _, t in setup.shapes()) if padded else real
-    return {"strategy": strategy, "first_pass_s": first, "pass_times_s": times, "graphs": graphs,
-            "graphs_after": compiler.compiled_graphs(), "tokens": real, "padded_tokens": padded_tokens - real,
-            "max_logit_diff": difference, "device": str(device)}
+    return {"strategy": strategy, "status": "ok", "first_pass_s": first, "pass_times_s": times, "graphs": graphs,
+            "graphs_after": compiler.compiled_graphs() - graphs_before, "cache_hits": counts["cache hits"],
+            "cache_misses": counts["cache misses"], "tokens": real, "padded_tokens": padded_tokens - real,
+            "max_logit_diff": difference}
 
 
-def run_shapes(stream: Stream, passes: int = 5, root: "Path | None" = None) -> pd.DataFrame:
-    """Every strategy this device can run, each in a fresh process with an empty cache folder: one row each (a
-    strategy that needs a CUDA GPU on a CPU is a row that says "not run")."""
+def run_shapes(stream: Stream, passes: int = 5) -> pd.DataFrame:
+    """Every strategy this device can run, in this process, from empty compile caches: one row each (a strategy
+    that needs a CUDA GPU, on a CPU, is a row that says "not run")."""
     check_count("passes", passes, 2, MAX_PASSES, "timed passes of the stream per strategy")
-    root = Path(root or tempfile.mkdtemp(prefix="optlab-shapes-"))
-    cuda = resolve_device().is_cuda
+    info = resolve_device()
+    torch.manual_seed(stream.seed)
+    model = GPT(GPTConfig(vocab_size=stream.vocab_size, block_size=stream.buckets[-1], n_layer=stream.n_layer,
+                          n_head=stream.n_head, n_embd=stream.n_embd)).to(info.device).eval()
     rows = []
     for strategy in STRATEGIES:
-        if strategy in NEEDS_CUDA and not cuda:
+        if strategy in NEEDS_CUDA and not info.is_cuda:
             rows.append({"strategy": strategy, "status": "not run: CUDA graphs need a CUDA GPU"})
-            continue
-        cache = fresh.CacheFolder(root / strategy.replace(" ", "_").replace(",", "").replace("=", "_"))
-        kwargs = {"strategy": strategy, "stream": asdict(stream), "passes": passes}
-        answer = fresh.run_fresh("optlab.studies.first_step.shapes:stream_run", kwargs, cache, cold=True)
-        rows.append({**answer, "status": "ok"})
+        else:
+            rows.append(stream_run(model, strategy, stream, passes))
     return pd.DataFrame(rows)
 
 
