@@ -57,7 +57,7 @@ def test_a_start_that_is_not_faster_never_breaks_even():
 
 
 def _rows() -> pd.DataFrame:
-    """Three rounds of the five starts, listed out of order: the tables must pair by round."""
+    """Three rounds of the five starts, eager's listed in another order: the tables must pair by round."""
     rows = []
     firsts = {compile_time.EAGER: [1.0, 1.2, 1.1], compile_time.COLD: [40.0, 50.0, 45.0],
               compile_time.WARM: [8.0, 9.5, 8.8], compile_time.PORTABLE: [10.0, 11.0, 10.4],
@@ -67,7 +67,9 @@ def _rows() -> pd.DataFrame:
             rows.append({"round": round_, "start": start, "first_step_s": first,
                          "step_s": 0.01 * (1 + 0.1 * round_) * (1.0 if start == compile_time.EAGER else 0.8),
                          "graphs": 0 if start == compile_time.EAGER else 1, "cache_hits": 0, "cache_misses": 0})
-    return pd.DataFrame(rows).sample(frac=1.0, random_state=3)
+    frame = pd.DataFrame(rows)
+    eager = frame["start"] == compile_time.EAGER
+    return pd.concat([frame[~eager], frame[eager].iloc[[2, 0, 1]]])  # eager's rounds in another order
 
 
 def test_the_start_table_pairs_each_start_with_eager_of_its_own_round():
