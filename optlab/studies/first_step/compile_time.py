@@ -26,7 +26,7 @@ import pandas as pd
 from ...core.errors import choice_error
 from ...core.knobs.limits import check_count
 from ...core.results import store
-from ...core.measuring.timing import CONFIDENCE, speed_up, t_quantile
+from ...core.measuring.timing import CONFIDENCE, interval_text, speed_up, t_quantile, too_wide
 from . import fresh
 from .starts import MODELS
 
@@ -129,12 +129,18 @@ def steps_text(value: float) -> str:
 
 
 def readable(table: pd.DataFrame) -> pd.DataFrame:
-    """:func:`start_table` for the page: the break-even and its interval as text, the figures rounded."""
+    """:func:`start_table` or :func:`start_verdicts` for the page: each interval and break-even as text, the
+    figures rounded."""
     shown = table.copy()
-    shown["break-even steps"] = [
-        "" if math.isnan(even) else f"{steps_text(even)} [{steps_text(low)}, {steps_text(high)}]"
-        for even, low, high in zip(table["break-even steps"], table["break-even low"], table["break-even high"])]
-    return shown.drop(columns=["break-even low", "break-even high"]).round(3)
+    rounds = int(shown["rounds"].iloc[0]) if "rounds" in shown else None
+    shown.insert(shown.columns.get_loc("low"), INTERVAL,
+                 [interval_text(low, high, rounds) for low, high in zip(shown["low"], shown["high"])])
+    if "break-even steps" in shown:
+        shown["break-even steps"] = [
+            "" if math.isnan(even) else f"{steps_text(even)} [{steps_text(low)}, {steps_text(high)}]"
+            for even, low, high in zip(table["break-even steps"], table["break-even low"], table["break-even high"])]
+        shown = shown.drop(columns=["break-even low", "break-even high"])
+    return shown.drop(columns=["low", "high"]).round(3)
 
 
 PUBLISHED = "published_first_step_figures.csv"  # under optlab/resources: others' compile times, with their sources
@@ -143,14 +149,17 @@ FIRST_STEP, STEADY = "first step, against the whole model cold", "steady step, a
 
 def speedup_points(table: pd.DataFrame, claims: pd.DataFrame, model: str) -> pd.DataFrame:
     """The page's speed-ups in the form the book's speed-up figure reads: how many times shorter each start's first
-    step is than the whole model's cold one, and each compiled start's steady step against eager's."""
+    step is than the whole model's cold one, and each compiled start's steady step against eager's (an interval too
+    wide to tell is left out, as the tables say)."""
     first = pd.DataFrame({"variant": claims["start"], "phase": FIRST_STEP, "speedup": claims["times shorter"],
                           "ci_low": claims["low"], "ci_high": claims["high"], "verdict": claims["verdict"]})
     compiled = table.drop(index=EAGER).reset_index()
     steady = pd.DataFrame({"variant": compiled["start"], "phase": STEADY, "speedup": compiled["speed-up"],
                            "ci_low": compiled["low"], "ci_high": compiled["high"], "verdict": compiled["verdict"]})
-    return pd.concat([first, steady], ignore_index=True).assign(model=model, source="live", role="claim",
-                                                                 versus=None)
+    points = pd.concat([first, steady], ignore_index=True)
+    wide = [too_wide(low, high) for low, high in zip(points["ci_low"], points["ci_high"])]
+    points.loc[wide, ["ci_low", "ci_high"]] = np.nan  # "too wide to tell": no line across the whole axis
+    return points.assign(model=model, source="live", role="claim", versus=None)
 
 
 def run_reference(out: "str | Path", device: str = "cuda") -> list[Path]:
