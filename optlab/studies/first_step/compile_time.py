@@ -28,7 +28,7 @@ from ...core.knobs.limits import check_count
 from ...core.results import store
 from ...core.measuring.timing import CONFIDENCE, interval_text, speed_up, t_quantile, too_wide
 from . import fresh
-from .starts import MODELS
+from .starts import MODELS, PHASES
 
 EAGER, COLD, WARM, PORTABLE, REGIONAL = ("eager", "whole, cold caches", "whole, warm caches", "portable artifacts",
                                          "regional, cold caches")
@@ -40,16 +40,18 @@ CLAIMS = ((WARM, COLD), (PORTABLE, COLD), (REGIONAL, COLD))  # (faster start?, t
 INTERVAL = f"{100 * CONFIDENCE:g} % interval"
 
 
-def run_starts(model: str, rounds: int = 3, size: str = "small", steps: int = 10,
+def run_starts(model: str, rounds: int = 3, size: str = "small", steps: int = 10, phase: str = "train",
                root: "Path | None" = None) -> pd.DataFrame:
-    """Every start of ``STARTS`` in each of ``rounds`` rounds of ``model``: one row per process, with its first-step
-    seconds, median steady step, graphs compiled, cache hits and misses and its cache folder's files before and
-    after. ``root`` holds the rounds' cache folders (a new temporary folder if not given). Inductor's precompiled
+    """Every start of ``STARTS`` in each of ``rounds`` rounds of ``model``'s ``phase`` (``starts.PHASES``): one row
+    per process, with its first-step seconds, median steady step, graphs compiled, cache hits and misses and its
+    cache folder's files before and after. ``root`` holds the rounds' cache folders (a new temporary folder if not given). Inductor's precompiled
     headers are built first, once, by a process of their own (``headers_s``), and shared by every start."""
     if model not in MODELS:
         raise choice_error("model", model, MODELS)
     check_count("rounds", rounds, 2, MAX_ROUNDS, "each round compiles the model from cold twice")
     check_count("steps", steps, 1, MAX_STEPS, "steady steps per start")
+    if phase not in PHASES:
+        raise choice_error("phase", phase, PHASES)
     root = Path(root or tempfile.mkdtemp(prefix="optlab-first-step-"))
     headers = root / "precompiled-headers"  # the machine's, built once: see ``fresh``
     built = fresh.run_fresh("optlab.studies.first_step.starts:build_headers", {},
@@ -58,7 +60,7 @@ def run_starts(model: str, rounds: int = 3, size: str = "small", steps: int = 10
     for round_ in range(rounds):
         artifacts = root / f"round{round_}-artifacts.bin"
         for label, (how, folder, cold) in STARTS.items():
-            kwargs = {"model": model, "how": how, "size": size, "steps": steps,
+            kwargs = {"model": model, "how": how, "size": size, "steps": steps, "phase": phase,
                       "save_to": str(artifacts) if label == COLD else None,
                       "artifacts": str(artifacts) if how == "portable" else None}
             cache = fresh.CacheFolder(root / f"round{round_}" / folder, headers)

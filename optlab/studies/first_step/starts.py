@@ -24,6 +24,7 @@ from ...core.measuring.timing import StepTimer
 
 HOWS = ("eager", "whole", "regional", "portable")
 MODELS = ("gpt", "resnet18")
+PHASES = ("train", "forward")
 WARMUP_STEPS = 2  # after the first step, before the timed ones: the allocator and the caches settle
 
 
@@ -69,12 +70,15 @@ def _loss(net: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def start(model: str, how: str, size: str = "small", steps: int = 10, artifacts: str | None = None,
-          save_to: str | None = None, seed: int = 0) -> dict[str, Any]:
-    """Build, compile ``how``, and train: the seconds from the compile call to the end of the first step (loading
-    ``artifacts`` included), the steady steps' seconds, the first loss, and Dynamo's and Inductor's counts.
+          save_to: str | None = None, seed: int = 0, phase: str = "train") -> dict[str, Any]:
+    """Build, compile ``how``, and run ``phase`` steps (``train``: forward, backward and SGD; ``forward``: the loss
+    without gradients, as a server's first batch): the seconds from the compile call to the end of the first step
+    (loading ``artifacts`` included), the steady steps' seconds, the first loss, and Dynamo's and Inductor's counts.
     ``save_to``: where to write this process's portable cache artifacts after its first step."""
     if how not in HOWS:
         raise choice_error("how", how, HOWS)
+    if phase not in PHASES:
+        raise choice_error("phase", phase, PHASES)
     device = resolve_device().device
     torch.manual_seed(seed)
     net, blocks, x, y = build(model, size)
@@ -82,6 +86,9 @@ def start(model: str, how: str, size: str = "small", steps: int = 10, artifacts:
     optimizer = torch.optim.SGD(net.parameters(), lr=1e-3)
 
     def step() -> float:
+        if phase == "forward":
+            with torch.no_grad():
+                return float(_loss(net, x, y))
         optimizer.zero_grad(set_to_none=True)
         loss = _loss(net, x, y)
         loss.backward()
@@ -115,7 +122,7 @@ def start(model: str, how: str, size: str = "small", steps: int = 10, artifacts:
         timer.mark()
     step_times, _ = timer.finish()
     counts = compiler.cache_counts()
-    return {"model": model, "how": how, "size": size, "first_step_s": first, "step_times_s": step_times,
+    return {"model": model, "how": how, "size": size, "phase": phase, "first_step_s": first, "step_times_s": step_times,
             "first_loss": first_loss, "graphs": compiler.compiled_graphs(), "artifact_bytes": saved,
             "cache_hits": counts["cache hits"], "cache_misses": counts["cache misses"],
             "device": str(device)}
