@@ -41,11 +41,12 @@ INTERVAL = f"{100 * CONFIDENCE:g} % interval"
 
 
 def run_starts(model: str, rounds: int = 3, size: str = "small", steps: int = 10, phase: str = "train",
-               root: "Path | None" = None) -> pd.DataFrame:
+               root: "Path | None" = None, compile_threads: "int | None" = None) -> pd.DataFrame:
     """Every start of ``STARTS`` in each of ``rounds`` rounds of ``model``'s ``phase`` (``starts.PHASES``): one row
     per process, with its first-step seconds, median steady step, graphs compiled, cache hits and misses and its
     cache folder's files before and after. ``root`` holds the rounds' cache folders (a new temporary folder if not given). Inductor's precompiled
-    headers are built first, once, by a process of their own (``headers_s``), and shared by every start."""
+    headers are built first, once, by a process of their own (``headers_s``), and shared by every start.
+    ``compile_threads``: Inductor's compile workers in every start (torch's default, one a core up to 32, if None)."""
     if model not in MODELS:
         raise choice_error("model", model, MODELS)
     check_count("rounds", rounds, 2, MAX_ROUNDS, "each round compiles the model from cold twice")
@@ -53,9 +54,10 @@ def run_starts(model: str, rounds: int = 3, size: str = "small", steps: int = 10
     if phase not in PHASES:
         raise choice_error("phase", phase, PHASES)
     root = Path(root or tempfile.mkdtemp(prefix="optlab-first-step-"))
+    settings = {} if compile_threads is None else {"TORCHINDUCTOR_COMPILE_THREADS": str(compile_threads)}
     headers = root / "precompiled-headers"  # the machine's, built once: see ``fresh``
     built = fresh.run_fresh("optlab.studies.first_step.starts:build_headers", {},
-                            fresh.CacheFolder(root / "headers-build", headers), cold=True)
+                            fresh.CacheFolder(root / "headers-build", headers), cold=True, settings=settings)
     rows = []
     for round_ in range(rounds):
         artifacts = root / f"round{round_}-artifacts.bin"
@@ -64,7 +66,7 @@ def run_starts(model: str, rounds: int = 3, size: str = "small", steps: int = 10
                       "save_to": str(artifacts) if label == COLD else None,
                       "artifacts": str(artifacts) if how == "portable" else None}
             cache = fresh.CacheFolder(root / f"round{round_}" / folder, headers)
-            answer = fresh.run_fresh("optlab.studies.first_step.starts:start", kwargs, cache, cold)
+            answer = fresh.run_fresh("optlab.studies.first_step.starts:start", kwargs, cache, cold, settings)
             rows.append({"round": round_, "start": label, "cache_folder": str(cache.path),
                          "step_s": float(np.median(answer["step_times_s"])), "headers_s": built["headers_s"],
                          **answer})

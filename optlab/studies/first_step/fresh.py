@@ -62,16 +62,19 @@ class CacheFolder:
         return sum(len(names) for _, _, names in os.walk(self.path))  # os.walk does not follow the headers' link
 
 
-def run_fresh(function: str, kwargs: dict[str, Any], cache: CacheFolder, cold: bool) -> dict[str, Any]:
+def run_fresh(function: str, kwargs: dict[str, Any], cache: CacheFolder, cold: bool,
+              settings: "dict[str, str] | None" = None) -> dict[str, Any]:
     """``function`` ("module:name") called with ``kwargs`` in a new process using ``cache``; its JSON answer, with
     ``cache_files_before``, ``cache_files_after`` and ``process_s`` (the whole process, interpreter start included).
 
-    ``cold`` requires the folder to be empty first: a start that finds files there is refused, not measured."""
+    ``cold`` requires the folder to be empty first: a start that finds files there is refused, not measured.
+    ``settings``: more environment variables for the process (``TORCHINDUCTOR_COMPILE_THREADS``, say)."""
     before = cache.files()
     if cold and before:
         raise OptlabError(f"a cold start needs an empty cache folder; {cache.path} holds {before} files")
     cache.prepare()
-    env = {**os.environ, **cache.environment(), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    env = {**os.environ, **(settings or {}), **cache.environment(),
+           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     command = [sys.executable, "-m", __name__, function, json.dumps(kwargs)]
     started = time.perf_counter()
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
