@@ -73,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(reference, default_out=REFERENCE_OUT)
     reference.add_argument("--set", help="which techniques: seed (the default for a run), beyond, compile "
                                          "(torch.compile and CUDA graphs), stack (all together), transformer (the "
-                                         "GPT's), serving (serving the GPT: tables only) or all (the default for "
+                                         "GPT's), serving (serving the GPT: tables only), first_step (compile time and "
+                                         "changing shapes: tables only) or all (the default for "
                                          "--plan)")
     reference.add_argument("--plan", action="store_true",
                            help="print every part with its steps and estimated H200 seconds, and run nothing")

@@ -138,7 +138,10 @@ PART_SETUP_S = 0.3  # a part's environment capture (nvidia-smi) and record write
 TABLE_S = {"microbench": 20, "autotune": 45, "numerics": 40, "tf32": 15, "optimizer_bench": 30, "cuda_graphs": 60,
            "pipeline": 40, "profiling": 120, "learning": 150,  # each study's tables, whole
            "serving": 200,  # GPT-2 small's training (cached after), 8 decode graphs, 3 rates x 2 x 6 rounds
-           "ceilings": 40}  # 8 matmul shapes x 5 dtypes at 0.2 s or more each, two 4 GiB passes, two launch timings
+           "ceilings": 40,  # 8 matmul shapes x 5 dtypes at 0.2 s or more each, two 4 GiB passes, two launch timings
+           # GPT-2 small, 3 rounds of 5 fresh processes (a guess: 45 s a cold compile, 15 s warm, 20 s portable)
+           "compile_time": 240,
+           "shapes": 150}  # GPT-2 small over 64 batches: 5 strategies, each a process; 4 buckets, CUDA graphs
 
 
 def gpt_precision(config: RunConfig) -> str:

@@ -20,7 +20,7 @@ from .parts_list import MANIFEST, Part, read_manifest, recorded, run_key
 from .short_plan import describe_short_plan
 
 
-PRIORITY = ("seed", "beyond", "stack", "compile", "transformer", "serving")  # the sets' order; "all": every one
+PRIORITY = ("seed", "beyond", "stack", "compile", "transformer", "serving", "first_step")  # the sets' order; "all": every one
 
 
 TECHNIQUE_ORDER = {  # within a set, where it differs: the headline comparisons first, compilation last
@@ -38,12 +38,14 @@ EXTRAS = {
     "compile": (),
     "transformer": (),
     "serving": ("serving",),  # serving a GPT: tables only
+    "first_step": ("compile_time", "shapes"),  # the first step: tables only, each start a fresh process
 }
 STUDY_MODULES = {  # the module under optlab.studies of each table's study
     "microbench": "kernels.microbench", "autotune": "kernels.autotune", "numerics": "kernels.numerics",
     "tf32": "kernels.tf32", "cuda_graphs": "kernels.cuda_graphs", "optimizer_bench": "optimizer_bench",
     "pipeline": "pipeline", "profiling": "profiling", "learning": "learning", "serving": "serving.batching",
     "ceilings": "ceilings",
+    "compile_time": "first_step.compile_time", "shapes": "first_step.shapes",
 }
 
 

@@ -217,7 +217,7 @@ ALL_TOGETHER = register(all_together())
 BEYOND_TECHNIQUES = tuple(e.name for e in (COMPILE, CUDA_GRAPHS, PRECISION, OPTIMIZERS, DATA_PIPELINE, ALL_TOGETHER))
 COMPILING_TECHNIQUES = tuple(e.name for e in (COMPILE, CUDA_GRAPHS))  # minutes of compilation on a GPU
 
-SET_NAMES = ("seed", "beyond", "compile", "stack", "transformer", "serving", "all")
+SET_NAMES = ("seed", "beyond", "compile", "stack", "transformer", "serving", "first_step", "all")
 
 
 def technique_set(name: str) -> list[str]:
@@ -228,7 +228,7 @@ def technique_set(name: str) -> list[str]:
 
     sets = {"transformer": list(TRANSFORMER_TECHNIQUES),"seed": list(SEED_TECHNIQUES), "compile": list(COMPILING_TECHNIQUES), "stack": [ALL_TOGETHER.name],
             "beyond": [t for t in BEYOND_TECHNIQUES if t not in COMPILING_TECHNIQUES + (ALL_TOGETHER.name,)],
-            "serving": [], "all": list(REGISTRY)}  # serving: tables only (EXTRAS in the reference run)
+            "serving": [], "first_step": [], "all": list(REGISTRY)}  # serving: tables only (EXTRAS in the reference run)
     if name not in sets:
         raise choice_error("technique set", name, SET_NAMES)
     return sets[name]

@@ -1,0 +1,179 @@
+"""Compile time, cold and warm: many starts of one training run, each in a fresh process, and what they add up to.
+
+A round is one start of each kind (``STARTS``), each a new process with its own cache folder:
+
+- ``eager``: no compile, the reference;
+- ``whole, cold caches``: ``model.compile()`` with an empty folder (it saves the portable artifacts after its first
+  step);
+- ``whole, warm caches``: the same, in the folder the cold start filled (Inductor's FX graphs and AOTAutograd's
+  graphs are found on disk);
+- ``portable artifacts``: an empty folder, filled first by ``torch.compiler.load_cache_artifacts`` from the cold
+  start's saved bytes, as a fresh machine would be from a file shipped with the model;
+- ``regional, cold caches``: each repeated block compiled on its own, from an empty folder.
+
+Each start's compile cost is its first step minus eager's first step in the same round; its saving per step is
+eager's steady step minus its own (the paired speed-up over the rounds); the break-even is the cost over the saving.
+"""
+from __future__ import annotations
+
+import math
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ...core.errors import choice_error
+from ...core.knobs.limits import check_count
+from ...core.results import store
+from ...core.measuring.timing import CONFIDENCE, interval_text, speed_up, t_quantile, too_wide
+from . import fresh
+from .starts import MODELS, PHASES
+
+EAGER, COLD, WARM, PORTABLE, REGIONAL = ("eager", "whole, cold caches", "whole, warm caches", "portable artifacts",
+                                         "regional, cold caches")
+# label: (how the process compiles, the round's cache folder it uses, whether that folder must start empty)
+STARTS = {EAGER: ("eager", "eager", True), COLD: ("whole", "whole", True), WARM: ("whole", "whole", False),
+          PORTABLE: ("portable", "portable", True), REGIONAL: ("regional", "regional", True)}
+MAX_ROUNDS, MAX_STEPS = 20, 1000  # every round starts five processes, two of which compile from cold
+CLAIMS = ((WARM, COLD), (PORTABLE, COLD), (REGIONAL, COLD))  # (faster start?, than this one): first-step times
+INTERVAL = f"{100 * CONFIDENCE:g} % interval"
+
+
+def run_starts(model: str, rounds: int = 3, size: str = "small", steps: int = 10, phase: str = "train",
+               root: "Path | None" = None, compile_threads: "int | None" = None) -> pd.DataFrame:
+    """Every start of ``STARTS`` in each of ``rounds`` rounds of ``model``'s ``phase`` (``starts.PHASES``): one row
+    per process, with its first-step seconds, median steady step, graphs compiled, cache hits and misses and its
+    cache folder's files before and after. ``root`` holds the rounds' cache folders (a new temporary folder if not given). Inductor's precompiled
+    headers are built first, once, by a process of their own (``headers_s``), and shared by every start.
+    ``compile_threads``: Inductor's compile workers in every start (torch's default, one a core up to 32, if None)."""
+    if model not in MODELS:
+        raise choice_error("model", model, MODELS)
+    check_count("rounds", rounds, 2, MAX_ROUNDS, "each round compiles the model from cold twice")
+    check_count("steps", steps, 1, MAX_STEPS, "steady steps per start")
+    if phase not in PHASES:
+        raise choice_error("phase", phase, PHASES)
+    root = Path(root or tempfile.mkdtemp(prefix="optlab-first-step-"))
+    settings = {} if compile_threads is None else {"TORCHINDUCTOR_COMPILE_THREADS": str(compile_threads)}
+    headers = root / "precompiled-headers"  # the machine's, built once: see ``fresh``
+    built = fresh.run_fresh("optlab.studies.first_step.starts:build_headers", {},
+                            fresh.CacheFolder(root / "headers-build", headers), cold=True, settings=settings)
+    rows = []
+    for round_ in range(rounds):
+        artifacts = root / f"round{round_}-artifacts.bin"
+        for label, (how, folder, cold) in STARTS.items():
+            kwargs = {"model": model, "how": how, "size": size, "steps": steps, "phase": phase,
+                      "save_to": str(artifacts) if label == COLD else None,
+                      "artifacts": str(artifacts) if how == "portable" else None}
+            cache = fresh.CacheFolder(root / f"round{round_}" / folder, headers)
+            answer = fresh.run_fresh("optlab.studies.first_step.starts:start", kwargs, cache, cold, settings)
+            rows.append({"round": round_, "start": label, "cache_folder": str(cache.path),
+                         "step_s": float(np.median(answer["step_times_s"])), "headers_s": built["headers_s"],
+                         **answer})
+    return pd.DataFrame(rows)
+
+
+def break_even(extra_s: np.ndarray, eager_step_s: np.ndarray, step_s: np.ndarray,
+               confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+    """Steps after which a start that costs ``extra_s`` more up front (per round) and steps in ``step_s`` instead of
+    ``eager_step_s`` has caught up with eager, and an interval: the cost's t interval over the rounds divided by the
+    saving's, from the paired speed-up's interval (each at ``confidence``: the pair holds at least that level minus
+    its complement). Infinite where it may never pay: a saving that can be zero or negative."""
+    n = len(extra_s)
+    rate = speed_up(eager_step_s, step_s, confidence=confidence)
+    eager = float(np.median(eager_step_s))
+    cost = float(np.median(extra_s))
+    half = t_quantile((1 + confidence) / 2, n - 1) * float(np.std(extra_s, ddof=1)) / math.sqrt(n)
+    cost_low, cost_high = max(0.0, float(np.mean(extra_s)) - half), float(np.mean(extra_s)) + half
+
+    def steps_at(seconds: float, ratio: float) -> float:
+        saving = eager * (1 - 1 / ratio) if ratio > 0 else -1.0
+        return seconds / saving if saving > 0 and not math.isnan(saving) else math.inf
+
+    return steps_at(cost, rate.ratio), steps_at(cost_low, rate.high), steps_at(cost_high, rate.low)
+
+
+def start_table(rows: pd.DataFrame, confidence: float = CONFIDENCE) -> pd.DataFrame:
+    """One row per start: median first step and steady step, the steady speed-up over eager with its interval and
+    verdict, the compile cost (first step minus eager's) and the break-even in steps with its interval."""
+    eager = rows[rows["start"] == EAGER].set_index("round")
+    out = []
+    for label, group in rows.groupby("start", sort=False):
+        group = group.set_index("round").loc[eager.index]
+        rate = speed_up(eager["step_s"], group["step_s"], confidence=confidence)
+        extra = (group["first_step_s"] - eager["first_step_s"]).to_numpy()
+        even, low, high = (math.nan,) * 3 if label == EAGER else break_even(
+            extra, eager["step_s"].to_numpy(), group["step_s"].to_numpy(), confidence)
+        out.append({"start": label, "rounds": len(group), "first step s": group["first_step_s"].median(),
+                    "compile s": float(np.median(extra)), "step ms": 1e3 * group["step_s"].median(),
+                    "speed-up": rate.ratio, "low": rate.low, "high": rate.high,
+                    "verdict": "baseline" if label == EAGER else rate.verdict,
+                    "break-even steps": even, "break-even low": low, "break-even high": high,
+                    "graphs": int(group["graphs"].max()), "cache hits": int(group["cache_hits"].sum()),
+                    "cache misses": int(group["cache_misses"].sum())})
+    return pd.DataFrame(out).set_index("start")
+
+
+def start_verdicts(rows: pd.DataFrame, confidence: float = CONFIDENCE) -> pd.DataFrame:
+    """The page's claims about starts, paired by round: is each faster start's first step shorter than the other's
+    (the ratio of their first-step seconds, its interval and verdict)?"""
+    first = rows.pivot(index="round", columns="start", values="first_step_s")
+    out = []
+    for faster, slower in CLAIMS:
+        rate = speed_up(first[slower], first[faster], confidence=confidence)
+        out.append({"start": faster, "against": slower, "first step s": first[faster].median(),
+                    "against s": first[slower].median(), "times shorter": rate.ratio, "low": rate.low,
+                    "high": rate.high, "verdict": rate.verdict})
+    return pd.DataFrame(out)
+
+
+def steps_text(value: float) -> str:
+    """A break-even for a table: "never" where it may not come, else whole steps."""
+    return "never" if math.isinf(value) else "" if math.isnan(value) else f"{value:,.0f}"
+
+
+def readable(table: pd.DataFrame) -> pd.DataFrame:
+    """:func:`start_table` or :func:`start_verdicts` for the page: each interval and break-even as text, the
+    figures rounded."""
+    shown = table.copy()
+    rounds = int(shown["rounds"].iloc[0]) if "rounds" in shown else None
+    shown.insert(shown.columns.get_loc("low"), INTERVAL,
+                 [interval_text(low, high, rounds) for low, high in zip(shown["low"], shown["high"])])
+    if "break-even steps" in shown:
+        shown["break-even steps"] = [
+            "" if math.isnan(even) else f"{steps_text(even)} [{steps_text(low)}, {steps_text(high)}]"
+            for even, low, high in zip(table["break-even steps"], table["break-even low"], table["break-even high"])]
+        shown = shown.drop(columns=["break-even low", "break-even high"])
+    return shown.drop(columns=["low", "high"]).round(3)
+
+
+PUBLISHED = "published_first_step_figures.csv"  # under optlab/resources: others' compile times, with their sources
+FIRST_STEP, STEADY = "first step, against the whole model cold", "steady step, against eager"
+
+
+def speedup_points(table: pd.DataFrame, claims: pd.DataFrame, model: str) -> pd.DataFrame:
+    """The page's speed-ups in the form the book's speed-up figure reads: how many times shorter each start's first
+    step is than the whole model's cold one, and each compiled start's steady step against eager's (an interval too
+    wide to tell is left out, as the tables say)."""
+    first = pd.DataFrame({"variant": claims["start"], "phase": FIRST_STEP, "speedup": claims["times shorter"],
+                          "ci_low": claims["low"], "ci_high": claims["high"], "verdict": claims["verdict"]})
+    compiled = table.drop(index=EAGER).reset_index()
+    steady = pd.DataFrame({"variant": compiled["start"], "phase": STEADY, "speedup": compiled["speed-up"],
+                           "ci_low": compiled["low"], "ci_high": compiled["high"], "verdict": compiled["verdict"]})
+    points = pd.concat([first, steady], ignore_index=True)
+    wide = [too_wide(low, high) for low, high in zip(points["ci_low"], points["ci_high"])]
+    points.loc[wide, ["ci_low", "ci_high"]] = np.nan  # "too wide to tell": no line across the whole axis
+    return points.assign(model=model, source="live", role="claim", versus=None)
+
+
+def run_reference(out: "str | Path", device: str = "cuda") -> list[Path]:
+    """The chapter's GPU measurement: three rounds of every start of GPT-2 small (ResNet18's would not fit one part
+    of the reference run: its page measures it live), saved under ``out`` as ``compile-time-gpt-*.csv`` (the starts,
+    the table and the verdicts)."""
+    folder, paths = store.writable_dir(out), []
+    rows = run_starts("gpt", rounds=3, size="real")
+    for name, table in (("starts", rows.drop(columns=["step_times_s"])), ("table", start_table(rows).reset_index()),
+                        ("verdicts", start_verdicts(rows))):
+        paths.append(folder / f"compile-time-gpt-{name}.csv")
+        store.atomic_write_text(paths[-1], table.to_csv(index=False))
+    return paths

@@ -1,0 +1,118 @@
+"""The first-step studies' plumbing: fresh processes with their own caches, break-evens, start tables, streams."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from optlab.core.errors import OptlabError
+from optlab.studies.first_step import compile_time, fresh, shapes
+
+
+def test_a_fresh_process_keeps_every_cache_inside_its_folder(tmp_path):
+    cache = fresh.CacheFolder(tmp_path / "start", tmp_path / "headers")
+    seen = fresh.run_fresh("tests.fresh_probe:where", {}, cache, cold=True)
+    for name in ("inductor", "triton", "headers", "tmp"):
+        assert seen[name].startswith(str(cache.path)), (name, seen[name])
+    assert seen["cache_files_before"] == 0 and seen["process_s"] > 0
+
+
+def test_shared_headers_are_linked_in_and_not_counted_as_the_folders_files(tmp_path):
+    headers = tmp_path / "headers"
+    cache = fresh.CacheFolder(tmp_path / "start", headers)
+    cache.prepare()
+    (headers / "built.h.gch").write_text("a precompiled header")
+    (cache.path / "fxgraph").mkdir()
+    (cache.path / "fxgraph" / "entry").write_text("a graph")
+    links = [path for path in cache.path.rglob("precompiled_headers")]
+    assert len(links) == 1 and links[0].resolve() == headers.resolve()
+    assert cache.files() == 1
+
+
+def test_a_cold_start_refuses_a_folder_that_holds_files(tmp_path):
+    cache = fresh.CacheFolder(tmp_path / "used")
+    (cache.path / "fxgraph").mkdir(parents=True)
+    (cache.path / "fxgraph" / "entry").write_text("compiled before")
+    assert cache.files() == 1
+    with pytest.raises(OptlabError, match="empty cache folder.*1 files"):
+        fresh.run_fresh("tests.fresh_probe:where", {}, cache, cold=True)
+
+
+def test_break_even_is_the_cost_over_the_saving_with_an_interval_around_it():
+    extra = np.array([9.0, 10.0, 12.0, 11.0])
+    eager = np.array([0.020, 0.021, 0.019, 0.020])
+    compiled = np.array([0.010, 0.0102, 0.0097, 0.0101])
+    point, low, high = compile_time.break_even(extra, eager, compiled)
+    ratio = math.exp(np.mean(np.log(eager / compiled)))
+    assert point == pytest.approx(np.median(extra) / (np.median(eager) * (1 - 1 / ratio)), rel=1e-6)
+    assert low < point < high < math.inf
+
+
+def test_a_start_that_is_not_faster_never_breaks_even():
+    extra = np.array([9.0, 10.0, 12.0])
+    point, low, high = compile_time.break_even(extra, np.array([0.01, 0.011, 0.0105]), np.array([0.012, 0.0125, 0.013]))
+    assert point == math.inf and high == math.inf
+
+
+def _rows() -> pd.DataFrame:
+    """Three rounds of the five starts, eager's listed in another order: the tables must pair by round."""
+    rows = []
+    firsts = {compile_time.EAGER: [1.0, 1.2, 1.1], compile_time.COLD: [40.0, 50.0, 45.0],
+              compile_time.WARM: [8.0, 9.5, 8.8], compile_time.PORTABLE: [10.0, 11.0, 10.4],
+              compile_time.REGIONAL: [20.0, 26.0, 22.0]}
+    for start, values in firsts.items():
+        for round_, first in enumerate(values):
+            rows.append({"round": round_, "start": start, "first_step_s": first,
+                         "step_s": 0.01 * (1 + 0.1 * round_) * (1.0 if start == compile_time.EAGER else 0.8),
+                         "graphs": 0 if start == compile_time.EAGER else 1, "cache_hits": 0, "cache_misses": 0})
+    frame = pd.DataFrame(rows)
+    eager = frame["start"] == compile_time.EAGER
+    return pd.concat([frame[~eager], frame[eager].iloc[[2, 0, 1]]])  # eager's rounds in another order
+
+
+def test_the_start_table_pairs_each_start_with_eager_of_its_own_round():
+    table = compile_time.start_table(_rows())
+    assert table.loc[compile_time.COLD, "compile s"] == pytest.approx(np.median([39.0, 48.8, 43.9]))
+    assert table.loc[compile_time.EAGER, "verdict"] == "baseline"
+    assert table.loc[compile_time.REGIONAL, "speed-up"] == pytest.approx(1.25)
+    claims = compile_time.start_verdicts(_rows()).set_index("start")
+    assert claims.loc[compile_time.REGIONAL, "times shorter"] == pytest.approx(
+        math.exp(np.mean(np.log(np.array([40.0, 50.0, 45.0]) / np.array([20.0, 26.0, 22.0])))))
+    assert claims.loc[compile_time.WARM, "verdict"] == "faster"
+
+
+def test_rounds_and_steps_are_bounded():
+    with pytest.raises(OptlabError, match="at most 20"):
+        compile_time.run_starts("gpt", rounds=21)
+    with pytest.raises(OptlabError, match="at least 2"):
+        compile_time.run_starts("gpt", rounds=1)
+    with pytest.raises(OptlabError, match="unknown model 'bert'"):
+        compile_time.run_starts("bert")
+
+
+def test_a_stream_changes_shape_and_buckets_count_their_padding():
+    stream = shapes.Stream(batches=40, max_batch=4, min_len=5, buckets=(8, 16, 32))
+    drawn = stream.shapes()
+    assert drawn == stream.shapes() and len(set(drawn)) > 10
+    assert {n for n, _ in drawn} == {2, 3, 4} and min(t for _, t in drawn) >= 5 and max(t for _, t in drawn) <= 32
+    assert [stream.bucket(t) for t in (5, 8, 9, 16, 17, 32)] == [8, 8, 16, 16, 32, 32]
+    with pytest.raises(OptlabError, match="at most 500"):
+        shapes.Stream(batches=501)
+    with pytest.raises(OptlabError, match="at most 50"):
+        shapes.run_shapes(stream, passes=51)
+
+
+def test_the_shape_table_reads_compile_seconds_waste_and_rate_from_the_runs():
+    rows = pd.DataFrame([
+        {"strategy": shapes.EAGER, "status": "ok", "first_pass_s": 0.5, "pass_times_s": [0.4, 0.42, 0.41],
+         "graphs": 0, "tokens": 1000, "padded_tokens": 0},
+        {"strategy": shapes.BUCKETS, "status": "ok", "first_pass_s": 10.2, "pass_times_s": [0.2, 0.21, 0.19],
+         "graphs": 2, "tokens": 1000, "padded_tokens": 600},
+        {"strategy": shapes.GRAPHS, "status": "not run: CUDA graphs need a CUDA GPU"}])
+    table = shapes.shape_table(rows)
+    assert table.loc[shapes.BUCKETS, "compile s"] == pytest.approx(10.0)
+    assert table.loc[shapes.BUCKETS, "wasted %"] == pytest.approx(37.5)
+    assert table.loc[shapes.BUCKETS, "tokens/s"] == pytest.approx(5000.0)
+    assert table.loc[shapes.GRAPHS, "verdict"].startswith("not run")
