@@ -108,3 +108,49 @@ def test_a_name_with_a_control_character_or_a_backslash_is_refused(name, bad):
 def test_a_log_must_be_utf8_text():
     assert checks.file_problem("run.log", "é".encode()) is None
     assert checks.file_problem("run.log", b"\xff").startswith("is not UTF-8 text")
+
+
+ALLOWED_TABLE = "a table is UTF-8 CSV with a header and as many fields in each row"
+
+
+@pytest.mark.parametrize("content, why", [
+    (b'a,b\n"1"x,2\n', "',' expected after '\"'"),  # a quote inside a field: pandas alone would read 1x
+    (b"", "No columns to parse from file"),
+    (b'a,b\n1,"2\n', "unexpected end of data"),
+])
+def test_a_table_that_does_not_parse_says_why_in_one_line(content, why):
+    assert checks.file_problem("t.csv", content) == f"does not parse as a CSV table ({why}); {ALLOWED_TABLE}"
+
+
+def test_each_refusal_reads_as_written():
+    """The exact words, so that a reader sees what is wrong and what is allowed."""
+    line = "line 3 "
+    assert checks.parts_list_problem(parts_csv(ROW, {**ROW, "part": "b", "status": ""})) == (
+        line + "has no status (allowed: ok, interrupted or failed: <why>)")
+    assert checks.parts_list_problem(parts_csv(ROW, {**ROW, "part": ""})) == (
+        line + "has an empty part (each row names its part)")
+    assert checks.parts_list_problem(parts_csv(ROW, {**ROW, "part": "b", "torch": "", "profile": ""})) == (
+        line + "has no torch, profile (each row names the machine, torch, commit and profile it ran with)")
+    assert checks.name_problem("a\tb") == (
+        "has a control character or a backslash in its name (allowed: printable characters but a backslash)")
+    assert checks.record_problem(record(profile={})) == (
+        "field 'profile' has no string 'name', and a record's profile names itself")
+    assert checks.record_problem(record(environment={"device_name": ""})) == (
+        "field 'environment' has no device_name string, and a record's environment names its machine")
+    assert checks.record_problem(record(samples=[[]])) == (
+        "samples row 0 is an array without string model, variant, phase, and each samples row is an object with them")
+
+
+def test_a_parts_list_is_checked_by_its_name_and_read_only_when_it_passes(tmp_path):
+    bad = parts_csv({**ROW, "status": "okay"})
+    assert checks.file_problem(checks.PARTS_LIST, bad) == (
+        "line 2 has status 'okay' (allowed: ok, interrupted or failed: <why>)")
+    assert checks.file_problem("other.csv", bad) is None  # any other table only has to parse
+    path = tmp_path / checks.PARTS_LIST
+    path.write_bytes(bad)
+    with pytest.raises(checks.OptlabError) as refused:
+        checks.read_parts_list(path)
+    assert str(refused.value) == (f"{checks.store.display_path(path)} line 2 has status 'okay' (allowed: ok, "
+                                  "interrupted or failed: <why>): fix it, or move it away and run again")
+    path.write_bytes(parts_csv(ROW, {**ROW, "part": "b", "seconds": "2"}))
+    assert checks.read_parts_list(path)[["part", "seconds"]].values.tolist() == [[ROW["part"], "1.5"], ["b", "2"]]
