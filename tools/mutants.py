@@ -23,16 +23,19 @@ ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "_build" / "mutants"
 EQUIVALENT = Path(__file__).with_name("mutants_equivalent.txt")
 COPIED = ("optlab", "tests", "book", "pyproject.toml")
-MODULES = {  # name: (the module, its own fast test files)
-    "summary": ("optlab/core/stats/summary.py", ("tests/test_values_stats.py", "tests/test_stopping_failures.py")),
+SIMULATIONS = ("tests/test_timing.py::test_summaries_pair_the_repeats_of_simulated_runs",  # test_sequential's job:
+               "tests/test_timing.py::test_real_effects_still_get_their_verdict")  # seconds a mutant, no more kills
+MODULES = {  # name: (the module, its own fast test files, tests of those files left out)
+    "summary": ("optlab/core/stats/summary.py", ("tests/test_values_stats.py", "tests/test_stopping_failures.py"), ()),
     "sequential": ("optlab/core/stats/sequential.py", ("tests/test_values_stats.py", "tests/test_answered_early.py",
-                                                       "tests/test_stopping_failures.py")),
-    "timing": ("optlab/core/measuring/timing.py", ("tests/test_timing.py", "tests/test_values_stats.py")),
-    "checks": ("optlab/core/results/checks.py", ("tests/test_values_checks.py",)),
-    "requests": ("optlab/studies/serving/requests.py", ("tests/test_serving_batching.py",)),
-    "bandwidth": ("optlab/studies/serving/bandwidth.py", ("tests/test_kv_cache_chapter.py",)),
+                                                       "tests/test_stopping_failures.py"), ()),
+    "timing": ("optlab/core/measuring/timing.py", ("tests/test_timing.py", "tests/test_values_stats.py",
+                                                   "tests/test_values_timing.py"), SIMULATIONS),
+    "checks": ("optlab/core/results/checks.py", ("tests/test_values_checks.py",), ()),
+    "requests": ("optlab/studies/serving/requests.py", ("tests/test_serving_batching.py",), ()),
+    "bandwidth": ("optlab/studies/serving/bandwidth.py", ("tests/test_kv_cache_chapter.py",), ()),
     "breakdown": ("optlab/studies/memory/breakdown.py", ("tests/test_memory_breakdown.py",
-                                                         "tests/test_values_studies.py")),
+                                                         "tests/test_values_studies.py"), ()),
 }
 
 
@@ -48,7 +51,7 @@ def equivalent_mutants(path: Path = EQUIVALENT) -> dict[str, str]:
     return entries
 
 
-def prepare(name: str, module: str, tests: tuple[str, ...]) -> Path:
+def prepare(name: str, module: str, tests: tuple[str, ...], left_out: tuple[str, ...]) -> Path:
     """A fresh copy of the repository's code and tests under ``_build/mutants/<name>``, with mutmut's configuration
     for this module alone."""
     folder = WORK / name
@@ -64,7 +67,7 @@ def prepare(name: str, module: str, tests: tuple[str, ...]) -> Path:
         "[mutmut]\nsource_paths = optlab\n"
         f"only_mutate = {module}\n"
         "pytest_add_cli_args_test_selection =\n" + "".join(f"    {test}\n" for test in tests)
-        + "pytest_add_cli_args = -p no:cacheprovider -q\n")
+        + "pytest_add_cli_args =\n    -p no:cacheprovider\n    -q\n" + "".join(f"    --deselect={test}\n" for test in left_out))
     return folder
 
 
@@ -110,8 +113,8 @@ def report(name: str, found: dict[str, str], equivalent: dict[str, str], folder:
 
 
 def run(name: str, children: int) -> dict[str, object]:
-    module, tests = MODULES[name]
-    folder = prepare(name, module, tests)
+    module, tests, left_out = MODULES[name]
+    folder = prepare(name, module, tests, left_out)
     print(f"{name}: mutating {module} against {', '.join(tests)} (progress in {folder / 'mutmut.log'})", flush=True)
     mutmut(folder, "run", "--max-children", str(children), log=folder / "mutmut.log")
     return report(name, statuses(folder), equivalent_mutants(), folder)
