@@ -44,7 +44,8 @@ def test_with_equal_leverage_and_trimming_the_correction_changes_nothing():
     wins = np.clip(at_zero, ordered[1], ordered[-2])
     expected = math.sqrt(((wins - wins.mean()) ** 2).sum() / 10) * 12 / 10 * math.sqrt(1 / 12)
     assert float(centre) == pytest.approx(ordered[1:-1].mean(), rel=1e-12)
-    assert float(error) == pytest.approx(expected, rel=1e-12) and df == pytest.approx(12 - 2 - 1 - 1)  # two cut, a mean, a slope
+    assert float(error) == pytest.approx(expected, rel=1e-12)
+    assert df == pytest.approx(12 - 2 - 1 - 1)  # two rounds cut, a mean, a slope
 
 
 def hc2_standard_error(logs: np.ndarray, shifts: np.ndarray) -> float:

@@ -67,7 +67,8 @@ def prepare(name: str, module: str, tests: tuple[str, ...], left_out: tuple[str,
         "[mutmut]\nsource_paths = optlab\n"
         f"only_mutate = {module}\n"
         "pytest_add_cli_args_test_selection =\n" + "".join(f"    {test}\n" for test in tests)
-        + "pytest_add_cli_args =\n    -p no:cacheprovider\n    -q\n" + "".join(f"    --deselect={test}\n" for test in left_out))
+        + "pytest_add_cli_args =\n    -p no:cacheprovider\n    -q\n"
+        + "".join(f"    --deselect={test}\n" for test in left_out))
     return folder
 
 
@@ -130,8 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     figures = [run(name, args.children) for name in args.module or MODULES]
     print("\nkill rate per module:")
     for row in figures:
-        print(f"  {row['module']:<11} {100 * row['kill_rate']:5.1f} %  ({row['killed']}/{row['mutants'] - row['equivalent']}"
-              f", {row['survived']} survived, {row['no_tests']} reached by no test)")
+        judged = row["mutants"] - row["equivalent"]
+        print(f"  {row['module']:<11} {100 * row['kill_rate']:5.1f} %  ({row['killed']}/{judged}, {row['survived']} "
+              f"survived, {row['no_tests']} reached by no test)")
     (WORK / "kill-rates.json").write_text(json.dumps(figures, indent=1))
     return 0
 
