@@ -116,3 +116,51 @@ def test_a_cuda_timer_reads_its_events_in_seconds_after_a_synchronize(monkeypatc
     steps, wall = timer.finish()
     assert steps == pytest.approx([0.25, 0.5, 0.125]) and wall == pytest.approx(0.975)
     assert len(synchronized) == 2
+
+
+@pytest.mark.parametrize("rounds", [3, 4, 9, 10, 12])
+def test_each_row_of_simulated_runs_gets_its_own_fit(rounds):
+    """The simulations pass thousands of runs as rows: every number along the last axis must be the row's own, as if
+    it were read alone (a mean or a sort over the whole array would mix runs)."""
+    import numpy as np
+
+    rng = np.random.default_rng(rounds)
+    logs = rng.normal(0.03, 0.05, (6, rounds)) + np.arange(6)[:, None] * 0.1  # rows far apart
+    shifts = np.array([1.0, -1.0] * rounds)[:rounds] * 2 + 0.5  # an odd count leaves their mean off 0
+    together = timing.log_ratio_fit(logs, shifts)
+    together_autocorrelation = timing.round_autocorrelation(logs, shifts)
+    together_intervals = timing.intervals(logs, shifts)
+    for row in range(6):
+        alone = timing.log_ratio_fit(logs[row], shifts)
+        for part in range(3):
+            assert together[part][row] == pytest.approx(alone[part], rel=1e-9, nan_ok=True, abs=1e-15)
+        assert together[3] == pytest.approx(alone[3])
+        assert together_autocorrelation[row] == pytest.approx(
+            float(timing.round_autocorrelation(logs[row], shifts)), rel=1e-9, nan_ok=True)
+        for part, value in zip(together_intervals, timing.intervals(logs[row], shifts)):
+            assert part[row] == pytest.approx(value, rel=1e-9, nan_ok=True)
+
+
+@pytest.mark.parametrize("rounds, cut", [(3, 0), (9, 0), (10, 1), (20, 2)])
+def test_the_autocorrelation_trims_from_ten_rounds_and_reads_from_three(rounds, cut):
+    import numpy as np
+
+    logs = np.random.default_rng(7).normal(0.0, 0.05, rounds)
+    logs[rounds // 2] += 1.0
+    ordered = np.sort(logs)
+    kept = np.clip(logs, ordered[cut], ordered[rounds - cut - 1])
+    deviations = kept - kept.mean()
+    expected = (deviations[1:] * deviations[:-1]).sum() / (deviations ** 2).sum()
+    assert float(timing.round_autocorrelation(logs)) == pytest.approx(expected, rel=1e-12)
+    assert math.isnan(float(timing.round_autocorrelation(logs[:2])))
+
+
+def test_three_rounds_fit_a_slope_and_two_do_not():
+    import numpy as np
+
+    logs, shifts = np.array([0.10, 0.00, 0.06]), np.array([1.0, -1.0, 1.0])
+    at_zero, fitted = timing.at_shift_zero(logs, shifts)
+    slope = (0.08 - 0.0) / 2  # the mean at +1 less the value at -1, over the distance
+    assert fitted and at_zero.tolist() == pytest.approx((logs - slope * shifts).tolist())
+    kept, fitted = timing.at_shift_zero(logs[:2], shifts[:2])
+    assert not fitted and kept.tolist() == logs[:2].tolist()
