@@ -164,3 +164,45 @@ def test_three_rounds_fit_a_slope_and_two_do_not():
     assert fitted and at_zero.tolist() == pytest.approx((logs - slope * shifts).tolist())
     kept, fitted = timing.at_shift_zero(logs[:2], shifts[:2])
     assert not fitted and kept.tolist() == logs[:2].tolist()
+
+
+def _all_nan(result: timing.SpeedUp) -> bool:
+    return all(math.isnan(value) for value in (result.ratio, result.low, result.high))
+
+
+def test_a_comparison_with_no_pairs_one_pair_or_a_bad_time_says_why_in_its_reason():
+    empty = timing.speed_up([], [])
+    assert _all_nan(empty) and (empty.verdict, empty.reason) == (timing.UNCLEAR, "no pairs")
+    one = timing.speed_up([2.0], [1.0])
+    assert one.ratio == pytest.approx(2.0) and math.isnan(one.low) and math.isnan(one.high)
+    assert (one.verdict, one.reason) == (timing.UNCLEAR, "one pair: no interval")
+    for baseline, optimized, said in [([1.0, 1.0, 1.0], [1.0, 0.0, 1.0], "pair 2: 1 s against 0 s"),
+                                      ([1.0, 0.0, 1.0], [1.0, 1.0, 1.0], "pair 2: 0 s against 1 s"),
+                                      ([1.0, 1.0, -1.0], [1.0, 1.0, 1.0], "pair 3: -1 s against 1 s"),
+                                      ([math.nan, 1.0], [1.0, 1.0], "pair 1: nan s against 1 s"),
+                                      ([1.0, 1.0], [1.0, math.inf], "pair 2: 1 s against inf s")]:
+        bad = timing.speed_up(baseline, optimized)
+        assert _all_nan(bad) and (bad.verdict, bad.reason) == (timing.BAD_TIME, said)
+
+
+def test_two_pairs_give_an_interval_and_equal_ratios_a_zero_width_one_that_is_not_read():
+    two = timing.speed_up([1.1, 1.2], [1.0, 1.0])
+    assert two.low < two.ratio < two.high and not two.reason
+    same = timing.speed_up([1.5, 1.5, 1.5], [1.0, 1.0, 1.0])
+    assert same.ratio == pytest.approx(1.5) and math.isnan(same.low) and math.isnan(same.high)
+    assert (same.verdict, same.reason) == (timing.UNCLEAR, timing.ZERO_WIDTH)
+
+
+def test_a_speed_up_is_read_at_its_slot_shifts_and_its_level():
+    import numpy as np
+
+    baseline = np.array([1.10, 1.00, 1.12, 0.99, 1.09, 1.01, 1.11])
+    shifts = np.array([1.0, -1.0] * 4)[:7]
+    logs = np.log(baseline)
+    for level in (0.9, 0.995):
+        result = timing.speed_up(baseline, np.ones(7), shifts, confidence=level)
+        ratio, low, high, noise = timing.intervals(logs, shifts, level)
+        assert (result.ratio, result.low, result.high, result.noise) == pytest.approx((ratio, low, high, noise))
+    plain = timing.speed_up(baseline, np.ones(7))
+    assert plain.ratio == pytest.approx(float(np.exp(logs.mean())))
+    assert timing.speed_up(baseline, np.ones(7), shifts).ratio != pytest.approx(plain.ratio, rel=1e-3)
