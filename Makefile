@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test book serve bench lab ddp-check shard-check gpu-check gpu-rehearsal clean
+.PHONY: install test book serve bench lab ddp-check shard-check gpu-check gpu-rehearsal mutants clean
 
 install: $(STAMP)
 
@@ -37,6 +37,10 @@ ddp-check: $(STAMP)
 
 shard-check: $(STAMP)  # FSDP2 on two gloo processes against one process, and a checkpoint saved by 2 and loaded by 1
 	$(PY) -m optlab.studies.distributed shard-check
+
+mutants: $(STAMP)  # mutation run of the modules where a wrong number is silent (MODULE=timing: one); not in `make test`
+	$(PY) -m pip install --quiet -r requirements-mutants.txt
+	$(PY) tools/mutants.py $(if $(MODULE),--module $(MODULE))
 
 gpu-check:  # the CUDA-only tests and the chapters' CUDA checks; the venv's Python if there is one, else $(PYTHON)
 	PYTHONPATH=. $(if $(wildcard $(PY)),$(PY),$(PYTHON)) tools/gpu_check.py

@@ -4,6 +4,8 @@ out-of-reach comparisons and its variants leaving, vectorised over seeded draws)
 faster or slower no more often than the rule promises, while a real 5 % step is found when the budget allows 48
 rounds. The real ``interleave`` and ``step_by_step`` show each verdict row coming from a closed comparison."""
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -116,14 +118,26 @@ def step_before_verdicts(comparisons: dict[str, str], labels: list[str], noise: 
     return np.stack(verdicts, axis=1)
 
 
-@pytest.mark.parametrize("stack", STACKS.values(), ids=STACKS.keys())
-def test_a_no_effect_step_is_called_faster_or_slower_at_most_at_the_stated_rate(stack):
+def stated_counts() -> dict[str, tuple[int, int]]:
+    """The false verdicts and comparisons book/methodology.md states for each stack's no-effect steps."""
+    text = " ".join((Path(__file__).parents[1] / "book" / "methodology.md").read_text().split())
+    found = re.search(r"in (\d+) of ([\d,]+) comparisons for the CNN stack and (\d+) of ([\d,]+) for the GPT's", text)
+    assert found, "book/methodology.md states no figures for the stacks' no-effect steps"
+    numbers = [int(value.replace(",", "")) for value in found.groups()]
+    return {"CNN": (numbers[0], numbers[1]), "GPT": (numbers[2], numbers[3])}
+
+
+@pytest.mark.parametrize("name", STACKS)
+def test_a_no_effect_step_is_called_faster_or_slower_at_most_at_the_stated_rate(name):
     """Against the step before, a step with no effect is answered "same within 2 %" or "can't tell yet": a false
-    "faster" or "slower" in at most 0.5 % of comparisons (the count bounded as a binomial at that rate)."""
+    "faster" or "slower" in at most 0.5 % of comparisons (the count bounded as a binomial at that rate), and the
+    methodology page states the count these seeded runs give."""
+    stack = STACKS[name]
     verdicts = step_before_verdicts(stack.comparisons, stack.labels, HEAVY, 4000, budget=48)
     steps = [i for i in NO_EFFECT if i < verdicts.shape[1]]
     false = int(np.isin(verdicts[:, steps], [timing.FASTER, timing.SLOWER]).sum())
     assert false <= upper_count(verdicts[:, steps].size)
+    assert stated_counts()[name] == (false, verdicts[:, steps].size)
 
 
 @pytest.mark.parametrize("stack", STACKS.values(), ids=STACKS.keys())

@@ -346,7 +346,8 @@ def log_ratio_fit(log_ratios: np.ndarray, slot_shifts: "np.ndarray | list | None
     if fitted:
         free = 1 - round_leverage(shifts)
         inflation = np.sqrt(np.divide(residual_df / n, free, out=np.ones(n), where=free > 1e-12))
-        inside = (at_zero > low) & (at_zero < high) if cut else True
+        rank = np.argsort(np.argsort(at_zero, axis=-1, kind="stable"), axis=-1, kind="stable")
+        inside = (rank >= cut) & (rank < n - cut)  # every round not cut, the two on the boundary too
         deviations = np.where(inside, deviations * inflation, deviations)
         df *= slot_fit_df(tuple(shifts.tolist())) / residual_df
     scale = (np.sqrt((deviations ** 2).sum(axis=-1) / residual_df) * n / kept if residual_df > 0
