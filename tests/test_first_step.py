@@ -116,3 +116,28 @@ def test_the_shape_table_reads_compile_seconds_waste_and_rate_from_the_runs():
     assert table.loc[shapes.BUCKETS, "wasted %"] == pytest.approx(37.5)
     assert table.loc[shapes.BUCKETS, "tokens/s"] == pytest.approx(5000.0)
     assert table.loc[shapes.GRAPHS, "verdict"].startswith("not run")
+
+
+def test_rounds_side_by_side_keep_each_round_s_starts_in_order_and_apart(monkeypatch, tmp_path):
+    """Two rounds at once: each round's five starts run one after another in its own folders, the cold start's
+    artifacts go to its own round's portable start, and the rows come back by round."""
+    calls = []
+
+    def fake_run(function, kwargs, cache, cold, settings=None):
+        calls.append((function, kwargs, str(cache.path)))
+        return {"headers_s": 1.0} if function.endswith("build_headers") else {"step_times_s": [0.1, 0.3],
+                                                                                 "first_step_s": 1.0}
+
+    monkeypatch.setattr(fresh, "run_fresh", fake_run)
+    monkeypatch.setattr(compile_time.os, "cpu_count", lambda: 2)
+    rows = compile_time.run_starts("gpt", rounds=3, root=tmp_path, rounds_at_once=2)
+    assert rows["round"].tolist() == [r for r in range(3) for _ in compile_time.STARTS]
+    assert rows["start"].tolist() == list(compile_time.STARTS) * 3
+    for round_ in range(3):
+        mine = [kwargs for _, kwargs, path in calls if f"round{round_}" in path]
+        assert [kwargs["how"] for kwargs in mine] == [how for how, _, _ in compile_time.STARTS.values()]
+        saved = {kwargs["save_to"] for kwargs in mine} - {None}
+        loaded = {kwargs["artifacts"] for kwargs in mine} - {None}
+        assert saved == loaded == {str(tmp_path / f"round{round_}-artifacts.bin")}
+    with pytest.raises(OptlabError, match=r"rounds_at_once 3 .* at most 2 \(rounds side by side"):
+        compile_time.run_starts("gpt", rounds=3, root=tmp_path, rounds_at_once=3)

@@ -17,8 +17,11 @@ eager's steady step minus its own (the paired speed-up over the rounds); the bre
 from __future__ import annotations
 
 import math
+import os
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -41,16 +44,22 @@ INTERVAL = f"{100 * CONFIDENCE:g} % interval"
 
 
 def run_starts(model: str, rounds: int = 3, size: str = "small", steps: int = 10, phase: str = "train",
-               root: "Path | None" = None, compile_threads: "int | None" = None) -> pd.DataFrame:
+               root: "Path | None" = None, compile_threads: "int | None" = None,
+               rounds_at_once: int = 1) -> pd.DataFrame:
     """Every start of ``STARTS`` in each of ``rounds`` rounds of ``model``'s ``phase`` (``starts.PHASES``): one row
     per process, with its first-step seconds, median steady step, graphs compiled, cache hits and misses and its
     cache folder's files before and after. ``root`` holds the rounds' cache folders (a new temporary folder if not given). Inductor's precompiled
     headers are built first, once, by a process of their own (``headers_s``), and shared by every start.
-    ``compile_threads``: Inductor's compile workers in every start (torch's default, one a core up to 32, if None)."""
+    ``compile_threads``: Inductor's compile workers in every start (torch's default, one a core up to 32, if None).
+    ``rounds_at_once``: rounds run side by side, each in its own sequence of processes (at most one a core): a round's
+    five starts still run one after another, so every comparison is between starts of one round, which share
+    whatever the other rounds were doing."""
     if model not in MODELS:
         raise choice_error("model", model, MODELS)
     check_count("rounds", rounds, 2, MAX_ROUNDS, "each round compiles the model from cold twice")
     check_count("steps", steps, 1, MAX_STEPS, "steady steps per start")
+    check_count("rounds_at_once", rounds_at_once, 1, min(rounds, os.cpu_count() or 1),
+                "rounds side by side: at most one a core, and no more than the rounds")
     if phase not in PHASES:
         raise choice_error("phase", phase, PHASES)
     root = Path(root or tempfile.mkdtemp(prefix="optlab-first-step-"))
@@ -58,9 +67,8 @@ def run_starts(model: str, rounds: int = 3, size: str = "small", steps: int = 10
     headers = root / "precompiled-headers"  # the machine's, built once: see ``fresh``
     built = fresh.run_fresh("optlab.studies.first_step.starts:build_headers", {},
                             fresh.CacheFolder(root / "headers-build", headers), cold=True, settings=settings)
-    rows = []
-    for round_ in range(rounds):
-        artifacts = root / f"round{round_}-artifacts.bin"
+    def one_round(round_: int) -> list[dict[str, Any]]:
+        artifacts, rows = root / f"round{round_}-artifacts.bin", []
         for label, (how, folder, cold) in STARTS.items():
             kwargs = {"model": model, "how": how, "size": size, "steps": steps, "phase": phase,
                       "save_to": str(artifacts) if label == COLD else None,
@@ -70,6 +78,10 @@ def run_starts(model: str, rounds: int = 3, size: str = "small", steps: int = 10
             rows.append({"round": round_, "start": label, "cache_folder": str(cache.path),
                          "step_s": float(np.median(answer["step_times_s"])), "headers_s": built["headers_s"],
                          **answer})
+        return rows
+
+    with ThreadPoolExecutor(max_workers=rounds_at_once) as pool:
+        rows = [row for round_rows in pool.map(one_round, range(rounds)) for row in round_rows]
     return pd.DataFrame(rows)
 
 
