@@ -6,7 +6,6 @@ tensor-parallel (``tp``: the two ranks of a row split every block, chapter 19). 
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ from . import formulas, planner
 from .collectives import CollectiveLog
 from .ranks import joined, run_ranks, write_findings
 from .tensor import full_state, tensor_parallel
-from .tensor_study import BATCH, CONFIG, loss_of, token_batch
+from .tensor_study import BATCH, CONFIG, logged_step, loss_of, token_batch
 
 MESH = (2, 2)  # (dp, tp)
 MAX_STEPS = 100
@@ -71,13 +70,7 @@ def compose_rank(out: Path, steps: int) -> None:
             for step in range(steps):
                 optimizer.zero_grad()
                 batch = token_batch(step * MESH[0] + row)
-                with log if step == 0 else contextlib.nullcontext():
-                    log.phase = "forward"
-                    loss = loss_of(model, batch)
-                    log.phase = "backward"
-                    loss.backward()
-                    log.phase = "optimizer step"
-                    optimizer.step()
+                logged_step(model, optimizer, batch, log if step == 0 else None)
                 if step == 0:
                     gradients = full_state(model, MESH[1], gradients=True)
                     gradient = max(float((gradients[n] - reference_gradients[n]).abs().max()) for n in gradients)

@@ -7,6 +7,7 @@ launches the job and reads them back.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import statistics
 import time
@@ -51,15 +52,19 @@ def _optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
 
-def _first_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Tensor,
-                log: CollectiveLog) -> float:
-    """One training step with its collectives noted in ``log`` by phase; the loss."""
-    with log:
-        log.phase = "forward"
+def logged_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Tensor,
+                log: CollectiveLog | None = None) -> float:
+    """One training step, with its collectives noted in ``log`` by phase when one is given; the loss."""
+    def phase(name: str) -> None:
+        if log is not None:
+            log.phase = name
+
+    with log if log is not None else contextlib.nullcontext():
+        phase("forward")
         loss = loss_of(model, batch)
-        log.phase = "backward"
+        phase("backward")
         loss.backward()
-        log.phase = "optimizer step"
+        phase("optimizer step")
         optimizer.step()
     return float(loss.detach())
 
@@ -68,7 +73,7 @@ def _run(model: torch.nn.Module, tp: int, steps: int) -> dict:
     """``steps`` SGD steps with momentum on the shared batches: the losses, the first step's collectives and
     gradients (in full), and the final parameters (in full)."""
     optimizer, log = _optimizer(model), CollectiveLog()
-    losses = [_first_step(model, optimizer, token_batch(0), log)]
+    losses = [logged_step(model, optimizer, token_batch(0), log)]
     gradients = full_state(model, tp, gradients=True)
     for step in range(1, steps):
         optimizer.zero_grad()
