@@ -22,9 +22,9 @@ from .studies.ceilings import measure as ceilings
 from .studies.parallel.planner import parallel_plan
 
 __all__ = [
-    "Experiment", "ExperimentResult", "InferenceResult", "OptlabError", "RunConfig", "TuneResult", "capture_environment",
-    "ceilings", "changed_knobs", "environment_report", "get_experiment", "get_profile", "list_experiments", "load_record",
-    "load_samples", "load_summaries", "register_workload", "resolve_device", "run_experiment", "tune", "Workload",
-    "get_workload", "parallel_plan",
+    "Experiment", "ExperimentResult", "InferenceResult", "OptlabError", "RunConfig", "TuneResult",
+    "capture_environment", "ceilings", "changed_knobs", "environment_report", "get_experiment", "get_profile",
+    "list_experiments", "load_record", "load_samples", "load_summaries", "register_workload", "resolve_device",
+    "run_experiment", "tune", "Workload", "get_workload", "parallel_plan",
 ]
 __version__ = "0.1.0"

@@ -1,5 +1,7 @@
 """MFU by the precision in effect: every timed configuration of every technique is divided by the peak of what its
 matmuls and convolutions ran in, and training MFU counts the backward pass."""
+import types
+
 import pandas as pd
 import pytest
 import torch
@@ -21,8 +23,11 @@ CONVOLUTION_WORKLOADS = {"cifar"}  # the CNNs; every other registered workload i
 
 @pytest.fixture
 def hopper(monkeypatch):
-    """Compute capability 9.0, so that TF32 and FP8 are in effect where the knobs ask for them."""
+    """Compute capability 9.0, so that TF32 and FP8 are in effect where the knobs ask for them, on a whole H200's 132
+    multiprocessors (a MIG slice would get its share of the peak)."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device=None: types.SimpleNamespace(multi_processor_count=132))
 
 
 def expected_precision(config) -> str:

@@ -3,8 +3,8 @@ matmul FLOPS" as stas00's ml-engineering defines it), the memory bandwidth of a 
 the time to launch one small operation (eager; and inside a CUDA-graph replay on a GPU).
 
 Every figure is a rate or a time from ``torch.utils.benchmark`` (synchronized on a GPU), given as the median over
-its timed blocks (at least six) with a distribution-free 95 % interval of that median (order statistics of the
-blocks: ``core.stats.order.median_interval``).
+its timed blocks (at least six) with a distribution-free 95 % order-statistic interval of that median
+(``core.stats.order.median_interval``).
 Work per run: a matmul of ``M x K`` by ``K x N`` is ``2 M N K`` FLOPs; a copy reads and writes its bytes
 (``2 x bytes``); a read (a sum) reads them once; a launch is one operation. Sizes follow the device: a CPU's sweep
 stays under a minute on two cores, a GPU's reaches the shapes where its tensor cores are busy.
@@ -199,7 +199,8 @@ def load(folder: str | Path | None = None) -> pd.DataFrame | None:
 
 def describe(table: pd.DataFrame) -> str:
     """The best figures as lines a person reads: value, interval, unit and what reached it."""
-    lines = [f"ceilings of {table['device'].iloc[0]} (median of timed blocks, 95 % interval of the median):"]
+    lines = [f"ceilings of {table['device'].iloc[0]} "
+             "(median of timed blocks, 95 % order-statistic interval of the median):"]
     for row in best(table).itertuples():
         what = f"MAMF {row.dtype}" if row.ceiling == "matmul" else row.ceiling
         lines.append(f"  {what:<12} {row.value:10.4g} {row.unit:<8} [{row.ci_low:.4g}, {row.ci_high:.4g}]  "
