@@ -57,7 +57,7 @@ class Block(nn.Module):
 
 class TokenModel(nn.Module):
     """Token ids ``[batch, length]`` to next-token logits, through ``depth`` blocks; between the first block and the
-    rest, the breaks named in ``breaks`` (any of :data:`BREAKS`). With none the arithmetic is the same, written the
+    rest, the breaks named in ``breaks`` (any of ``BREAKS``). With none the arithmetic is the same, written the
     way Dynamo can trace it."""
 
     def __init__(self, vocab: int = 256, width: int = 64, depth: int = 2, breaks: tuple[str, ...] = BREAKS) -> None:
@@ -121,7 +121,7 @@ def reason_line(reason: str) -> str:
 
 
 def break_kind(reason: str, line: str) -> str:
-    """Which of :data:`BREAKS` a break is, judged from Dynamo's reason and the source line ('other' if none)."""
+    """Which of ``BREAKS`` a break is, judged from Dynamo's reason and the source line ('other' if none)."""
     text = f"{reason} {line}"
     for kind, marks in (("item", (".item()",)), ("print", ("print",)), ("numpy", ("np.", "numpy")),
                         ("builtin", ("marked as skipped", "perf_counter", "time.")),
@@ -134,7 +134,7 @@ def break_kind(reason: str, line: str) -> str:
 def find_breaks(model: Callable, inputs: Any) -> Breaks:
     """Every graph break Dynamo meets in one call of ``model`` on ``inputs`` (a tensor, a tuple of positional ones or
     a dict of keyword ones), in order: which of
-    :data:`BREAKS` it is, its reason, where it is in the user's code (``file:line``) and that line; with the graphs
+    ``BREAKS`` it is, its reason, where it is in the user's code (``file:line``) and that line; with the graphs
     and operations traced. The call is compiled with the ``eager`` backend (Dynamo alone: the breaks are Dynamo's, and
     no kernel is built), after a reset, so that it is traced afresh."""
     from torch._dynamo.utils import counters

@@ -104,7 +104,7 @@ def quiet() -> Iterator[None]:
 @contextlib.contextmanager
 def caught() -> Iterator[DynamoLog]:
     """Inside the block, Dynamo's graph-break, recompile and recompile-limit messages are kept in the
-    :class:`DynamoLog` it yields and not printed; each logger's level, handlers and propagation are put back after."""
+    ``DynamoLog`` it yields and not printed; each logger's level, handlers and propagation are put back after."""
     from torch._logging._internal import log_state  # the switch that TORCH_LOGS="recompiles" sets
 
     log = DynamoLog()

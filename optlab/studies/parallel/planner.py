@@ -132,8 +132,8 @@ def resolve_model(config: GPTConfig | str) -> GPTConfig:
 
 def parallel_plan(config: GPTConfig | str, gpus: int, gpu_memory: float, interconnect: str = "nvlink4",
                   micro_batch: int = 1, micro_batches: int = 8) -> pd.DataFrame:
-    """Each layout of ``gpus`` GPUs of ``gpu_memory`` GB for ``config`` (a :class:`GPTConfig` or a name in
-    :data:`MODELS`): GB per GPU (model state, activations, total), whether it fits (below 90 % of the memory: the
+    """Each layout of ``gpus`` GPUs of ``gpu_memory`` GB for ``config`` (a ``GPTConfig`` or a name in
+    ``MODELS``): GB per GPU (model state, activations, total), whether it fits (below 90 % of the memory: the
     allocator, the CUDA context and temporaries need the rest), GB each GPU sends per step, those bytes' seconds
     at ``interconnect``'s bandwidth, and the pipeline's bubble. Sorted: fitting layouts first, least traffic first."""
     config = resolve_model(config)

@@ -263,7 +263,7 @@ def speculative_generate(target: GPT, prompt: torch.Tensor, new_tokens: int,
     prefills (its first token), then each round verifies ``drafter.k`` drafted tokens in one call (``compiled``:
     :func:`compiled_verify`), keeps the longest agreeing prefix and its own next token, and rolls its cache back to
     the kept text. Timed with the book's timer. ``reuse``: the target's static cache of an earlier run (one row, room
-    for :func:`target_cache_len`), emptied and filled again: its storage stays put, so CUDA graphs recorded on it
+    for ``target_cache_len``), emptied and filled again: its storage stays put, so CUDA graphs recorded on it
     replay instead of recording again."""
     _check_prompt(target, prompt, new_tokens, drafter.k)
     device = target.token_embedding.weight.device
