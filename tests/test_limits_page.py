@@ -70,6 +70,11 @@ def test_serving_and_memory_tables_are_read_by_their_columns_and_missing_ones_sa
     assert list(table.columns) == ["variant", "device", "tokens/s", "TPOT ms"]  # the step count is left out
     assert found["serving latency (chapter 33)"].startswith("not run: chapter 33 keeps")
     assert all(isinstance(v, str) for v in glance.memory().values())
+    pd.DataFrame({"rate": [191.4], "scheduler": ["static"], "span_s": [0.19], "tokens_per_s": [1386.7],
+                  "requests_per_s": [155.8], "goodput_per_s": [155.8], "met_share": [1.0]}).to_csv(
+        tmp_path / PAGE_RUNS / "serving-throughput.csv", index=False)
+    throughput = glance.serving()["serving throughput (chapter 33)"]
+    assert list(throughput.columns) == ["rate", "scheduler", "tokens_per_s", "requests_per_s", "goodput_per_s"]
 
 
 CONFIG = RunConfig(model="resnet18", width=0.125, batch_size=8)

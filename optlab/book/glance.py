@@ -32,8 +32,9 @@ SERVING_TABLES = (
     ("serving throughput", "serving-throughput", "chapter 33"),
 )
 MEMORY_TABLES = (("memory fixes", "memory-fixes", "chapter 29"),)
-FIGURE_COLUMNS = re.compile(r"tokens?/s|tok/s|ttft|tpot|itl|latency|speed-?up|peak|saved|verdict|goodput",
+FIGURE_COLUMNS = re.compile(r"tokens?/s|tok/s|_per_s|ttft|tpot|itl|latency|speed-?up|peak|saved|verdict|goodput",
                             re.IGNORECASE)
+SETTING_COLUMNS = re.compile(r"^(rate|batch)\b", re.IGNORECASE)  # numbers that label a row (a request rate, a batch)
 NOT_RUN = "not run"
 
 
@@ -101,10 +102,10 @@ def page_table(name: str) -> pd.DataFrame | None:
 
 
 def compact(table: pd.DataFrame) -> pd.DataFrame:
-    """The labels (text columns, the first four) and the figures a reader compares (named like ``FIGURE_COLUMNS``)
+    """The labels (text columns and a row's rate or batch, the first four) and the figures a reader compares (named like ``FIGURE_COLUMNS``)
     of a kept table; every column where none is named so."""
-    labels = [c for c in table.columns
-              if not pd.api.types.is_numeric_dtype(table[c]) and not FIGURE_COLUMNS.search(str(c))][:4]
+    labels = [c for c in table.columns if SETTING_COLUMNS.search(str(c))
+              or (not pd.api.types.is_numeric_dtype(table[c]) and not FIGURE_COLUMNS.search(str(c)))][:4]
     figures = [c for c in table.columns if FIGURE_COLUMNS.search(str(c)) and c not in labels]
     return table[labels + figures] if figures else table
 
