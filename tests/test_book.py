@@ -20,7 +20,11 @@ MACHINE_ROOTS = r"home|root|tmp|var|usr|opt|work|mnt|srv|private|Users|builds|wo
 ABSOLUTE_PATH = re.compile(rf"(?<![\w.~/:<>-])/(?:{MACHINE_ROOTS})(?:/[\w.+-]+)+(?![\w.<+-])")
 MACHINE_PATHS = [str(Path(__file__).resolve().parent.parent), str(Path.home()), sys.prefix]
 SPEEDUP_FIGURE = 'img[class~="speedup-figure"]'
-NO_COMPARISON = {"notebooks/15_profiling"}  # profiles one step before and after; it times no comparison
+NO_COMPARISON = {"notebooks/15_profiling",  # profiles one step before and after; it times no comparison
+                 # past data parallel: parity and counted bytes against the formulas; step times on gloo processes
+                 # sharing a CPU say nothing of a GPU link, so they are shown, not compared
+                 "notebooks/19_tensor_parallel", "notebooks/20_pipeline_parallel",
+                 "notebooks/21_composing_parallelism"}
 GPU_ONLY = {"notebooks/11_cuda_graphs",  # its comparison needs CUDA graphs, so a CPU build has none to show
             "notebooks/26_gpt_compile"}  # compiling the GPT takes longer on a CPU than a page may: a CPU compiles its MLP
 

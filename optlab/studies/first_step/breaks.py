@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import linecache
+import os
 from importlib import resources
 import time
 from dataclasses import dataclass, field
@@ -144,7 +145,7 @@ def find_breaks(model: Callable, inputs: Any) -> Breaks:
     with dynamo_log.caught() as log, torch.no_grad():
         call_model(torch.compile(model, backend="eager"), inputs)
     rows = [{"break": break_kind(found.reason, source_line(found.file, found.line)), "reason": found.reason,
-             "where": f"{found.file}:{found.line}", "line": source_line(found.file, found.line)}
+             "where": f"{os.path.relpath(found.file)}:{found.line}", "line": source_line(found.file, found.line)}
             for found in log.breaks]
     torch._dynamo.reset()
     skipped = [reason_line(reason) for reason, count in counters["unimplemented"].items()
