@@ -29,7 +29,7 @@ import pandas as pd
 from ...core.errors import choice_error
 from ...core.knobs.limits import check_count
 from ...core.results import store
-from ...core.measuring.timing import CONFIDENCE, interval_text, speed_up, t_quantile, too_wide
+from ...core.measuring.timing import CONFIDENCE, INTERVAL, interval_text, speed_up, t_quantile, too_wide
 from . import fresh
 from .starts import MODELS, PHASES
 
@@ -40,7 +40,6 @@ STARTS = {EAGER: ("eager", "eager", True), COLD: ("whole", "whole", True), WARM:
           PORTABLE: ("portable", "portable", True), REGIONAL: ("regional", "regional", True)}
 MAX_ROUNDS, MAX_STEPS = 20, 1000  # every round starts five processes, two of which compile from cold
 CLAIMS = ((WARM, COLD), (PORTABLE, COLD), (REGIONAL, COLD))  # (faster start?, than this one): first-step times
-INTERVAL = f"{100 * CONFIDENCE:g} % interval"
 
 
 def run_starts(model: str, rounds: int = 3, size: str = "small", steps: int = 10, phase: str = "train",

@@ -35,7 +35,7 @@ from ...core.knobs.limits import check_count
 from ...core.results import store
 from ...core.machine import compiler
 from ...core.machine.device import resolve_device
-from ...core.measuring.timing import CONFIDENCE, speed_up
+from ...core.measuring.timing import CONFIDENCE, INTERVAL, interval_text, speed_up
 
 EAGER, AUTOMATIC, MARKED, BUCKETS, GRAPHS = ("eager", "automatic dynamic", "mark_dynamic", "buckets, dynamic=False",
                                              "CUDA graphs per bucket")
@@ -162,8 +162,9 @@ def shape_table(rows: pd.DataFrame, confidence: float = CONFIDENCE) -> pd.DataFr
                     "compile s": row["first_pass_s"] - float(np.median(times)),
                     "padded tokens": int(row["padded_tokens"]),
                     "wasted %": 100 * row["padded_tokens"] / (row["tokens"] + row["padded_tokens"]),
-                    "tokens/s": row["tokens"] / float(np.median(times)), "speed-up": rate.ratio, "low": rate.low,
-                    "high": rate.high, "verdict": "baseline" if strategy == EAGER else rate.verdict})
+                    "tokens/s": row["tokens"] / float(np.median(times)), "speed-up": rate.ratio,
+                    INTERVAL: "" if strategy == EAGER else interval_text(rate.low, rate.high, len(times)),
+                    "low": rate.low, "high": rate.high, "verdict": "baseline" if strategy == EAGER else rate.verdict})
     return pd.DataFrame(out).set_index("strategy")
 
 
