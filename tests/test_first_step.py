@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from optlab.core.errors import OptlabError
-from optlab.studies.first_step import compile_time, fresh, shapes
+from optlab.studies.first_step import compile_time, dynamo_log, fresh, recompiles, shapes
 
 
 def test_a_fresh_process_keeps_every_cache_inside_its_folder(tmp_path):
@@ -141,3 +142,21 @@ def test_rounds_side_by_side_keep_each_round_s_starts_in_order_and_apart(monkeyp
         assert saved == loaded == {str(tmp_path / f"round{round_}-artifacts.bin")}
     with pytest.raises(OptlabError, match=r"rounds_at_once 3 .* at most 2 \(rounds side by side"):
         compile_time.run_starts("gpt", rounds=3, root=tmp_path, rounds_at_once=3)
+
+
+def test_dynamo_s_messages_name_files_relative_to_the_working_folder(tmp_path, monkeypatch):
+    model = tmp_path / "pkg" / "model.py"
+    model.parent.mkdir()
+    model.write_text("")
+    monkeypatch.chdir(tmp_path)
+    message = f"function: 'forward' ({model}:73) last reason: 0/7: size 36/40, gone: /no/such/file.py"
+    assert dynamo_log.relative_paths(message) == \
+        "function: 'forward' (pkg/model.py:73) last reason: 0/7: size 36/40, gone: /no/such/file.py"
+
+
+def test_the_recompile_stance_s_error_names_no_absolute_path():
+    import torch
+
+    error = recompiles.recompile_error(lambda x: x * 2, torch.ones(3), torch.ones(5))
+    assert error.startswith("RuntimeError") and "recompile" in error, error
+    assert __file__ not in error and os.path.relpath(__file__) in error, error

@@ -14,6 +14,7 @@ import torch  # noqa: E402
 from optlab.book import glance, limits  # noqa: E402
 from optlab.book.downloads import PAGE_RUNS  # noqa: E402
 from optlab.book.report.roofline import plot_roofline  # noqa: E402
+from optlab.book.report.tables import html_table  # noqa: E402
 from optlab.core.knobs.config import RunConfig  # noqa: E402
 from optlab.core.results import store  # noqa: E402
 from optlab.core.stats.summary import CONTROL  # noqa: E402
@@ -75,6 +76,12 @@ def test_serving_and_memory_tables_are_read_by_their_columns_and_missing_ones_sa
         tmp_path / PAGE_RUNS / "serving-throughput.csv", index=False)
     throughput = glance.serving()["serving throughput (chapter 33)"]
     assert list(throughput.columns) == ["rate", "scheduler", "tokens_per_s", "requests_per_s", "goodput_per_s"]
+    pd.DataFrame({"rate": [10.0], "scheduler": ["static"], "metric": ["TTFT"], "values": [40], "rounds": [3],
+                  "p50 ms": [5.0], "p50 low": [4.0], "p50 high": [6.0], "pooled p50 ms": [5.1], "p99 ms": [9.0],
+                  "p99 low": [8.0], "p99 high": [10.0], "pooled p99 ms": [9.2]}).to_csv(
+        tmp_path / PAGE_RUNS / "serving-latency.csv", index=False)
+    latency = glance.serving()["serving latency (chapter 33)"]  # the percentiles; their intervals stay in chapter 33
+    assert list(latency.columns) == ["rate", "scheduler", "metric", "p50 ms", "pooled p50 ms", "p99 ms", "pooled p99 ms"]
 
 
 CONFIG = RunConfig(model="resnet18", width=0.125, batch_size=8)
@@ -164,3 +171,16 @@ def test_the_limits_table_keeps_each_workload_s_fastest_variant(tmp_path):
     assert ax.get_xscale() == "log" and len(ax.collections) >= 2  # the points and their launch roofs
     assert any("MAMF 0.1 TFLOP/s" in t.get_text() for t in figure.axes[1].get_legend().get_texts())
     assert figure.axes[2].texts[0].get_text().startswith("1. resnet18, a: slow\n2. resnet18, a: fast")
+    page = html_table(found)  # the page shows the bound first; the rest of the columns is one click away
+    shown, more = page.split("<details", 1)
+    assert all(f"<th>{name}</th>" in shown for name in ("source", "best", "bound", "MFU % of measured MAMF"))
+    assert "datasheet" not in shown and "TFLOP/s" not in shown, shown
+    assert all(f"<th>{name}</th>" in more for name in ("source", "model", "TFLOP/s", "MBU % of datasheet")), more
+
+
+def test_the_published_ceilings_link_their_sources_and_keep_the_shape_one_click_away():
+    table = limits.published_ceilings()
+    page = html_table(table)
+    shown, more = page.split("<details", 1)
+    assert "url" not in table and table["source"].str.fullmatch(r"\[.+\]\(https://.+\)").all(), table["source"]
+    assert '<a href="https://' in shown and "best_shape" not in shown and "<th>best_shape</th>" in more

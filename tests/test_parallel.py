@@ -129,6 +129,12 @@ def test_every_schedule_trains_as_one_process_and_idles_as_the_formula_says(pipe
     idle = pipelines.idle_table()
     plain = idle.loc[["GPipe", "1F1B"]]
     assert ((plain["replayed idle"] - plain["formula"]).abs() < BUBBLE_TOLERANCE).all()
+    by_rank = pipelines.idle_by_rank()
+    for (schedule, microbatches, rank), row in idle.iterrows():
+        assert by_rank.loc[(schedule, microbatches), f"replayed idle {rank}"] == row["replayed idle"]
+        assert by_rank.loc[(schedule, microbatches), f"wall idle {rank}"] == row["wall idle"]
+        assert by_rank.loc[(schedule, microbatches), "formula"] == row["formula"]
+    assert by_rank.attrs["details"] == [f"wall idle {rank}" for rank in range(4)]
     in_flight = pipelines.held_table("in flight")
     assert (in_flight["GPipe"] == 8).all() and in_flight["1F1B"].tolist() == [4, 3, 2, 1]
 

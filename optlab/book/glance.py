@@ -32,7 +32,7 @@ SERVING_TABLES = (
     ("serving throughput", "serving-throughput", "chapter 33"),
 )
 MEMORY_TABLES = (("memory fixes", "memory-fixes", "chapter 29"),)
-FIGURE_COLUMNS = re.compile(r"tokens?/s|tok/s|_per_s|ttft|tpot|itl|latency|speed-?up|peak|saved|verdict|goodput",
+FIGURE_COLUMNS = re.compile(r"tokens?/s|tok/s|_per_s|ttft|tpot|itl|latency|\bp\d+ ms|speed-?up|peak|saved|verdict|goodput",
                             re.IGNORECASE)
 SETTING_COLUMNS = re.compile(r"^(rate|batch)\b", re.IGNORECASE)  # numbers that label a row (a request rate, a batch)
 NOT_RUN = "not run"

@@ -17,7 +17,7 @@ from ..core.results import store
 from ..studies import ceilings, roofline
 from ..studies.peaks import DATASHEET_TFLOPS
 from ..studies.serving.bandwidth import datasheet_peak as datasheet_bandwidth
-from .report import LIVE
+from .report import LIVE, linked_sources
 from .report.roofline import plot_roofline
 
 STACKS = {"cifar": "all_together", "gpt": "gpt_all_together"}  # the variants a workload's roofline shows
@@ -67,7 +67,8 @@ def datasheet_roofs(gpu_name: str) -> tuple[dict[str, float], float] | None:
 def limits_table(found: dict | None = None) -> pd.DataFrame:
     """The fastest training variant of each workload and model per source, against that source's ceilings: achieved
     TFLOP/s, MFU against the measured MAMF and the datasheet, bandwidth by the byte model and MBU, operators times
-    the launch overhead, what bounds it and the share of that ceiling it reached."""
+    the launch overhead, what bounds it and the share of that ceiling it reached (the datasheet's fractions and the
+    counts in the page's "all columns" block)."""
     frames = []
     for name, (points, table) in (sources() if found is None else found).items():
         if points.empty or table is None:
@@ -78,7 +79,15 @@ def limits_table(found: dict | None = None) -> pd.DataFrame:
                                                   "gpu_name"]], ceilings.Roofs.from_table(table)))
     if not frames:
         return pd.DataFrame(columns=["source", "workload", "model", "best"])
-    return pd.concat(frames, ignore_index=True).set_index(["source", "workload", "model"])
+    return roofline.for_page(pd.concat(frames, ignore_index=True).set_index(["source", "workload", "model"]))
+
+
+def published_ceilings() -> pd.DataFrame:
+    """Others' measured MAMF (:func:`ceilings.published`) as the page shows them: each source a link, the shape and
+    the notes in the collapsed "all columns" block."""
+    table = linked_sources(ceilings.published())
+    table.attrs.update(keys=["accelerator", "dtype"], details=["best_shape", "notes"])
+    return table
 
 
 def roofline_points(points: pd.DataFrame, roofs: ceilings.Roofs, workload: str) -> pd.DataFrame:

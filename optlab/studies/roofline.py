@@ -205,6 +205,21 @@ def limits_table(points: pd.DataFrame, roofs: Roofs) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+DETAIL_COLUMNS = ["TFLOP/s", "MFU % of datasheet", "GB/s (byte model)", "MBU % of datasheet", "operators",
+                  "operators x launch ms", "FLOP/byte"]  # in a page's "all columns" block
+LABEL_COLUMNS = ["label", "source", "workload", "model", "best"]  # what names a row, repeated in that block
+
+
+def for_page(table: pd.DataFrame) -> pd.DataFrame:
+    """A :func:`limits_table` as a page shows it: the bound, its share and the fractions of the measured ceilings
+    first; the achieved rate, the datasheet's fractions and the counts behind them in the collapsed "all columns"
+    block (so that the table fits the article column)."""
+    shown = table.copy()
+    names = [*shown.index.names, *shown.columns]
+    shown.attrs.update(keys=[c for c in LABEL_COLUMNS if c in names], details=DETAIL_COLUMNS)
+    return shown
+
+
 def time_steps(config: RunConfig, device: str = "auto", steps: int = 5, warmup: int = 2) -> float:
     """The median seconds of ``steps`` training steps of ``config`` after ``warmup``, on one batch of the workload's
     example input kept on the device (no loader: the roofline is about the step's own work), synchronized on a GPU."""

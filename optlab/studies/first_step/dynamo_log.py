@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ LIMIT_LOGGER = "torch._dynamo.convert_frame"
 ARTIFACTS = ("graph_breaks", "recompiles")
 LIMIT_MARK = "hit config.recompile_limit"
 WHERE = re.compile(r"Graph break in user code at (?P<file>.+):(?P<line>\d+)")
+ABSOLUTE_PATH = re.compile(r"(?<![\w.])/(?:[\w.+-]+/)*[\w.+-]+")
 PREAMBLE = ("Graph Break Reason:", "Encountered graph break when attempting to trace")
 
 
@@ -39,6 +41,12 @@ class DynamoLog:
     breaks: list[GraphBreak] = field(default_factory=list)
     recompiles: list[str] = field(default_factory=list)
     limits: list[str] = field(default_factory=list)
+
+
+def relative_paths(message: str) -> str:
+    """``message`` with each absolute path of a file that exists written relative to the working folder, as a page
+    shows it (no build machine's folders)."""
+    return ABSOLUTE_PATH.sub(lambda path: os.path.relpath(path[0]) if os.path.exists(path[0]) else path[0], message)
 
 
 def break_reason(message: str) -> str:
@@ -74,7 +82,7 @@ class _Catch(logging.Handler):
         self.caught = caught
 
     def emit(self, record: logging.LogRecord) -> None:
-        message = record.getMessage()
+        message = relative_paths(record.getMessage())
         if record.name == BREAKS_LOGGER:
             found = parse_break(message)
             if found:

@@ -105,7 +105,7 @@ def recompile_error(fn: Callable, first: Any, second: Any) -> str:
             with torch.compiler.set_stance("fail_on_recompile"):
                 compiled(second)
         except Exception as error:  # noqa: BLE001  (the stance's error is the answer)
-            return f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"
+            return f"{type(error).__name__}: {dynamo_log.relative_paths(str(error).strip().splitlines()[0])}"
         finally:
             torch._dynamo.reset()
     return ""

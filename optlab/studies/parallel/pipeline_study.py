@@ -131,6 +131,19 @@ class PipelineStudy:
         merged = table[["schedule", "microbatches", "rank", "wall idle"]].merge(pd.DataFrame(replayed))
         return merged.set_index(["schedule", "microbatches", "rank"]).round(3)
 
+    def idle_by_rank(self) -> pd.DataFrame:
+        """:meth:`idle_table` with a column per rank, as a page shows it: per schedule and micro-batch count, the
+        formula once (it is every rank's), each rank's replayed idle, and each rank's wall idle in the collapsed "all
+        columns" block."""
+        idle = self.idle_table()
+        per_rank = idle[["replayed idle", "wall idle"]].unstack("rank")
+        per_rank.columns = [f"{kind} {rank}" for kind, rank in per_rank.columns]
+        formula = idle["formula"].groupby(level=["schedule", "microbatches"], sort=False).first()
+        table = pd.concat([formula, per_rank.loc[formula.index]], axis=1)
+        table.attrs.update(keys=["schedule", "microbatches"],
+                           details=[column for column in table if column.startswith("wall idle")])
+        return table
+
     def held_table(self, value: str = "in flight") -> pd.DataFrame:
         """Per rank (rows) and schedule (columns), at the most micro-batches: the most micro-batch chunks forwarded
         and not yet backwarded (``in flight``), or the KiB of activations they held (``held bytes``)."""
