@@ -1,6 +1,7 @@
 """The first-step studies' plumbing: fresh processes with their own caches, break-evens, start tables, streams."""
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 
@@ -12,12 +13,35 @@ from optlab.core.errors import OptlabError
 from optlab.studies.first_step import compile_time, dynamo_log, fresh, recompiles, shapes
 
 
-def test_a_fresh_process_keeps_every_cache_inside_its_folder(tmp_path):
-    cache = fresh.CacheFolder(tmp_path / "start", tmp_path / "headers")
-    seen = fresh.run_fresh("tests.fresh_probe:where", {}, cache, cold=True)
-    for name in ("inductor", "triton", "headers", "tmp"):
-        assert seen[name].startswith(str(cache.path)), (name, seen[name])
-    assert seen["cache_files_before"] == 0 and seen["process_s"] > 0
+@pytest.mark.parametrize("forked", [False, True], ids=["own process", "forked"])
+def test_a_fresh_process_keeps_every_cache_inside_its_folder(tmp_path, forked):
+    if forked and not fresh.forks_possible():
+        pytest.skip("starts are forked on Linux without a GPU only")
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(fresh.ForkServer("tests.fresh_probe")) if forked else None
+        for start in ("first", "second"):  # a fork server's second child gets its own folders too
+            cache = fresh.CacheFolder(tmp_path / start, tmp_path / "headers")
+            seen = fresh.run_fresh("tests.fresh_probe:where", {}, cache, cold=True, forks=server)
+            for name in ("inductor", "triton", "headers", "tmp"):
+                assert seen[name].startswith(str(cache.path)), (name, seen[name])
+            assert seen["cache_files_before"] == 0 and seen["process_s"] > 0 and seen["pid"] != os.getpid()
+
+
+def test_a_forked_start_that_fails_says_why_and_the_server_goes_on(tmp_path):
+    if not fresh.forks_possible():
+        pytest.skip("starts are forked on Linux without a GPU only")
+    with fresh.ForkServer("tests.fresh_probe") as server:
+        with pytest.raises(OptlabError, match=r"failed \(exit 1\): ValueError: no such start"):
+            fresh.run_fresh("tests.fresh_probe:fail", {}, fresh.CacheFolder(tmp_path / "a"), cold=True, forks=server)
+        seen = fresh.run_fresh("tests.fresh_probe:where", {}, fresh.CacheFolder(tmp_path / "b"), cold=True,
+                               forks=server)
+        assert seen["tmp"].startswith(str(tmp_path / "b"))
+
+
+def test_a_fork_server_refuses_a_module_that_fixes_its_cache_folders_on_import():
+    with fresh.ForkServer("torch._inductor.codecache") as server, \
+            pytest.raises(OptlabError, match="fork server .* ended .*fixes its cache folders when imported"):
+        server.run("tests.fresh_probe:where", {}, dict(os.environ))
 
 
 def test_shared_headers_are_linked_in_and_not_counted_as_the_folders_files(tmp_path):
@@ -124,12 +148,13 @@ def test_rounds_side_by_side_keep_each_round_s_starts_in_order_and_apart(monkeyp
     artifacts go to its own round's portable start, and the rows come back by round."""
     calls = []
 
-    def fake_run(function, kwargs, cache, cold, settings=None):
+    def fake_run(function, kwargs, cache, cold, settings=None, forks=None):
         calls.append((function, kwargs, str(cache.path)))
         return {"headers_s": 1.0} if function.endswith("build_headers") else {"step_times_s": [0.1, 0.3],
                                                                                  "first_step_s": 1.0}
 
     monkeypatch.setattr(fresh, "run_fresh", fake_run)
+    monkeypatch.setattr(fresh, "forks_possible", lambda: False)
     monkeypatch.setattr(compile_time.os, "cpu_count", lambda: 2)
     rows = compile_time.run_starts("gpt", rounds=3, root=tmp_path, rounds_at_once=2)
     assert rows["round"].tolist() == [r for r in range(3) for _ in compile_time.STARTS]

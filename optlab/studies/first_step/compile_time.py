@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import queue
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -39,6 +40,7 @@ EAGER, COLD, WARM, PORTABLE, REGIONAL = ("eager", "whole, cold caches", "whole, 
 STARTS = {EAGER: ("eager", "eager", True), COLD: ("whole", "whole", True), WARM: ("whole", "whole", False),
           PORTABLE: ("portable", "portable", True), REGIONAL: ("regional", "regional", True)}
 MAX_ROUNDS, MAX_STEPS = 20, 1000  # every round starts five processes, two of which compile from cold
+START_MODULE = "optlab.studies.first_step.starts"  # what each start runs, and what its fork server imports
 CLAIMS = ((WARM, COLD), (PORTABLE, COLD), (REGIONAL, COLD))  # (faster start?, than this one): first-step times
 
 
@@ -52,7 +54,8 @@ def run_starts(model: str, rounds: int = 3, size: str = "small", steps: int = 10
     ``compile_threads``: Inductor's compile workers in every start (torch's default, one a core up to 32, if None).
     ``rounds_at_once``: rounds run side by side, each in its own sequence of processes (at most one a core): a round's
     five starts still run one after another, so every comparison is between starts of one round, which share
-    whatever the other rounds were doing."""
+    whatever the other rounds were doing. Where ``fresh.forks_possible``, each sequence forks its processes from a
+    ``fresh.ForkServer`` (column ``forked``)."""
     if model not in MODELS:
         raise choice_error("model", model, MODELS)
     check_count("rounds", rounds, 2, MAX_ROUNDS, "each round compiles the model from cold twice")
@@ -64,23 +67,34 @@ def run_starts(model: str, rounds: int = 3, size: str = "small", steps: int = 10
     root = Path(root or tempfile.mkdtemp(prefix="optlab-first-step-"))
     settings = {} if compile_threads is None else {"TORCHINDUCTOR_COMPILE_THREADS": str(compile_threads)}
     headers = root / "precompiled-headers"  # the machine's, built once: see ``fresh``
-    built = fresh.run_fresh("optlab.studies.first_step.starts:build_headers", {},
-                            fresh.CacheFolder(root / "headers-build", headers), cold=True, settings=settings)
+    lanes: queue.SimpleQueue = queue.SimpleQueue()  # each side-by-side sequence of rounds and its fork server
+    servers = [fresh.ForkServer(START_MODULE, settings) for _ in range(rounds_at_once)] if fresh.forks_possible() \
+        else [None] * rounds_at_once
+    for server in servers:
+        lanes.put(server)
+
     def one_round(round_: int) -> list[dict[str, Any]]:
-        artifacts, rows = root / f"round{round_}-artifacts.bin", []
+        artifacts, rows, server = root / f"round{round_}-artifacts.bin", [], lanes.get()
         for label, (how, folder, cold) in STARTS.items():
             kwargs = {"model": model, "how": how, "size": size, "steps": steps, "phase": phase,
                       "save_to": str(artifacts) if label == COLD else None,
                       "artifacts": str(artifacts) if how == "portable" else None}
             cache = fresh.CacheFolder(root / f"round{round_}" / folder, headers)
-            answer = fresh.run_fresh("optlab.studies.first_step.starts:start", kwargs, cache, cold, settings)
+            answer = fresh.run_fresh(f"{START_MODULE}:start", kwargs, cache, cold, settings, forks=server)
             rows.append({"round": round_, "start": label, "cache_folder": str(cache.path),
                          "step_s": float(np.median(answer["step_times_s"])), "headers_s": built["headers_s"],
-                         **answer})
+                         "forked": server is not None, **answer})
+        lanes.put(server)
         return rows
 
-    with ThreadPoolExecutor(max_workers=rounds_at_once) as pool:
-        rows = [row for round_rows in pool.map(one_round, range(rounds)) for row in round_rows]
+    try:
+        built = fresh.run_fresh(f"{START_MODULE}:build_headers", {}, fresh.CacheFolder(root / "headers-build", headers),
+                                cold=True, settings=settings, forks=servers[0])
+        with ThreadPoolExecutor(max_workers=rounds_at_once) as pool:
+            rows = [row for round_rows in pool.map(one_round, range(rounds)) for row in round_rows]
+    finally:
+        for server in filter(None, servers):
+            server.close()
     return pd.DataFrame(rows)
 
 

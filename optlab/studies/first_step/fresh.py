@@ -8,6 +8,11 @@ too. A process also keeps what it compiled in memory. So every start here is a n
 named by the caller, the folders' files are counted before (a cold start requires zero) and after, and the remote
 caches are switched off. The one thing a caller may share between starts is the precompiled headers (``headers``):
 they depend on the compiler and its flags only, not on any model, so a machine builds them once.
+
+Where many starts run on a small CPU, a :class:`ForkServer` saves each one the interpreter's and torch's start (seconds
+a process there): one parent imports what every start imports before its timer starts, and nothing else, then forks a
+child per start. The child is a new process, with nothing compiled in memory; its caches are named by its own
+variables, read after the fork (Inductor reads its folders when it is first used, and the parent never uses it).
 """
 from __future__ import annotations
 
@@ -16,9 +21,12 @@ import importlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,27 +70,89 @@ class CacheFolder:
         return sum(len(names) for _, _, names in os.walk(self.path))  # os.walk does not follow the headers' link
 
 
+IMPORT_FIXED = ("torch._inductor.codecache",)  # modules that fix a cache folder when imported: a fork server must not
+
+
+def forks_possible() -> bool:
+    """Whether starts may be forked here: Linux (fork is safe there), and no GPU (CUDA does not survive a fork)."""
+    import torch
+
+    return sys.platform == "linux" and not torch.cuda.is_available()
+
+
+class ForkServer:
+    """A parent process that imports ``module`` (what every start of it imports before its timer starts) and nothing
+    else, then forks one child per :meth:`run`: a new process, with nothing compiled in memory, that skips the
+    interpreter's start. ``settings`` are the variables every child shares, set in the parent before its imports
+    (Inductor reads its switches when it is imported); each child's own cache folders are set after the fork. One
+    start at a time; close it (or use it as a context manager) to end the parent."""
+
+    def __init__(self, module: str, settings: "dict[str, str] | None" = None) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="optlab-forks-"))  # the children's output, outside their caches
+        self.runs = 0
+        env = {**os.environ, **(settings or {}), **CACHE_SWITCHES, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self.process = subprocess.Popen([sys.executable, "-m", __name__, "--serve", module], env=env, text=True,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def run(self, function: str, kwargs: dict[str, Any], environment: dict[str, str]) -> tuple[int, str, str]:
+        """``function`` with ``kwargs`` in a forked child whose environment is ``environment``: its exit status, its
+        output and its error output."""
+        self.runs += 1
+        out, err = self.folder / f"{self.runs}.out", self.folder / f"{self.runs}.err"
+        request = {"function": function, "kwargs": kwargs, "environment": environment, "stdout": str(out),
+                   "stderr": str(err)}
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        reply = self.process.stdout.readline()
+        if not reply:
+            why = (self.process.stderr.read().strip().splitlines() or ["no message"])[-1]
+            raise OptlabError(f"the fork server for {function} ended (exit {self.process.wait()}): {why}")
+        return (json.loads(reply)["returncode"], out.read_text() if out.exists() else "",
+                err.read_text() if err.exists() else "")
+
+    def close(self) -> None:
+        """End the parent and remove the children's output."""
+        if self.process.poll() is None:
+            self.process.stdin.close()
+            self.process.wait(timeout=TIMEOUT_S)
+        for stream in (self.process.stdout, self.process.stderr):
+            stream.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __enter__(self) -> "ForkServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def run_fresh(function: str, kwargs: dict[str, Any], cache: CacheFolder, cold: bool,
-              settings: "dict[str, str] | None" = None) -> dict[str, Any]:
+              settings: "dict[str, str] | None" = None, forks: "ForkServer | None" = None) -> dict[str, Any]:
     """``function`` ("module:name") called with ``kwargs`` in a new process using ``cache``; its JSON answer, with
-    ``cache_files_before``, ``cache_files_after`` and ``process_s`` (the whole process, interpreter start included).
+    ``cache_files_before``, ``cache_files_after`` and ``process_s`` (the whole process: the interpreter's start
+    included, or the fork where ``forks`` starts it).
 
     ``cold`` requires the folder to be empty first: a start that finds files there is refused, not measured.
-    ``settings``: more environment variables for the process (``TORCHINDUCTOR_COMPILE_THREADS``, say)."""
+    ``settings``: more environment variables for the process (``TORCHINDUCTOR_COMPILE_THREADS``, say; a fork
+    server's own must be the same)."""
     before = cache.files()
     if cold and before:
         raise OptlabError(f"a cold start needs an empty cache folder; {cache.path} holds {before} files")
     cache.prepare()
     env = {**os.environ, **(settings or {}), **cache.environment(),
            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    command = [sys.executable, "-m", __name__, function, json.dumps(kwargs)]
     started = time.perf_counter()
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    if forks is None:
+        command = [sys.executable, "-m", __name__, function, json.dumps(kwargs)]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+        returncode, stdout, stderr = done.returncode, done.stdout, done.stderr
+    else:
+        returncode, stdout, stderr = forks.run(function, kwargs, env)
     elapsed = time.perf_counter() - started
-    answers = [line for line in done.stdout.splitlines() if line.startswith(ANSWER)]
-    if done.returncode or not answers:
-        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-        raise OptlabError(f"the fresh process for {function} failed (exit {done.returncode}): {last}")
+    answers = [line for line in stdout.splitlines() if line.startswith(ANSWER)]
+    if returncode or not answers:
+        last = (stderr.strip().splitlines() or ["no message"])[-1]
+        raise OptlabError(f"the fresh process for {function} failed (exit {returncode}): {last}")
     answer = json.loads(answers[-1][len(ANSWER):])
     return {**answer, "cache_files_before": before, "cache_files_after": cache.files(), "process_s": elapsed}
 
@@ -94,5 +164,45 @@ def main(argv: list[str]) -> None:
     print(ANSWER + json.dumps(answer), flush=True)
 
 
+def serve(module: str) -> None:
+    """The fork server's side: import ``module``, then fork a child for each request read from standard input and
+    answer each with the child's exit status."""
+    importlib.import_module(module)
+    fixed = [name for name in IMPORT_FIXED if name in sys.modules]
+    if fixed:
+        raise OptlabError(f"importing {module} imports {', '.join(fixed)}, which fixes its cache folders when "
+                          "imported: forked starts would share them; start each in a process of its own")
+    for line in sys.stdin:
+        request = json.loads(line)
+        child = os.fork()
+        if child == 0:
+            _forked(request)
+        _, status = os.waitpid(child, 0)
+        print(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}), flush=True)
+
+
+def _forked(request: dict[str, Any]) -> None:
+    """A forked child: its own output files and environment (its temporary folder read again), the call, the exit."""
+    code = 1
+    try:
+        for stream, path in ((1, request["stdout"]), (2, request["stderr"])):
+            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), stream)
+        sys.stdin = open(os.devnull)  # the parent's requests are the parent's
+        os.environ.clear()
+        os.environ.update(request["environment"])
+        tempfile.tempdir = None  # read TMPDIR again, as a new process would
+        main([request["function"], json.dumps(request["kwargs"])])
+        code = 0
+    except BaseException:  # noqa: BLE001  (whatever the call raised goes to its error output)
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if sys.argv[1] == "--serve":
+        serve(sys.argv[2])
+    else:
+        main(sys.argv[1:])
