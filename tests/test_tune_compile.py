@@ -125,3 +125,14 @@ def test_tune_compile_names_the_break_times_cold_and_warm_and_gives_the_break_ev
     text = result.report()
     assert f"compile_subjects.py:{item_line()}" in text and "torch._dynamo.mark_dynamic(inputs, 1)" in text
     assert "break-even" in text and gain.verdict in text
+
+
+def test_tune_compile_times_a_training_step_of_a_torchvision_model():
+    """The default step is training: forward, loss and backward through the compiled model, timed with gradients."""
+    from torchvision.ops import MLP
+
+    result = tune(lambda: MLP(12, [16, 4]), input_shape=(12,), num_classes=4, compile=True, profile="smoke",
+                  progress=False)
+    assert result.step == "training step" and result.breaks.count == 0, result.breaks.table
+    assert result.cold.cache_misses > 0 and result.warm.cache_hits > 0 and result.cold.compile_s > 0
+    assert set(result.timings.seconds) == {"eager", "compiled"} and result.speed_up().ratio > 0

@@ -212,14 +212,14 @@ class Timings:
 
 
 def time_variants(variants: dict[str, Callable[[], Any]], rounds: int = 10, calls: int = 20,
-                  device: torch.device | str = "cpu") -> Timings:
-    """Each variant (a function of no arguments: one forward) called once, timed apart (its first call is where it
-    compiles), then ``calls`` calls per visit, the variants visited in mirrored rounds; on a GPU the clock is read
-    after a synchronize."""
+                  device: torch.device | str = "cpu", grad: bool = False) -> Timings:
+    """Each variant (a function of no arguments: one forward, or with ``grad`` one that runs its own backward) called
+    once, timed apart (its first call is where it compiles), then ``calls`` calls per visit, the variants visited in
+    mirrored rounds; on a GPU the clock is read after a synchronize."""
     check_count("rounds", rounds, 2, MAX_ROUNDS, "an interval needs two rounds; more only narrow it")
     check_count("calls", calls, 1, MAX_CALLS, "calls timed per visit")
     timings, labels = Timings(), list(variants)
-    with dynamo_log.quiet(), torch.no_grad():
+    with dynamo_log.quiet(), torch.set_grad_enabled(grad):
         for label, call in variants.items():
             start = time.perf_counter()
             call()

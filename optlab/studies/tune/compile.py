@@ -290,7 +290,7 @@ def _compile_and_time(model_fn: ModelFn, info: DeviceInfo, seed: int, inference:
                     print(f"compiling ({which} caches) ...", flush=True)
                 firsts.append((_first_step(make_step(compiled), info.device), before, inductor_counters()))
         timings = time_variants({"eager": make_step(eager), "compiled": make_step(compiled)}, rounds=ROUNDS,
-                                calls=calls, device=info.device)
+                                calls=calls, device=info.device, grad=not inference)
         torch._dynamo.reset()
     median = float(np.median(timings.seconds["compiled"]))
     cold, warm = (FirstStep(seconds, seconds - median, _delta(after, before, "hits"), _delta(after, before, "misses"))
