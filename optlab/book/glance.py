@@ -1,9 +1,10 @@
 """The summary page at a glance: a compact matrix of technique by model (each speed-up coloured by its verdict, the
-seed's V100 figure beside), and the serving and memory results the chapters keep as tables.
+seed's V100 figure beside), and the serving, memory and first-step results the chapters keep as tables.
 
-Serving and memory chapters keep their tables under ``results/live/pages/`` (``chapter.downloads``); their formats
-change as those chapters grow, so each is read by the columns it has: the labels (text columns) and the figures whose
-names say what they are (tokens/s, TTFT, TPOT, ITL, peak, saved). A table that is not there reads "not run".
+Serving, memory and first-step chapters keep their tables under ``results/live/pages/`` (``chapter.downloads``); their
+formats change as those chapters grow, so each is read by the columns it has: the labels (text columns) and the
+figures whose names say what they are (tokens/s, TTFT, TPOT, ITL, peak, saved, compile seconds, graphs). A table that
+is not there reads "not run".
 """
 from __future__ import annotations
 
@@ -32,8 +33,14 @@ SERVING_TABLES = (
     ("serving throughput", "serving-throughput", "chapter 33"),
 )
 MEMORY_TABLES = (("memory fixes", "memory-fixes", "chapter 29"),)
-FIGURE_COLUMNS = re.compile(r"tokens?/s|tok/s|_per_s|ttft|tpot|itl|latency|\bp\d+ ms|speed-?up|peak|saved|verdict|goodput",
-                            re.IGNORECASE)
+FIRST_STEP_TABLES = (
+    ("compile starts: each first step against the whole model's cold one", "compile-start-verdicts", "chapter 34"),
+    ("compile starts: compile seconds, steady speed-up and break-even", "compile-start-table", "chapter 34"),
+    ("graph breaks: a forward with and without them", "graph-breaks-forward-timings", "chapter 35"),
+    ("shapes that change: graphs, padding and tokens/s", "shape-strategies", "chapter 36"),
+)
+FIGURE_COLUMNS = re.compile(r"tokens?/s|tok/s|_per_s|ttft|tpot|itl|latency|\bp\d+ ms|speed-?up|peak|saved|verdict|goodput"
+                            r"|times shorter|compile s|break-even steps|graphs|wasted", re.IGNORECASE)
 SETTING_COLUMNS = re.compile(r"^(rate|batch)\b", re.IGNORECASE)  # numbers that label a row (a request rate, a batch)
 NOT_RUN = "not run"
 
@@ -128,3 +135,8 @@ def serving() -> dict[str, pd.DataFrame | str]:
 def memory() -> dict[str, pd.DataFrame | str]:
     """The memory chapter's fixes: what each does to the peak, and what it costs."""
     return section(MEMORY_TABLES)
+
+
+def first_step() -> dict[str, pd.DataFrame | str]:
+    """The first step's chapters: compile starts cold and warm, graph breaks, shapes that change."""
+    return section(FIRST_STEP_TABLES)
