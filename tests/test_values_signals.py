@@ -2,6 +2,7 @@
 process forked inside a run (it counts as inside, so its own loaders still get the worker hook)."""
 import os
 import signal
+import sys
 import time
 
 import pytest
@@ -53,3 +54,22 @@ def test_a_process_forked_inside_a_run_is_inside_the_run_and_one_forked_outside_
         assert _in_child(shutdown.active) == 0
         assert _in_child(lambda: not shutdown.received()) == 0  # the run's record stays the run's
     assert not shutdown.active() and _in_child(shutdown.active) == 1
+
+
+def test_a_child_s_exit_already_pending_when_the_run_ends_raises_no_error(monkeypatch):
+    """A loader worker's exit (SIGCHLD, with torch's handler installed) arrives in the same instant as the ending
+    signal: Python runs the SIGTERM handler first, which stops watching the children; the pending SIGCHLD must still
+    find a handler (Python raises "Signal 17 ignored due to race condition" where it finds none)."""
+    seen, errors = [], []
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: errors.append(unraisable.exc_value))
+    previous = signal.signal(signal.SIGCHLD, lambda signum, frame: seen.append(signum))  # as torch's loader does
+    try:
+        with signals_interrupt() as received, shutdown.held(then_raise=False):
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGCHLD})
+            os.kill(os.getpid(), signal.SIGCHLD)
+            os.kill(os.getpid(), signal.SIGTERM)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGCHLD})  # both handled now, in order
+            time.sleep(0.05)
+            assert received == [signal.SIGTERM] and seen == [] and errors == [], errors  # torch's no longer runs
+    finally:
+        signal.signal(signal.SIGCHLD, previous)

@@ -70,11 +70,18 @@ class _State:
     ignoring = False  # a child of a run, ignoring the ending signals
 
 
+def _children_may_end(signum: int, frame: object) -> None:
+    """SIGCHLD once the run is ending: children a group signal ended exit now, as expected, and nothing is raised
+    (torch's loader raises an error for a worker that a signal ended). A handler, not ``SIG_DFL``, so that a SIGCHLD
+    already pending when it is set still finds one: Python raises "Signal 17 ignored due to race condition" where it
+    finds none."""
+
+
 def _handler(signum: int, frame: object) -> None:
     if os.getpid() != _State.owner:  # a child forked before it could ignore the signal: the run cleans up
         return
-    if not _State.received:  # children a group signal ended are expected now: no error from their exit (torch's
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # loader raises one), to the process's end: a late one too
+    if not _State.received:  # from now to the process's end, children's exits are expected: a late one too
+        signal.signal(signal.SIGCHLD, _children_may_end)
     _State.received.append(signum)
     if not _State.holding:
         raise Interrupted(_State.received[0])
