@@ -20,6 +20,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Iterator
 
 ENDING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -29,9 +30,9 @@ def _process_age_s() -> float:
     """Seconds since this process started (the kernel's start time, so the interpreter's start and every import
     count); 0 where /proc cannot say."""
     try:
-        fields = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
         ticks = int(fields[19])  # field 22, starttime, counted from field 3 after the command name
-        uptime = float(open("/proc/uptime").read().split()[0])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
         return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError):
         return 0.0

@@ -16,6 +16,7 @@ variables, read after the fork (Inductor reads its folders when it is first used
 """
 from __future__ import annotations
 
+import contextlib
 import getpass
 import importlib
 import json
@@ -91,8 +92,10 @@ class ForkServer:
         self.folder = Path(tempfile.mkdtemp(prefix="optlab-forks-"))  # the children's output, outside their caches
         self.runs = 0
         env = {**os.environ, **(settings or {}), **CACHE_SWITCHES, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self.process = subprocess.Popen([sys.executable, "-m", __name__, "--serve", module], env=env, text=True,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.errors = self.folder / "server.err"  # a file, not a pipe: nothing the parent writes can fill it and stall
+        with self.errors.open("w") as errors:
+            self.process = subprocess.Popen([sys.executable, "-m", __name__, "--serve", module], env=env, text=True,
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors)
 
     def run(self, function: str, kwargs: dict[str, Any], environment: dict[str, str]) -> tuple[int, str, str]:
         """``function`` with ``kwargs`` in a forked child whose environment is ``environment``: its exit status, its
@@ -105,18 +108,17 @@ class ForkServer:
         self.process.stdin.flush()
         reply = self.process.stdout.readline()
         if not reply:
-            why = (self.process.stderr.read().strip().splitlines() or ["no message"])[-1]
+            why = (self.errors.read_text().strip().splitlines() or ["no message"])[-1]
             raise OptlabError(f"the fork server for {function} ended (exit {self.process.wait()}): {why}")
         return (json.loads(reply)["returncode"], out.read_text() if out.exists() else "",
                 err.read_text() if err.exists() else "")
 
     def close(self) -> None:
         """End the parent and remove the children's output."""
-        if self.process.poll() is None:
+        with contextlib.suppress(BrokenPipeError):  # a parent that has ended already
             self.process.stdin.close()
-            self.process.wait(timeout=TIMEOUT_S)
-        for stream in (self.process.stdout, self.process.stderr):
-            stream.close()
+        self.process.wait(timeout=TIMEOUT_S)
+        self.process.stdout.close()
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def __enter__(self) -> "ForkServer":
