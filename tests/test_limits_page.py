@@ -81,11 +81,12 @@ def test_serving_and_memory_tables_are_read_by_their_columns_and_missing_ones_sa
                   "p99 low": [8.0], "p99 high": [10.0], "pooled p99 ms": [9.2]}).to_csv(
         tmp_path / PAGE_RUNS / "serving-latency.csv", index=False)
     latency = glance.serving()["serving latency (chapter 33)"]  # the percentiles; their intervals stay in chapter 33
-    assert list(latency.columns) == ["rate", "scheduler", "metric", "p50 ms", "pooled p50 ms", "p99 ms", "pooled p99 ms"]
+    assert list(latency.columns) == ["rate", "scheduler", "metric", "p50 ms", "pooled p50 ms", "p99 ms",
+                                     "pooled p99 ms"]
     assert all(table.startswith("not run: chapter 3") for table in glance.first_step().values())
     pd.DataFrame({"start": ["whole, warm caches"], "against": ["whole, cold caches"], "first step s": [2.5],
-                  "against s": [20.5], "times shorter": [8.2], "low": [5.9], "high": [11.7], "verdict": ["faster"]}).to_csv(
-        tmp_path / PAGE_RUNS / "compile-start-verdicts.csv", index=False)
+                  "against s": [20.5], "times shorter": [8.2], "low": [5.9], "high": [11.7],
+                  "verdict": ["faster"]}).to_csv(tmp_path / PAGE_RUNS / "compile-start-verdicts.csv", index=False)
     starts = next(iter(glance.first_step().values()))
     assert list(starts.columns) == ["start", "against", "times shorter", "verdict"]
 

@@ -39,8 +39,8 @@ FIRST_STEP_TABLES = (
     ("graph breaks: a forward with and without them", "graph-breaks-forward-timings", "chapter 35"),
     ("shapes that change: graphs, padding and tokens/s", "shape-strategies", "chapter 36"),
 )
-FIGURE_COLUMNS = re.compile(r"tokens?/s|tok/s|_per_s|ttft|tpot|itl|latency|\bp\d+ ms|speed-?up|peak|saved|verdict|goodput"
-                            r"|times shorter|compile s|break-even steps|graphs|wasted", re.IGNORECASE)
+FIGURE_COLUMNS = re.compile(r"tokens?/s|tok/s|_per_s|ttft|tpot|itl|latency|\bp\d+ ms|speed-?up|peak|saved|verdict"
+                            r"|goodput|times shorter|compile s|break-even steps|graphs|wasted", re.IGNORECASE)
 SETTING_COLUMNS = re.compile(r"^(rate|batch)\b", re.IGNORECASE)  # numbers that label a row (a request rate, a batch)
 NOT_RUN = "not run"
 

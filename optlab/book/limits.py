@@ -83,8 +83,8 @@ def limits_table(found: dict | None = None) -> pd.DataFrame:
 
 
 def published_ceilings() -> pd.DataFrame:
-    """Others' measured MAMF (:func:`optlab.studies.ceilings.published`) as the page shows them: each source a link, the shape and
-    the notes in the collapsed "all columns" block."""
+    """Others' measured MAMF (:func:`optlab.studies.ceilings.published`) as the page shows them: each source a link,
+    the shape and the notes in the collapsed "all columns" block."""
     table = linked_sources(ceilings.published())
     table.attrs.update(keys=["accelerator", "dtype"], details=["best_shape", "notes"])
     return table

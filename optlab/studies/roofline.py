@@ -211,9 +211,9 @@ LABEL_COLUMNS = ["label", "source", "workload", "model", "best"]  # what names a
 
 
 def for_page(table: pd.DataFrame) -> pd.DataFrame:
-    """A :func:`optlab.book.limits.limits_table` as a page shows it: the bound, its share and the fractions of the measured ceilings
-    first; the achieved rate, the datasheet's fractions and the counts behind them in the collapsed "all columns"
-    block (so that the table fits the article column)."""
+    """A :func:`optlab.book.limits.limits_table` as a page shows it: the bound, its share and the fractions of the
+    measured ceilings first; the achieved rate, the datasheet's fractions and the counts behind them in the collapsed
+    "all columns" block (so that the table fits the article column)."""
     shown = table.copy()
     names = [*shown.index.names, *shown.columns]
     shown.attrs.update(keys=[c for c in LABEL_COLUMNS if c in names], details=DETAIL_COLUMNS)

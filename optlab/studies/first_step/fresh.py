@@ -74,6 +74,11 @@ class CacheFolder:
 IMPORT_FIXED = ("torch._inductor.codecache",)  # modules that fix a cache folder when imported: a fork server must not
 
 
+def _import_path() -> str:
+    """This process's import path, for a child Python that must import the same optlab and the same tests."""
+    return os.pathsep.join(path for path in sys.path if path)
+
+
 def forks_possible() -> bool:
     """Whether starts may be forked here: Linux (fork is safe there), and no GPU (CUDA does not survive a fork)."""
     import torch
@@ -91,7 +96,7 @@ class ForkServer:
     def __init__(self, module: str, settings: "dict[str, str] | None" = None) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="optlab-forks-"))  # the children's output, outside their caches
         self.runs = 0
-        env = {**os.environ, **(settings or {}), **CACHE_SWITCHES, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        env = {**os.environ, **(settings or {}), **CACHE_SWITCHES, "PYTHONPATH": _import_path()}
         self.errors = self.folder / "server.err"  # a file, not a pipe: nothing the parent writes can fill it and stall
         with self.errors.open("w") as errors:
             self.process = subprocess.Popen([sys.executable, "-m", __name__, "--serve", module], env=env, text=True,
@@ -141,8 +146,7 @@ def run_fresh(function: str, kwargs: dict[str, Any], cache: CacheFolder, cold: b
     if cold and before:
         raise OptlabError(f"a cold start needs an empty cache folder; {cache.path} holds {before} files")
     cache.prepare()
-    env = {**os.environ, **(settings or {}), **cache.environment(),
-           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    env = {**os.environ, **(settings or {}), **cache.environment(), "PYTHONPATH": _import_path()}
     started = time.perf_counter()
     if forks is None:
         command = [sys.executable, "-m", __name__, function, json.dumps(kwargs)]
