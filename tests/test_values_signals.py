@@ -62,10 +62,11 @@ def test_a_child_s_exit_already_pending_when_the_run_ends_raises_no_error(monkey
     find a handler (Python raises "Signal 17 ignored due to race condition" where it finds none)."""
     seen, errors = [], []
     monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: errors.append(unraisable.exc_value))
+    # blocked first: another child of this process (the suite has several) must not reach the handler set below
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGCHLD})
     previous = signal.signal(signal.SIGCHLD, lambda signum, frame: seen.append(signum))  # as torch's loader does
     try:
         with signals_interrupt() as received, shutdown.held(then_raise=False):
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGCHLD})
             os.kill(os.getpid(), signal.SIGCHLD)
             os.kill(os.getpid(), signal.SIGTERM)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGCHLD})  # both handled now, in order
