@@ -8,12 +8,21 @@ IMPORTED_IN = tempfile.gettempdir()  # read at import, as a library may: a fork 
 
 
 def where() -> dict[str, object]:
-    """The folders Inductor, Triton and Inductor's precompiled headers would use in this process."""
-    from torch._inductor import codecache
+    """The folders Inductor, Triton and Inductor's precompiled headers would use in this process, and whether it knew
+    the CPU's vector instructions before it asked (a fork server's probe, inherited)."""
+    from torch._inductor import codecache, cpu_vec_isa
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
+    probed = cpu_vec_isa.valid_vec_isa_list.cache_info().currsize > 0
     return {"inductor": cache_dir(), "triton": os.environ.get("TRITON_CACHE_DIR", ""),
-            "headers": codecache._HEADER_DIR, "tmp": tempfile.gettempdir(), "pid": os.getpid()}
+            "headers": codecache._HEADER_DIR, "tmp": tempfile.gettempdir(), "pid": os.getpid(), "probed": probed}
+
+
+def write_into(path: str) -> dict[str, str]:
+    """A start that writes a file where it should not."""
+    with open(path, "w") as stray:
+        stray.write("written by a start")
+    return {"wrote": path}
 
 
 def fail() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -42,6 +43,34 @@ def test_a_fork_server_refuses_a_module_that_fixes_its_cache_folders_on_import()
     with fresh.ForkServer("torch._inductor.codecache") as server, \
             pytest.raises(OptlabError, match="fork server .* ended .*fixes its cache folders when imported"):
         server.run("tests.fresh_probe:where", {}, dict(os.environ))
+
+
+def test_a_probing_fork_server_s_children_know_the_cpu_and_share_its_headers_and_leave_its_folder_alone(tmp_path):
+    """The parent probes the CPU's vector instructions once, in its own folder: each child starts knowing them (it
+    builds no probe of its own), puts its caches in its own folder and its headers in the shared one; a child that
+    writes into the parent's folder is seen."""
+    if not fresh.forks_possible():
+        pytest.skip("starts are forked on Linux without a GPU only")
+    headers = tmp_path / "headers"
+    with fresh.ForkServer("tests.fresh_probe", machine=fresh.CacheFolder(tmp_path / "machine", headers)) as server:
+        assert server.probe_s > 0 and server.ready()["machine_files"] > 0
+        cache = fresh.CacheFolder(tmp_path / "start", headers)
+        seen = fresh.run_fresh("tests.fresh_probe:where", {}, cache, cold=True, forks=server)
+        assert seen["probed"] and seen["inductor"].startswith(str(cache.path)), seen
+        assert Path(seen["headers"]).resolve() == headers.resolve() and seen["cache_files_after"] == 0
+        assert server.machine_untouched()
+        fresh.run_fresh("tests.fresh_probe:write_into", {"path": str(tmp_path / "machine" / "stray")},
+                        fresh.CacheFolder(tmp_path / "stray"), cold=True, forks=server)
+        assert not server.machine_untouched()
+    with fresh.ForkServer("tests.fresh_probe") as server:  # no machine folder: nothing probed, none known
+        assert server.probe_s is None
+        assert not fresh.run_fresh("tests.fresh_probe:where", {}, fresh.CacheFolder(tmp_path / "plain"), cold=True,
+                                   forks=server)["probed"]
+
+
+def test_a_fork_server_s_machine_folder_must_name_the_shared_headers(tmp_path):
+    with pytest.raises(OptlabError, match="machine folder .* names no shared headers folder"):
+        fresh.ForkServer("tests.fresh_probe", machine=fresh.CacheFolder(tmp_path / "machine"))
 
 
 def test_shared_headers_are_linked_in_and_not_counted_as_the_folders_files(tmp_path):
@@ -167,6 +196,28 @@ def test_rounds_side_by_side_keep_each_round_s_starts_in_order_and_apart(monkeyp
         assert saved == loaded == {str(tmp_path / f"round{round_}-artifacts.bin")}
     with pytest.raises(OptlabError, match=r"rounds_at_once 3 .* at most 2 \(rounds side by side"):
         compile_time.run_starts("gpt", rounds=3, root=tmp_path, rounds_at_once=3)
+
+
+def test_starts_that_wrote_into_a_fork_server_s_machine_folder_are_refused(monkeypatch, tmp_path):
+    """A fork server's folder changed after its probe: the starts shared a cache, so the rows are not given back."""
+    class Touched:
+        probe_s, machine = 2.0, fresh.CacheFolder(tmp_path / "machine")
+
+        def __init__(self, module, settings=None, machine=None):
+            self.machine = machine
+
+        def machine_untouched(self):
+            return False
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(fresh, "ForkServer", Touched)
+    monkeypatch.setattr(fresh, "forks_possible", lambda: True)
+    monkeypatch.setattr(fresh, "run_fresh", lambda function, *args, **kwargs: {"headers_s": 1.0, "first_step_s": 1.0,
+                                                                               "step_times_s": [0.1]})
+    with pytest.raises(OptlabError, match=r"wrote into the fork server's machine folder .*machine0.* none was cold"):
+        compile_time.run_starts("gpt", rounds=2, root=tmp_path)
 
 
 def test_dynamo_s_messages_name_files_relative_to_the_working_folder(tmp_path, monkeypatch):

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ...core.errors import choice_error
+from ...core.errors import OptlabError, choice_error
 from ...core.knobs.limits import check_count
 from ...core.results import store
 from ...core.measuring.timing import CONFIDENCE, INTERVAL, interval_text, speed_up, t_quantile, too_wide
@@ -49,13 +49,15 @@ def run_starts(model: str, rounds: int = 3, size: str = "small", steps: int = 10
                rounds_at_once: int = 1) -> pd.DataFrame:
     """Every start of ``STARTS`` in each of ``rounds`` rounds of ``model``'s ``phase`` (``starts.PHASES``): one row
     per process, with its first-step seconds, median steady step, graphs compiled, cache hits and misses and its
-    cache folder's files before and after. ``root`` holds the rounds' cache folders (a new temporary folder if not given). Inductor's precompiled
-    headers are built first, once, by a process of their own (``headers_s``), and shared by every start.
+    cache folder's files before and after. ``root`` holds the rounds' cache folders (a new temporary folder if not
+    given). Inductor's precompiled headers are built first, once, by a process of their own (``headers_s``), and
+    shared by every start.
     ``compile_threads``: Inductor's compile workers in every start (torch's default, one a core up to 32, if None).
     ``rounds_at_once``: rounds run side by side, each in its own sequence of processes (at most one a core): a round's
     five starts still run one after another, so every comparison is between starts of one round, which share
     whatever the other rounds were doing. Where ``fresh.forks_possible``, each sequence forks its processes from a
-    ``fresh.ForkServer`` (column ``forked``)."""
+    ``fresh.ForkServer`` (column ``forked``), which probes the CPU's vector instructions once for its children
+    (``probe_s``); a start in a process of its own probes inside its first step where it compiles from cold."""
     if model not in MODELS:
         raise choice_error("model", model, MODELS)
     check_count("rounds", rounds, 2, MAX_ROUNDS, "each round compiles the model from cold twice")
@@ -68,8 +70,8 @@ def run_starts(model: str, rounds: int = 3, size: str = "small", steps: int = 10
     settings = {} if compile_threads is None else {"TORCHINDUCTOR_COMPILE_THREADS": str(compile_threads)}
     headers = root / "precompiled-headers"  # the machine's, built once: see ``fresh``
     lanes: queue.SimpleQueue = queue.SimpleQueue()  # each side-by-side sequence of rounds and its fork server
-    servers = [fresh.ForkServer(START_MODULE, settings) for _ in range(rounds_at_once)] if fresh.forks_possible() \
-        else [None] * rounds_at_once
+    servers = [fresh.ForkServer(START_MODULE, settings, fresh.CacheFolder(root / f"machine{lane}", headers))
+               for lane in range(rounds_at_once)] if fresh.forks_possible() else [None] * rounds_at_once
     for server in servers:
         lanes.put(server)
 
@@ -83,7 +85,7 @@ def run_starts(model: str, rounds: int = 3, size: str = "small", steps: int = 10
             answer = fresh.run_fresh(f"{START_MODULE}:start", kwargs, cache, cold, settings, forks=server)
             rows.append({"round": round_, "start": label, "cache_folder": str(cache.path),
                          "step_s": float(np.median(answer["step_times_s"])), "headers_s": built["headers_s"],
-                         "forked": server is not None, **answer})
+                         "probe_s": server.probe_s if server else math.nan, "forked": server is not None, **answer})
         lanes.put(server)
         return rows
 
@@ -92,6 +94,10 @@ def run_starts(model: str, rounds: int = 3, size: str = "small", steps: int = 10
                                 cold=True, settings=settings, forks=servers[0])
         with ThreadPoolExecutor(max_workers=rounds_at_once) as pool:
             rows = [row for round_rows in pool.map(one_round, range(rounds)) for row in round_rows]
+        for server in filter(None, servers):
+            if not server.machine_untouched():
+                raise OptlabError(f"a start wrote into the fork server's machine folder {server.machine.path}: the "
+                                  "starts shared a cache, so none was cold")
     finally:
         for server in filter(None, servers):
             server.close()

@@ -13,6 +13,10 @@ Where many starts run on a small CPU, a :class:`ForkServer` saves each one the i
 a process there): one parent imports what every start imports before its timer starts, and nothing else, then forks a
 child per start. The child is a new process, with nothing compiled in memory; its caches are named by its own
 variables, read after the fork (Inductor reads its folders when it is first used, and the parent never uses it).
+Given a folder of its own for it, the parent also runs Inductor's probe of the CPU's vector instructions once
+(:func:`probe_machine`: seconds of C++ builds a process on a small CPU, which depend on the machine, not on any model),
+so that no child pays it; it then imports Inductor's cache module, which fixes the precompiled headers' folder: the
+parent's is the shared one, as every child's is.
 """
 from __future__ import annotations
 
@@ -72,6 +76,7 @@ class CacheFolder:
 
 
 IMPORT_FIXED = ("torch._inductor.codecache",)  # modules that fix a cache folder when imported: a fork server must not
+# (unless it probes the machine in a folder whose headers are the children's: then the folder it fixes is theirs)
 
 
 def _import_path() -> str:
@@ -86,36 +91,77 @@ def forks_possible() -> bool:
     return sys.platform == "linux" and not torch.cuda.is_available()
 
 
+def probe_machine() -> float:
+    """Run Inductor's probe of the vector instructions the CPU and its compiler support (it builds and loads a small C++
+    library for each one it knows, in the cache folder); the seconds it took. Inductor runs it once a process, the
+    first time it compiles for a CPU, and keeps the answer in memory: a process forked after it does not run it."""
+    from torch._inductor import cpu_vec_isa
+
+    started = time.perf_counter()
+    cpu_vec_isa.pick_vec_isa()
+    return time.perf_counter() - started
+
+
 class ForkServer:
     """A parent process that imports ``module`` (what every start of it imports before its timer starts) and nothing
     else, then forks one child per :meth:`run`: a new process, with nothing compiled in memory, that skips the
     interpreter's start. ``settings`` are the variables every child shares, set in the parent before its imports
-    (Inductor reads its switches when it is imported); each child's own cache folders are set after the fork. One
-    start at a time; close it (or use it as a context manager) to end the parent."""
+    (Inductor reads its switches when it is imported); each child's own cache folders are set after the fork.
+    ``machine``: a folder of the parent's own, whose ``headers`` are the children's, where it runs
+    :func:`probe_machine` before its first fork (:attr:`probe_s`); no child may write there
+    (:meth:`machine_untouched`). One start at a time; close it (or use it as a context manager) to end the parent."""
 
-    def __init__(self, module: str, settings: "dict[str, str] | None" = None) -> None:
+    def __init__(self, module: str, settings: "dict[str, str] | None" = None,
+                 machine: "CacheFolder | None" = None) -> None:
+        if machine is not None and machine.headers is None:
+            raise OptlabError(f"the fork server's machine folder {machine.path} names no shared headers folder: the "
+                              "parent's imports would fix its own as every child's")
         self.folder = Path(tempfile.mkdtemp(prefix="optlab-forks-"))  # the children's output, outside their caches
-        self.runs = 0
+        self.runs, self.machine, self._ready = 0, machine, None
         env = {**os.environ, **(settings or {}), **CACHE_SWITCHES, "PYTHONPATH": _import_path()}
+        if machine is not None:
+            machine.prepare()
+            env.update(machine.environment())
+        config = {"module": module, "headers": str(machine.headers) if machine else None}
         self.errors = self.folder / "server.err"  # a file, not a pipe: nothing the parent writes can fill it and stall
         with self.errors.open("w") as errors:
-            self.process = subprocess.Popen([sys.executable, "-m", __name__, "--serve", module], env=env, text=True,
-                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors)
+            self.process = subprocess.Popen([sys.executable, "-m", __name__, "--serve", json.dumps(config)], env=env,
+                                            text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors)
+
+    def _reply(self, waiting_for: str) -> dict[str, Any]:
+        reply = self.process.stdout.readline()
+        if not reply:
+            why = (self.errors.read_text().strip().splitlines() or ["no message"])[-1]
+            raise OptlabError(f"the fork server for {waiting_for} ended (exit {self.process.wait()}): {why}")
+        return json.loads(reply)
+
+    def ready(self) -> dict[str, Any]:
+        """Wait for the parent's imports (and probe): its first answer, with ``probe_s`` (None where it probed
+        nothing) and ``machine_files`` (the files its machine folder held then)."""
+        if self._ready is None:
+            self._ready = self._reply("its imports")
+        return self._ready
+
+    @property
+    def probe_s(self) -> "float | None":
+        """The seconds the parent's :func:`probe_machine` took (None without a machine folder)."""
+        return self.ready()["probe_s"]
+
+    def machine_untouched(self) -> bool:
+        """Whether the machine folder holds the files it held after the probe: no child wrote there."""
+        return self.machine is None or self.machine.files() == self.ready()["machine_files"]
 
     def run(self, function: str, kwargs: dict[str, Any], environment: dict[str, str]) -> tuple[int, str, str]:
         """``function`` with ``kwargs`` in a forked child whose environment is ``environment``: its exit status, its
         output and its error output."""
+        self.ready()
         self.runs += 1
         out, err = self.folder / f"{self.runs}.out", self.folder / f"{self.runs}.err"
         request = {"function": function, "kwargs": kwargs, "environment": environment, "stdout": str(out),
                    "stderr": str(err)}
         self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
-        reply = self.process.stdout.readline()
-        if not reply:
-            why = (self.errors.read_text().strip().splitlines() or ["no message"])[-1]
-            raise OptlabError(f"the fork server for {function} ended (exit {self.process.wait()}): {why}")
-        return (json.loads(reply)["returncode"], out.read_text() if out.exists() else "",
+        return (self._reply(function)["returncode"], out.read_text() if out.exists() else "",
                 err.read_text() if err.exists() else "")
 
     def close(self) -> None:
@@ -170,14 +216,26 @@ def main(argv: list[str]) -> None:
     print(ANSWER + json.dumps(answer), flush=True)
 
 
-def serve(module: str) -> None:
-    """The fork server's side: import ``module``, then fork a child for each request read from standard input and
-    answer each with the child's exit status."""
-    importlib.import_module(module)
-    fixed = [name for name in IMPORT_FIXED if name in sys.modules]
-    if fixed:
-        raise OptlabError(f"importing {module} imports {', '.join(fixed)}, which fixes its cache folders when "
-                          "imported: forked starts would share them; start each in a process of its own")
+def serve(config: dict[str, Any]) -> None:
+    """The fork server's side: import ``config["module"]``, probe the machine where ``config["headers"]`` names the
+    children's headers folder, answer that it is ready, then fork a child for each request read from standard input
+    and answer each with the child's exit status."""
+    importlib.import_module(config["module"])
+    probe_s = None
+    if config["headers"] is not None:
+        probe_s = probe_machine()
+        from torch._inductor import codecache
+
+        if Path(codecache._HEADER_DIR).resolve() != Path(config["headers"]).resolve():
+            raise OptlabError(f"Inductor's precompiled headers would go to {codecache._HEADER_DIR}, not to the "
+                              f"children's {config['headers']}")
+    else:
+        fixed = [name for name in IMPORT_FIXED if name in sys.modules]
+        if fixed:
+            raise OptlabError(f"importing {config['module']} imports {', '.join(fixed)}, which fixes its cache folders "
+                              "when imported: forked starts would share them; start each in a process of its own")
+    machine_files = CacheFolder(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])).files() if probe_s is not None else 0
+    print(json.dumps({"probe_s": probe_s, "machine_files": machine_files}), flush=True)
     for line in sys.stdin:
         request = json.loads(line)
         child = os.fork()
@@ -209,6 +267,6 @@ def _forked(request: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "--serve":
-        serve(sys.argv[2])
+        serve(json.loads(sys.argv[2]))
     else:
         main(sys.argv[1:])
