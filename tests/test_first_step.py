@@ -9,8 +9,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from optlab.core.errors import OptlabError
+from optlab.core.gpt.transformer import GPT, GPTConfig
 from optlab.studies.first_step import compile_time, dynamo_log, fresh, recompiles, shapes
 
 
@@ -156,6 +158,30 @@ def test_a_stream_changes_shape_and_buckets_count_their_padding():
         shapes.Stream(batches=501)
     with pytest.raises(OptlabError, match="at most 50"):
         shapes.run_shapes(stream, passes=51)
+
+
+def test_the_cuda_graph_strategy_keeps_each_answer_though_each_replay_reuses_the_output_memory(monkeypatch):
+    """CUDA graphs replay a bucket's graph into the same output memory: each batch's answer is copied out before the
+    next step (else every kept answer is the last one of its bucket, or cudagraph trees raise on reading it), and
+    each call is marked as a new step. Emulated here on the CPU with a model that answers into one buffer a shape."""
+    steps = []
+
+    def replaying(model, dynamic=None, mode=None):
+        assert mode == "reduce-overhead" and dynamic is False
+        outputs = {}
+
+        def replay(x):
+            out = outputs.setdefault(tuple(x.shape), torch.empty(*x.shape, model.config.vocab_size))
+            return out.copy_(model(x))
+        return replay
+
+    monkeypatch.setattr(shapes.torch, "compile", replaying)
+    monkeypatch.setattr(shapes.torch.compiler, "cudagraph_mark_step_begin", lambda: steps.append(1))
+    stream = shapes.Stream(batches=6, max_batch=3, buckets=(8, 16))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=stream.vocab_size, block_size=16, n_layer=1, n_head=1, n_embd=8)).eval()
+    row = shapes.stream_run(model, shapes.GRAPHS, stream, passes=2)
+    assert row["max_logit_diff"] < 1e-5 and len(steps) == 3 * stream.batches, (row["max_logit_diff"], len(steps))
 
 
 def test_the_shape_table_reads_compile_seconds_waste_and_rate_from_the_runs():
