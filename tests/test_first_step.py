@@ -262,3 +262,15 @@ def test_the_recompile_stance_s_error_names_no_absolute_path():
     error = recompiles.recompile_error(lambda x: x * 2, torch.ones(3), torch.ones(5))
     assert error.startswith("RuntimeError") and "recompile" in error, error
     assert __file__ not in error and os.path.relpath(__file__) in error, error
+
+
+def test_the_chapters_check_a_gpu_s_path_small_in_the_smoke_profile_and_measure_it_at_gpt_2_small_otherwise(monkeypatch):
+    """gpu-check runs chapters 34 and 36 in the smoke profile on a GPU: a small GPT, two rounds, no ResNet18; a
+    reader's GPU (any other profile) gets GPT-2 small's sizes; a CPU never runs more rounds side by side than cores."""
+    smoke, real = compile_time.chapter_plan(True, "smoke"), compile_time.chapter_plan(True, "quick")
+    assert (smoke.size, smoke.rounds, smoke.cnn) == ("small", 2, False) and (real.size, real.cnn) == ("real", True)
+    monkeypatch.setattr(compile_time.os, "cpu_count", lambda: 1)
+    cpu = compile_time.chapter_plan(False, "smoke")
+    assert (cpu.size, cpu.phase, cpu.at_once) == ("small", "forward", 1) and "GPT only" in cpu.describe()
+    assert shapes.chapter_stream(True, "smoke")[0].n_embd < shapes.chapter_stream(True, "full")[0].n_embd == 768
+    assert shapes.chapter_stream(False, "full") == (shapes.CPU_STREAM, 5)

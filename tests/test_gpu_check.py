@@ -87,7 +87,8 @@ def test_gpu_check_lists_every_cuda_test_and_the_chapters_cuda_checks():
         f"chapter notebooks/{name}.ipynb" for name in ("11_cuda_graphs", "14_data_pipeline", "15_profiling",
                                                        "22_attention", "23_checkpointing", "24_gpt_precision",
                                                        "29_memory", "30_kv_cache", "31_quantization",
-                                                       "32_speculative_decoding", "33_serving", "37_your_model")]
+                                                       "32_speculative_decoding", "33_serving", "34_compile_time",
+                                                       "35_graph_breaks", "36_changing_shapes", "37_your_model")]
 
 
 def test_gpu_check_runs_a_chapters_cells_with_its_magics_made_pass():
@@ -119,9 +120,13 @@ def test_parts_prints_each_part_with_its_seconds_on_an_h200_and_on_a_cpu():
         assert f"{number} {part.name:<13} {part.h200_s:>7.0f} {part.cpu_s:>6.0f}  {part.what}" in printed.stdout
 
 
+PARTS = len(check_parts.CHECK_PARTS)
+
+
 @pytest.mark.parametrize("arguments, message", [
-    (["--part", "8"], "gpu-check: error: --part '8' is not a part of gpu-check; allowed: 1-7 or tests, serving"),
-    (["--part", "kv"], "gpu-check: error: --part 'kv' is not a part of gpu-check; allowed: 1-7"),
+    (["--part", str(PARTS + 1)], f"gpu-check: error: --part '{PARTS + 1}' is not a part of gpu-check; allowed: 1-{PARTS} "
+     "or tests, serving"),
+    (["--part", "kv"], f"gpu-check: error: --part 'kv' is not a part of gpu-check; allowed: 1-{PARTS}"),
     (["--deadline", "0"], "gpu-check: error: --deadline must be from 1 to 3600 seconds, got 0"),
     (["--archive", "x.tar.gz"], "gpu-check: error: --archive packs the --out folder: give --out too"),
 ])

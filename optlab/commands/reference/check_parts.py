@@ -53,6 +53,10 @@ CHECK_PARTS = (
     CheckPart("cnn", "chapters 11, 14, 15: CUDA graphs, the data pipeline, the profiler", 90, 150,
               chapters=("11_cuda_graphs", "14_data_pipeline", "15_profiling")),
     CheckPart("your-model", "chapter 37: tuning your own model", 90, 100, chapters=("37_your_model",)),
+    CheckPart("compile-starts", "chapter 34: compile starts in fresh processes (Triton's caches, portable artifacts)",
+              180, 110, chapters=("34_compile_time",)),
+    CheckPart("shapes", "chapters 35-36: graph breaks at GPT-2 small's width, CUDA graphs per bucket", 150, 60,
+              chapters=("35_graph_breaks", "36_changing_shapes")),
 )
 
 

@@ -60,6 +60,8 @@ PLAN = (  # by value: what the book lacks most, and what would crash a longer ru
     check_step("cnn"),
     check_step("your-model"),
     reference_step("serving", 230, "serving GPT-2 small: the tables"),
+    check_step("compile-starts"),
+    check_step("shapes"),
     reference_step("all", 530, "whatever is left; run again, each run adds what is missing"),
 )
 

@@ -21,6 +21,7 @@ import os
 import queue
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,34 @@ STARTS = {EAGER: ("eager", "eager", True), COLD: ("whole", "whole", True), WARM:
 MAX_ROUNDS, MAX_STEPS = 20, 1000  # every round starts five processes, two of which compile from cold
 START_MODULE = "optlab.studies.first_step.starts"  # what each start runs, and what its fork server imports
 CLAIMS = ((WARM, COLD), (PORTABLE, COLD), (REGIONAL, COLD))  # (faster start?, than this one): first-step times
+
+
+@dataclass(frozen=True)
+class StartPlan:
+    """What chapter 34 runs on a machine: the models' ``size`` and ``phase`` (``starts.build``, ``starts.PHASES``),
+    the ``rounds``, how many run side by side, and whether ResNet18's starts run too."""
+
+    size: str
+    rounds: int
+    phase: str
+    at_once: int
+    cnn: bool
+
+    def describe(self) -> str:
+        """One line: rounds, starts, steps and sizes."""
+        return (f"{self.rounds} rounds ({self.at_once} at once) of {len(STARTS)} fresh processes, {self.phase} steps, "
+                f"{self.size} sizes (starts.build){'' if self.cnn else ', the GPT only'}")
+
+
+def chapter_plan(cuda: bool, profile: str) -> StartPlan:
+    """A GPU: GPT-2 small's training step and ResNet18's, five rounds one at a time; in the ``smoke`` profile (a
+    check of the GPU's code path, not a measurement) the CPU's small GPT, two rounds. A CPU: a 4-block 16-wide GPT's
+    forward pass (half the kernels to build), four rounds, two side by side (a round's starts still run one after
+    another)."""
+    if cuda:
+        return StartPlan("small", 2, "train", 1, cnn=False) if profile == "smoke" else StartPlan("real", 5, "train", 1,
+                                                                                                 cnn=True)
+    return StartPlan("small", 4, "forward", min(2, os.cpu_count() or 1), cnn=False)
 
 
 def run_starts(model: str, rounds: int = 3, size: str = "small", steps: int = 10, phase: str = "train",

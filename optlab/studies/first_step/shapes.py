@@ -80,6 +80,18 @@ GPU_STREAM = Stream(batches=64, max_batch=8, min_len=64, buckets=(128, 256, 512,
                     n_head=12, vocab_size=50304)
 
 
+SMOKE_GPU_STREAM = Stream(batches=24, max_batch=4, min_len=16, buckets=(32, 64, 128), n_layer=2, n_embd=128, n_head=2,
+                          vocab_size=512)
+
+
+def chapter_stream(cuda: bool, profile: str) -> tuple[Stream, int]:
+    """Chapter 36's stream and timed passes: GPT-2 small's on a GPU (a small GPT's in the ``smoke`` profile, a check
+    of the GPU's code path: CUDA graphs per bucket included), the CPU's small one on a CPU."""
+    if cuda:
+        return (SMOKE_GPU_STREAM, 5) if profile == "smoke" else (GPU_STREAM, 10)
+    return CPU_STREAM, 5
+
+
 def stream_run(model: GPT, strategy: str, setup: Stream, passes: int = 5) -> dict[str, Any]:
     """Run the stream through ``model`` once (where the compiles happen) and then ``passes`` more, timed, from empty
     compile caches; the graphs compiled, the cache hits and misses, the tokens and padded tokens, and the largest
