@@ -206,3 +206,20 @@ def test_a_speed_up_is_read_at_its_slot_shifts_and_its_level():
     plain = timing.speed_up(baseline, np.ones(7))
     assert plain.ratio == pytest.approx(float(np.exp(logs.mean())))
     assert timing.speed_up(baseline, np.ones(7), shifts).ratio != pytest.approx(plain.ratio, rel=1e-3)
+
+
+@pytest.mark.parametrize("shifts", [None, [0, 1, 0, 1, 0, 1]], ids=["no shifts", "shifts"])
+def test_rounds_equal_up_to_a_float_s_rounding_read_as_rounds_exactly_equal(shifts):
+    """Every round 1.5x, computed as a/(a/1.5): the log ratios differ by a float's rounding only. That is no spread:
+    the answer is the exactly-equal rounds' (no interval, "can't tell yet", no autocorrelation), not a zero-width
+    "faster" with a dependence flag drawn from the rounding."""
+    times = [1.0, 1.1, 0.9, 1.2, 1.05, 0.95]
+    rounded = timing.speed_up(times, [t / 1.5 for t in times], slot_shifts=shifts)
+    exact = timing.speed_up([2.0] * 6, [2.0 / 1.5] * 6, slot_shifts=shifts)
+    for answer in (rounded, exact):
+        assert answer.ratio == pytest.approx(1.5) and math.isnan(answer.low) and math.isnan(answer.high)
+        assert (answer.verdict, answer.reason) == (timing.UNCLEAR, timing.ZERO_WIDTH)
+        assert answer.noise == answer.scale == 0.0 and math.isnan(answer.autocorrelation), answer
+    wobble = [1, -2, 0.5, 1.5, -1, 0]  # parts in 10,000, not along the shifts
+    real = timing.speed_up(times, [t / 1.5 * (1 + 1e-4 * w) for t, w in zip(times, wobble)], slot_shifts=shifts)
+    assert real.verdict == timing.FASTER and real.low < 1.5 < real.high  # a spread a clock can see is read

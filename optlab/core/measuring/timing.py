@@ -47,6 +47,7 @@ VERDICTS = (FASTER, SLOWER, SAME, UNCLEAR)
 CLEAR = (FASTER, SLOWER, SAME)  # the answers that end a run's repeats
 BAD_TIME = "failed: a time that is not a positive number"  # NaN, infinite, zero or negative: the comparison fails
 ZERO_WIDTH = "no spread between rounds: a zero-width interval says nothing"  # why such an interval is not read
+ROUNDING = 1e-12  # a spread of log ratios below this is a float's rounding, not timing: no clock resolves 1 part in 1e12
 EARLY_STOP_BIAS = ("an estimate read where a run stopped early leans toward the answer it stopped on: in simulation, "
                    "a true 1.05 called faster reads about 1 %, 3.5 % and 6 % high at 5, 8 and 12 % round noise when "
                    "12 rounds fit the budget, and about 0.2 %, 1 % and 2.7 % when 48 do; a speed-up to copy comes "
@@ -289,7 +290,8 @@ def at_shift_zero(logs: np.ndarray, shifts: "np.ndarray | None") -> tuple[np.nda
 def round_autocorrelation(log_ratios: np.ndarray, slot_shifts: "np.ndarray | list | None" = None) -> np.ndarray:
     """The lag-1 autocorrelation of a comparison's rounds in the order they ran, along the last axis: of the log
     ratios at a shift of 0, winsorized as the interval's scale is (a round hit by other work counts no more than the
-    rounds kept). Near 0 (a little below) for independent rounds; NaN below 3 rounds or with no spread."""
+    rounds kept). Near 0 (a little below) for independent rounds; NaN below 3 rounds or with no spread (none beyond
+    ``ROUNDING``)."""
     logs = np.asarray(log_ratios, dtype=float)
     n = logs.shape[-1]
     if n < 3:
@@ -301,7 +303,8 @@ def round_autocorrelation(log_ratios: np.ndarray, slot_shifts: "np.ndarray | lis
     deviations = kept - kept.mean(axis=-1, keepdims=True)
     squares = (deviations ** 2).sum(axis=-1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(squares > 0, (deviations[..., 1:] * deviations[..., :-1]).sum(axis=-1) / squares, np.nan)
+        return np.where(squares > n * ROUNDING ** 2, (deviations[..., 1:] * deviations[..., :-1]).sum(axis=-1) / squares,
+                        np.nan)
 
 
 def dependent_rounds(autocorrelation: float, rounds: int) -> bool:
@@ -359,9 +362,9 @@ def log_ratio_fit(log_ratios: np.ndarray, slot_shifts: "np.ndarray | list | None
 def fit_interval(centre: np.ndarray, standard_error: np.ndarray, df: float, confidence: float = CONFIDENCE
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The speed-up and the low and high ends of its ``confidence`` interval from :func:`log_ratio_fit`'s centre,
-    standard error and degrees of freedom. A zero standard error gives NaN ends; an interval too wide for a float
-    ends at 0 and infinity."""
-    half_width = t_quantile((1 + confidence) / 2, df) * np.where(standard_error > 0, standard_error, np.nan)
+    standard error and degrees of freedom. A zero standard error (none beyond ``ROUNDING``: rounds equal up to a float's
+    rounding) gives NaN ends; an interval too wide for a float ends at 0 and infinity."""
+    half_width = t_quantile((1 + confidence) / 2, df) * np.where(standard_error > ROUNDING, standard_error, np.nan)
     with np.errstate(over="ignore"):
         return np.exp(centre), np.exp(centre - half_width), np.exp(centre + half_width)
 
@@ -417,8 +420,8 @@ def speed_up(
     ratio, low, high = (float(value) for value in fit_interval(centre, standard_error, df, confidence))
     scale, noise = float(standard_error) * math.sqrt(n), float(noise)
     autocorrelation = float(round_autocorrelation(log_ratios, slot_shifts))
-    if math.isnan(low):
-        return SpeedUp(ratio, float("nan"), float("nan"), UNCLEAR, noise, ZERO_WIDTH, scale, autocorrelation)
+    if math.isnan(low):  # no spread: rounds equal up to rounding read as rounds exactly equal
+        return SpeedUp(ratio, float("nan"), float("nan"), UNCLEAR, 0.0, ZERO_WIDTH, 0.0, autocorrelation)
     return SpeedUp(ratio, low, high, verdict(ratio, low, high, min_effect), noise, scale=scale,
                    autocorrelation=autocorrelation)
 
