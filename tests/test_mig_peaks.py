@@ -5,10 +5,12 @@ import json
 import pytest
 import torch
 
+from optlab.book import limits
 from optlab.core.knobs.config import RunConfig
 from optlab.core.machine.device import resolve_device
 from optlab.core.results import store
 from optlab.studies import peaks
+from optlab.studies.serving import bandwidth
 
 SLICE = "NVIDIA H100 80GB HBM3 MIG 1g.10gb"
 
@@ -23,6 +25,24 @@ def test_a_mig_slice_without_its_count_has_no_peak_and_a_whole_gpu_keeps_the_dat
     assert peaks.datasheet_peak(SLICE, "bf16") is None
     assert peaks.datasheet_peak("NVIDIA H100 80GB HBM3", "bf16", multiprocessors=132).tflops == 989.5
     assert peaks.datasheet_peak("NVIDIA H100 80GB HBM3", "bf16").tflops == 989.5
+
+
+@pytest.mark.parametrize("name, eighths, whole_tbs", [
+    (SLICE, 1, 3.35), ("NVIDIA H200 MIG 1g.18gb", 1, 4.8), ("NVIDIA H200 MIG 1g.35gb", 2, 4.8),
+    ("NVIDIA H200 MIG 3g.71gb", 4, 4.8), ("NVIDIA A100-SXM4-40GB MIG 2g.10gb", 2, 1.555),
+    ("NVIDIA A100 80GB PCIe MIG 7g.80gb", 8, 1.935),
+])
+def test_a_mig_slice_gets_the_bandwidth_of_its_memory_slices(name, eighths, whole_tbs):
+    """A slice's memory comes in eighths of the GPU's, each with an eighth of its bandwidth: against the whole GPU's,
+    a 1g slice's MBU would read eight times too low."""
+    peak = bandwidth.datasheet_peak(name)
+    assert peak.bytes_per_s == pytest.approx(whole_tbs * 1e12 * eighths / 8) and f"{eighths}/8" in peak.name
+
+
+def test_a_mig_slice_without_its_profile_has_no_datasheet_bandwidth_and_no_datasheet_roofs():
+    assert bandwidth.datasheet_peak("NVIDIA H100 80GB HBM3 MIG") is None
+    assert limits.datasheet_roofs(SLICE) is None  # the table's rates are the whole GPU's
+    assert limits.datasheet_roofs("NVIDIA H100 80GB HBM3")[1] == pytest.approx(3.35)
 
 
 def test_a_stored_run_on_a_mig_slice_leaves_its_mfu_out_and_says_why(tmp_path, monkeypatch):

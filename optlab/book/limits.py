@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from ..core.knobs.config import RunConfig
 from ..core.results import store
 from ..studies import ceilings, roofline
-from ..studies.peaks import DATASHEET_TFLOPS
+from ..studies.peaks import DATASHEET_TFLOPS, is_mig
 from ..studies.serving.bandwidth import datasheet_peak as datasheet_bandwidth
 from .report import LIVE, linked_sources
 from .report.roofline import plot_roofline
@@ -56,8 +56,11 @@ def sources() -> dict[str, tuple[pd.DataFrame, pd.DataFrame | None]]:
 
 
 def datasheet_roofs(gpu_name: str) -> tuple[dict[str, float], float] | None:
-    """The datasheet's TFLOP/s by dtype and TB/s of a GPU optlab's tables know, else None."""
-    bandwidth = datasheet_bandwidth(gpu_name) if gpu_name else None
+    """The datasheet's TFLOP/s by dtype and TB/s of a GPU optlab's tables know, else None (a MIG slice too: the
+    table's rates are the whole GPU's; its measured ceilings are its own)."""
+    if not gpu_name or is_mig(gpu_name):
+        return None
+    bandwidth = datasheet_bandwidth(gpu_name)
     for fragments, _, rates in DATASHEET_TFLOPS:
         if bandwidth and all(f.upper() in gpu_name.upper() for f in fragments):
             return rates, bandwidth.bytes_per_s / 1e12

@@ -12,6 +12,7 @@ says why no MBU is given there (and on a GPU without a datasheet peak).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -22,16 +23,19 @@ from torch.utils import benchmark
 from ...core.errors import OptlabError
 from ...core.gpt.transformer import GPT, GPTConfig
 
-# (name fragments that must all appear in torch.cuda.get_device_name, table name, TB/s): datasheets' HBM bandwidth
-DATASHEET_TBS: tuple[tuple[tuple[str, ...], str, float], ...] = (
-    (("H200",), "NVIDIA H200", 4.8),
-    (("H100", "PCIe"), "NVIDIA H100 PCIe", 2.0),
-    (("H100",), "NVIDIA H100 SXM", 3.35),
-    (("A100", "80GB", "PCIe"), "NVIDIA A100 80GB PCIe", 1.935),
-    (("A100", "80GB"), "NVIDIA A100 80GB SXM", 2.039),
-    (("A100",), "NVIDIA A100 40GB", 1.555),
-    (("V100",), "NVIDIA V100", 0.9),
+# (name fragments that must all appear in torch.cuda.get_device_name, table name, TB/s, GB of memory or None where
+# the GPU has no MIG): datasheets' HBM bandwidth
+DATASHEET_TBS: tuple[tuple[tuple[str, ...], str, float, "int | None"], ...] = (
+    (("H200",), "NVIDIA H200", 4.8, 141),
+    (("H100", "PCIe"), "NVIDIA H100 PCIe", 2.0, 80),
+    (("H100",), "NVIDIA H100 SXM", 3.35, 80),
+    (("A100", "80GB", "PCIe"), "NVIDIA A100 80GB PCIe", 1.935, 80),
+    (("A100", "80GB"), "NVIDIA A100 80GB SXM", 2.039, 80),
+    (("A100",), "NVIDIA A100 40GB", 1.555, 40),
+    (("V100",), "NVIDIA V100", 0.9, None),
 )
+MIG_PROFILE = re.compile(r"\bMIG\s+\d+g\.(\d+)gb\b", re.IGNORECASE)  # "... MIG 1g.10gb": the slice's memory, in GB
+MEMORY_SLICES = 8  # a MIG GPU's memory comes in eighths, each with an eighth of the bandwidth
 CPU_CACHES = Path("/sys/devices/system/cpu/cpu0/cache")
 COPY_MIB = 256  # the measured copy: large enough to leave every CPU cache
 MAX_COPY_MIB = 4096
@@ -50,10 +54,19 @@ class Peak:
 
 
 def datasheet_peak(device_name: str) -> Peak | None:
-    """The datasheet bandwidth of the GPU named ``device_name``, None when the table does not know it."""
-    for fragments, name, tbs in DATASHEET_TBS:
+    """The datasheet bandwidth of the GPU named ``device_name``, None when the table does not know it. A MIG slice
+    (``NVIDIA H100 80GB HBM3 MIG 1g.10gb``) gets the share of its memory slices, eighths of the GPU's memory: against
+    the whole GPU's its MBU would read several times too low; a slice whose profile is not in its name gets None."""
+    for fragments, name, tbs, memory_gb in DATASHEET_TBS:
         if all(fragment.lower() in device_name.lower() for fragment in fragments):
-            return Peak(tbs * 1e12, name, "datasheet")
+            if "MIG" not in device_name.upper().split():
+                return Peak(tbs * 1e12, name, "datasheet")
+            profile = MIG_PROFILE.search(device_name)
+            if profile is None or memory_gb is None:
+                return None
+            eighths = min(MEMORY_SLICES, max(1, round(MEMORY_SLICES * int(profile[1]) / memory_gb)))
+            return Peak(tbs * 1e12 * eighths / MEMORY_SLICES,
+                        f"{name}, MIG {profile[0].split()[-1]}: {eighths}/{MEMORY_SLICES} of its memory", "datasheet")
     return None
 
 
