@@ -274,3 +274,21 @@ def test_the_chapters_check_a_gpu_s_path_small_in_the_smoke_profile_and_measure_
     assert (cpu.size, cpu.phase, cpu.at_once) == ("small", "forward", 1) and "GPT only" in cpu.describe()
     assert shapes.chapter_stream(True, "smoke")[0].n_embd < shapes.chapter_stream(True, "full")[0].n_embd == 768
     assert shapes.chapter_stream(False, "full") == (shapes.CPU_STREAM, 5)
+
+
+def _rescaled(x):
+    scale = x.abs().mean().item()  # a Python float the graph is specialized on: a new value, a new graph
+    if scale > 10:
+        return x / scale
+    return x
+
+
+def test_a_guard_on_a_python_value_is_named_with_its_source_line_and_whole_file():
+    """Dynamo's guard comment cuts the file to its last characters; the guard named in a report has the source line
+    and the file and line from the failure's stack, relative to the working folder."""
+    seen = recompiles.watch(_rescaled, [torch.full((4,), value) for value in (11.0, 12.0, 13.0)])
+    guard = recompiles.first_guard(seen.reasons[-1])
+    line = _rescaled.__code__.co_firstlineno + 2
+    assert guard.endswith(f"(`if scale > 10:` at {os.path.relpath(__file__)}:{line})"), guard
+    assert recompiles.first_guard("tensor 'x' size mismatch at index 1. expected 5, actual 8; other") == \
+        "tensor 'x' size mismatch at index 1. expected 5, actual 8"

@@ -9,6 +9,7 @@ was reached: from there on the function runs in eager, and the only trace is one
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -22,6 +23,8 @@ from ...core.measuring.loops import call_model
 from . import dynamo_log
 
 MAX_CALLS = 1_000
+GUARD_COMMENT = re.compile(r"\s+#\s*(?P<source>.*?)\s+#\s+(?P<where>\S+:\d+) in \S+$")  # "  # if x > 1:  # f.py:9 in fn"
+USER_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
 CALL_COLUMNS = ["call", "input", "graphs so far", "recompiled", "guard that failed", "ran"]
 
 
@@ -64,8 +67,16 @@ def describe_input(value: Any) -> str:
 
 
 def first_guard(failures: str) -> str:
-    """The guard that failed against the newest cached graph (the first of a recompile's failures)."""
-    return failures.split("; ")[0]
+    """The guard that failed against the newest cached graph (the first of a recompile's failures). Where Dynamo
+    comments it with the source line it guards, that line and the user's file and line are put after the check: the
+    file from the failure's stack (Dynamo's comment cuts a long path to its last characters)."""
+    first = failures.split("; ")[0]
+    comment = GUARD_COMMENT.search(first)
+    if comment is None:
+        return first
+    frame = USER_FRAME.search(failures)
+    where = f"{frame['file']}:{frame['line']}" if frame else comment["where"]
+    return f"{first[:comment.start()].strip()} (`{comment['source']}` at {where})"
 
 
 def watch(fn: Callable, inputs: Sequence[Any], **compile_options: Any) -> Recompiles:
