@@ -96,6 +96,8 @@ SUBJECTS = "tests.compile_subjects:"
     ([*COMPILE, f"{SUBJECTS}TrimmedTagger", "--shapes", *map(str, range(1, 70))], "at most 64"),
     ([*COMPILE[:-3], "--input", "float:8", "--model", f"{SUBJECTS}Untraceable"], "could not trace any of"),
     ([*COMPILE, f"{SUBJECTS}PerPosition", "--shapes", *map(str, range(4, 16))], "pass the recompile limit"),
+    ([*COMPILE[:-3], "--input", "ids=tokens:64:16", "--model", f"{SUBJECTS}PerPosition", "--shapes",
+      *map(str, range(4, 16))], "pass the recompile limit"),  # one keyword input is one input
     ([*COMPILE, f"{SUBJECTS}Counting"], "recompiles at every call on the same batch (seen by Dynamo alone"),
 ])
 def test_bad_input_untraceable_models_and_the_limit_are_one_line(argv, message, capsys):

@@ -337,9 +337,7 @@ def _shape_batches(example: Any, shapes: Sequence[Sequence[int]], device: torch.
     """A batch of each per-sample shape, made like the example's one input: random normal floats, or integers below
     the example's largest + 1."""
     check_count("shapes", len(shapes), 1, MAX_SHAPES, "shapes watched for recompiles")
-    if not isinstance(example, torch.Tensor):
-        raise OptlabError("shapes= (--shapes) needs a model with one input tensor; for several inputs give data= "
-                          "(a DataLoader) instead")
+    example, wrap = _one_input(example)
     from .examples import check_shape
 
     rows, made = len(example), []
@@ -347,11 +345,26 @@ def _shape_batches(example: Any, shapes: Sequence[Sequence[int]], device: torch.
     for shape in shapes:
         size = (rows, *check_shape(shape))
         if example.is_floating_point():
-            made.append(torch.randn(size, generator=generator, dtype=example.dtype).to(device))
+            made.append(wrap(torch.randn(size, generator=generator, dtype=example.dtype).to(device)))
         else:
             high = int(example.max()) + 1 if example.numel() else 2
-            made.append(torch.randint(0, max(high, 1), size, generator=generator, dtype=example.dtype).to(device))
+            made.append(wrap(torch.randint(0, max(high, 1), size, generator=generator, dtype=example.dtype).to(device)))
     return made
+
+
+def _one_input(example: Any) -> tuple[torch.Tensor, Callable[[torch.Tensor], Any]]:
+    """The example's one input tensor (bare, the only item of a tuple or list, or the only value of a dict of keyword
+    inputs) and how to pass another tensor the same way; several inputs are one error line."""
+    if isinstance(example, torch.Tensor):
+        return example, lambda tensor: tensor
+    if isinstance(example, (tuple, list)) and len(example) == 1 and isinstance(example[0], torch.Tensor):
+        return example[0], lambda tensor: type(example)([tensor])
+    if isinstance(example, dict) and len(example) == 1 and isinstance(next(iter(example.values())), torch.Tensor):
+        (name, tensor), = example.items()
+        return tensor, lambda other: {name: other}
+    count = len(example) if isinstance(example, (tuple, list, dict)) else "not a tensor"
+    raise OptlabError(f"shapes= (--shapes) needs a model with one input tensor (given: {count}); for several inputs "
+                      "give data= (a DataLoader) instead")
 
 
 def _loader_shapes(loader: DataLoader, device: torch.device) -> list[Any]:
