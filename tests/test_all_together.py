@@ -5,7 +5,7 @@ import matplotlib
 import pandas as pd
 import pytest
 
-from optlab.studies import peaks
+from optlab.studies import ceilings, peaks
 from optlab.core.knobs.config import RunConfig
 from optlab.core.machine.device import resolve_device
 from optlab.core.errors import OptlabError
@@ -135,6 +135,16 @@ def test_reference_mfu_uses_the_datasheet_peak_of_the_stored_machine(tmp_path, m
     monkeypatch.setattr(store, "REFERENCE_DIR", tmp_path)
     row = peaks.reference_mfu().iloc[0]
     assert row["MFU %"] == pytest.approx(10.0) and "H200 SXM datasheet" in row["peak source"]
+    assert math.isnan(row["MFU % of MAMF"])  # no ceilings kept with the run
+    measured = pd.DataFrame([  # the run's ceilings: bf16's best matmul 791.6 TFLOP/s, fp32's 60
+        {"ceiling": "matmul", "dtype": "bf16", "detail": "8192x8192x8192", "value": 791.6, "device": "cuda"},
+        {"ceiling": "matmul", "dtype": "bf16", "detail": "4096x4096x4096", "value": 700.0, "device": "cuda"},
+        {"ceiling": "matmul", "dtype": "fp32", "detail": "8192x8192x8192", "value": 60.0, "device": "cuda"},
+        {"ceiling": "copy", "dtype": "fp32", "detail": "", "value": 4000.0, "device": "cuda"},
+        {"ceiling": "launch", "dtype": "fp32", "detail": "eager: one add", "value": 5.0, "device": "cuda"}])
+    ceilings.save(measured, tmp_path / "h200")
+    row = peaks.reference_mfu().iloc[0]
+    assert row["MFU % of MAMF"] == pytest.approx(100 * 98.95 / 791.6) and row["MFU %"] == pytest.approx(10.0)
 
 
 def test_a_skipped_stack_step_is_left_out_of_every_later_variant():

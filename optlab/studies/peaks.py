@@ -19,6 +19,7 @@ from ..core.knobs.config import RunConfig
 from ..core.machine.device import DeviceInfo
 from ..core.measuring.flops import forward_flop_counts
 from ..core.gpt.fp8 import ACTIVATION_DTYPE, OUT_DTYPE, column_major
+from . import ceilings
 from .kernels.microbench import matmul_benchmark
 
 # (name fragments that must all appear in torch.cuda.get_device_name, table name, TFLOP/s by precision)
@@ -181,12 +182,16 @@ def mfu_table(summary: pd.DataFrame, configs: dict[str, dict[str, dict]], info: 
 
 def reference_mfu(technique: str = "all_together", phase: str = "train") -> pd.DataFrame | None:
     """MFU of the stored GPU reference runs of ``technique``, against the datasheet peak of the GPU each ran on
-    (NaN where optlab's table has no peak for that GPU); None when no reference is stored."""
+    (NaN where optlab's table has no peak for that GPU) and against the MAMF measured on it in the same precision,
+    where the run kept its ceilings (``MFU % of MAMF``: what the GPU reached, not what its datasheet promises); None
+    when no reference is stored."""
     rows = []
     for machine in store.reference_machines():
         path = store.REFERENCE_DIR / machine / f"{technique}.json"
         if not path.exists():
             continue
+        measured = ceilings.load(store.REFERENCE_DIR / machine)
+        mamf = ceilings.Roofs.from_table(measured).flops_per_s if measured is not None else {}
         record = store.load_record(path)
         name = record["environment"].get("gpu_name") or ""
         tf32 = "tf32" in (datasheet_entry(name) or ("", {}))[1]
@@ -199,5 +204,6 @@ def reference_mfu(technique: str = "all_together", phase: str = "train") -> pd.D
             rows.append({"machine": machine, "model": row.model, "variant": row.variant, "precision": precision,
                          "achieved TFLOP/s": row.tflops, "peak TFLOP/s": peak.tflops if peak else float("nan"),
                          "MFU %": 100 * row.tflops / peak.tflops if peak else float("nan"),
-                         "peak source": peak.source if peak else missing})
+                         "MFU % of MAMF": 100 * row.tflops * 1e12 / mamf[precision] if precision in mamf
+                         else float("nan"), "peak source": peak.source if peak else missing})
     return pd.DataFrame(rows) if rows else None
