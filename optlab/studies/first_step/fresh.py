@@ -221,7 +221,7 @@ def serve(config: dict[str, Any]) -> None:
     children's headers folder, answer that it is ready, then fork a child for each request read from standard input
     and answer each with the child's exit status."""
     importlib.import_module(config["module"])
-    probe_s = None
+    probe_s, machine_files = None, 0
     if config["headers"] is not None:
         probe_s = probe_machine()
         from torch._inductor import codecache
@@ -229,12 +229,12 @@ def serve(config: dict[str, Any]) -> None:
         if Path(codecache._HEADER_DIR).resolve() != Path(config["headers"]).resolve():
             raise OptlabError(f"Inductor's precompiled headers would go to {codecache._HEADER_DIR}, not to the "
                               f"children's {config['headers']}")
+        machine_files = CacheFolder(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])).files()
     else:
         fixed = [name for name in IMPORT_FIXED if name in sys.modules]
         if fixed:
             raise OptlabError(f"importing {config['module']} imports {', '.join(fixed)}, which fixes its cache folders "
                               "when imported: forked starts would share them; start each in a process of its own")
-    machine_files = CacheFolder(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])).files() if probe_s is not None else 0
     print(json.dumps({"probe_s": probe_s, "machine_files": machine_files}), flush=True)
     for line in sys.stdin:
         request = json.loads(line)
