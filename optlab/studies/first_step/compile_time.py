@@ -67,9 +67,10 @@ def chapter_plan(cuda: bool, profile: str) -> StartPlan:
     check of the GPU's code path, not a measurement) the CPU's small GPT, two rounds. A CPU: a 4-block 16-wide GPT's
     forward pass (half the kernels to build), four rounds, two side by side (a round's starts still run one after
     another)."""
+    if cuda and profile == "smoke":
+        return StartPlan("small", 2, "train", 1, cnn=False)
     if cuda:
-        return StartPlan("small", 2, "train", 1, cnn=False) if profile == "smoke" else StartPlan("real", 5, "train", 1,
-                                                                                                 cnn=True)
+        return StartPlan("real", 5, "train", 1, cnn=True)
     return StartPlan("small", 4, "forward", min(2, os.cpu_count() or 1), cnn=False)
 
 
