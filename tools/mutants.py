@@ -33,7 +33,8 @@ MODULES = {  # name: (the module, its own fast test files, tests of those files 
                                                    "tests/test_values_timing.py"), SIMULATIONS),
     "checks": ("optlab/core/results/checks.py", ("tests/test_values_checks.py",), ()),
     "requests": ("optlab/studies/serving/requests.py", ("tests/test_serving_batching.py",), ()),
-    "bandwidth": ("optlab/studies/serving/bandwidth.py", ("tests/test_kv_cache_chapter.py",), ()),
+    "bandwidth": ("optlab/studies/serving/bandwidth.py", ("tests/test_kv_cache_chapter.py", "tests/test_mig_peaks.py"),
+                  ()),
     "breakdown": ("optlab/studies/memory/breakdown.py", ("tests/test_memory_breakdown.py",
                                                          "tests/test_values_studies.py"), ()),
 }
