@@ -32,7 +32,7 @@ def _samples(times: dict[str, list[float]]) -> pd.DataFrame:
 
 
 def test_step_by_step_compares_each_step_with_the_one_before():
-    samples = _samples({"a": [1.0, 1.01, 0.99], "b": [0.5, 0.51, 0.49], "c": [0.5, 0.505, 0.495]})
+    samples = _samples({"a": [1.0, 1.01, 0.99], "b": [0.5, 0.51, 0.49], "c": [0.5, 0.506, 0.494]})
     table = step_by_step(samples, ["a", "b", "c"], {"b": "a", "c": "b"}).set_index("step")
     assert list(table.index) == ["b", "c"]
     assert table.loc["b", "vs previous"] == pytest.approx(2.0, rel=0.02) and table.loc["b", "verdict"] == "faster"
@@ -44,7 +44,7 @@ def test_step_by_step_compares_each_step_with_the_one_before():
 
 
 def test_step_by_step_reads_a_failed_step_s_status_and_the_step_after_it_as_not_compared():
-    samples = _samples({"a": [1.0, 1.01, 0.99], "b": [0.5, 0.51, 0.49], "c": [0.5, 0.505, 0.495]})
+    samples = _samples({"a": [1.0, 1.01, 0.99], "b": [0.5, 0.51, 0.49], "c": [0.5, 0.506, 0.494]})
     samples.loc[samples["variant"] == "b", "status"] = "failed: out of memory"
     table = step_by_step(samples, ["a", "b", "c"], {"b": "a", "c": "b"}).set_index("step")
     assert table.loc["b", "verdict"] == "failed: out of memory"
@@ -173,7 +173,7 @@ def test_without_its_workers_step_the_cpu_stack_runs_in_lockstep_rounds():
 def test_the_stack_table_shows_the_baseline_verdicts_of_a_record_whose_rule_waited_for_those():
     from optlab.book.report.tables import BASELINE_VERDICT, stack_table
 
-    samples = _samples({"a": [1.0, 1.01, 0.99], "b": [0.5, 0.51, 0.49], "c": [0.5, 0.505, 0.495]})
+    samples = _samples({"a": [1.0, 1.01, 0.99], "b": [0.5, 0.51, 0.49], "c": [0.5, 0.506, 0.494]})
     chained = stack_table(step_by_step(samples, ["a", "b", "c"], {"b": "a", "c": "b"}))
     old = stack_table(step_by_step(samples, ["a", "b", "c"], {"b": "a", "c": "a"}))
     assert BASELINE_VERDICT not in chained and list(old[BASELINE_VERDICT]) == ["faster", "faster"]
