@@ -27,16 +27,18 @@ def test_a_mig_slice_without_its_count_has_no_peak_and_a_whole_gpu_keeps_the_dat
     assert peaks.datasheet_peak("NVIDIA H100 80GB HBM3", "bf16").tflops == 989.5
 
 
-@pytest.mark.parametrize("name, eighths, whole_tbs", [
-    (SLICE, 1, 3.35), ("NVIDIA H200 MIG 1g.18gb", 1, 4.8), ("NVIDIA H200 MIG 1g.35gb", 2, 4.8),
-    ("NVIDIA H200 MIG 3g.71gb", 4, 4.8), ("NVIDIA A100-SXM4-40GB MIG 2g.10gb", 2, 1.555),
-    ("NVIDIA A100 80GB PCIe MIG 7g.80gb", 8, 1.935),
+@pytest.mark.parametrize("name, gpu, eighths, whole_tbs", [
+    (SLICE, "NVIDIA H100 SXM", 1, 3.35), ("NVIDIA H200 MIG 1g.18gb", "NVIDIA H200", 1, 4.8),
+    ("NVIDIA H200 MIG 1g.35gb", "NVIDIA H200", 2, 4.8), ("NVIDIA H200 MIG 3g.71gb", "NVIDIA H200", 4, 4.8),
+    ("NVIDIA A100-SXM4-40GB MIG 2g.10gb", "NVIDIA A100 40GB", 2, 1.555),
+    ("NVIDIA A100 80GB PCIe MIG 7g.80gb", "NVIDIA A100 80GB PCIe", 8, 1.935),
 ])
-def test_a_mig_slice_gets_the_bandwidth_of_its_memory_slices(name, eighths, whole_tbs):
+def test_a_mig_slice_gets_the_bandwidth_of_its_memory_slices(name, gpu, eighths, whole_tbs):
     """A slice's memory comes in eighths of the GPU's, each with an eighth of its bandwidth: against the whole GPU's,
-    a 1g slice's MBU would read eight times too low."""
+    a 1g slice's MBU would read eight times too low. The label names the GPU, the slice's profile and its share."""
     peak = bandwidth.datasheet_peak(name)
-    assert peak.bytes_per_s == pytest.approx(whole_tbs * 1e12 * eighths / 8) and f"{eighths}/8" in peak.name
+    assert peak.bytes_per_s == pytest.approx(whole_tbs * 1e12 * eighths / 8, rel=1e-15)
+    assert (peak.name, peak.source) == (f"{gpu}, MIG {name.split()[-1]}: {eighths}/8 of its memory", "datasheet")
 
 
 def test_a_mig_slice_without_its_profile_has_no_datasheet_bandwidth_and_no_datasheet_roofs():
