@@ -152,14 +152,29 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_parser(commands)
 
     plan = commands.add_parser("parallel-plan", help="memory per GPU and bytes per step of each way to split a GPT "
-                                                     "over GPUs (DP, FSDP, TP, SP, PP and their compositions)")
+                                                     "over GPUs (DP, ZeRO-1/2, FSDP, HSDP, TP, SP, PP and their "
+                                                     "compositions)")
     plan.add_argument("--model", default="7b", help="gpt2_small, gpt2_medium, gpt2_large, gpt2_xl or 7b (default)")
     plan.add_argument("--gpus", type=_whole_number, default=8, help="GPUs in all (default 8)")
-    plan.add_argument("--gpu-memory", type=float, default=80.0, metavar="GB", help="memory of one GPU (default 80)")
-    plan.add_argument("--interconnect", default="nvlink4", help="nvlink4 (default), nvlink3, pcie5, pcie4 or "
-                                                                "infiniband-ndr")
+    plan.add_argument("--gpu-memory", type=float, default=80.0, metavar="GB",
+                      help="memory of one GPU in GB of 1e9 bytes (default 80)")
+    plan.add_argument("--margin", type=float, default=0.1, metavar="FRACTION",
+                      help="the share of the memory kept free for the allocator, the CUDA context and temporaries "
+                           "(default 0.1)")
+    plan.add_argument("--gpus-per-node", type=_whole_number, default=8, help="GPUs in one node (default 8)")
+    plan.add_argument("--intra-node", default="nvlink4", help="the link inside a node: nvlink4 (default), nvlink3, "
+                                                              "pcie5 or pcie4")
+    plan.add_argument("--inter-node", default="infiniband-ndr", help="the link between nodes, per GPU: "
+                                                                     "infiniband-ndr (default) or infiniband-hdr")
     plan.add_argument("--micro-batch", type=_whole_number, default=1, help="sequences per micro-batch (default 1)")
     plan.add_argument("--micro-batches", type=_whole_number, default=8, help="micro-batches per step (default 8)")
+    plan.add_argument("--bytes-per-parameter", type=int, default=16, choices=(16, 18),
+                      help="model state a parameter: 16 (bf16 gradients, the ZeRO paper's count; default) or 18 "
+                           "(fp32 gradients, Megatron's)")
+    plan.add_argument("--recompute", action="store_true", help="recompute each block's activations in backward")
+    plan.add_argument("--vocab-parallel", action="store_true",
+                      help="split the embedding, head and loss by vocabulary over the tensor-parallel ranks")
+    plan.add_argument("--top", type=_whole_number, help="print only the first N layouts")
     return parser
 
 
@@ -359,11 +374,14 @@ def _stopped(stop: Interrupted, bar_shown: bool) -> int:
 
 
 def _parallel_plan(args: argparse.Namespace) -> None:
-    from ..studies.parallel.planner import parallel_plan
+    from ..studies.parallel.planner import parallel_plan, plan_header
 
-    with pd.option_context("display.width", 200, "display.max_columns", None):
-        print(parallel_plan(args.model, args.gpus, args.gpu_memory, args.interconnect, args.micro_batch,
-                            args.micro_batches).to_string())
+    plan = parallel_plan(args.model, args.gpus, args.gpu_memory, args.intra_node, args.micro_batch,
+                         args.micro_batches, args.inter_node, args.gpus_per_node, args.bytes_per_parameter,
+                         args.margin, args.recompute, args.vocab_parallel)
+    print(plan_header(plan))
+    with pd.option_context("display.width", 250, "display.max_columns", None, "display.max_rows", None):
+        print((plan.head(args.top) if args.top else plan).to_string())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

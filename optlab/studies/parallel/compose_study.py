@@ -27,6 +27,7 @@ from .tensor_study import BATCH, CONFIG, logged_step, loss_of, token_batch
 MESH = (2, 2)  # (dp, tp)
 MAX_STEPS = 100
 SETUPS = {"FSDP2 x TP": True, "FSDP2 x TP, no reshard after forward": False}  # reshard_after_forward
+MICRO_BATCHES = 4  # the accumulated step: plain gradient accumulation over this many micro-batches
 
 
 def two_d(model: GPT, mesh, reshard_after_forward: bool = True) -> GPT:
@@ -44,6 +45,21 @@ def _optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
 
 def _global_batch(step: int) -> torch.Tensor:
     return torch.cat([token_batch(step * MESH[0] + row) for row in range(MESH[0])])
+
+
+def accumulated_collectives(model: GPT, optimizer: torch.optim.Optimizer, batches: list[torch.Tensor]) -> dict:
+    """The collectives of one step of plain gradient accumulation over ``batches`` (forward and backward of each,
+    then one optimizer step), per (collective, pass)."""
+    log = CollectiveLog()
+    with log:
+        for batch in batches:
+            log.phase = "forward"
+            loss = loss_of(model, batch) / len(batches)
+            log.phase = "backward"
+            loss.backward()
+        log.phase = "optimizer step"
+        optimizer.step()
+    return log.summary()
 
 
 def compose_rank(out: Path, steps: int) -> None:
@@ -81,6 +97,10 @@ def compose_rank(out: Path, steps: int) -> None:
                 "parameter": max(float((parameters[n] - p).abs().max()) for n, p in reference.named_parameters()),
                 "moved by training": max(float((p - q).abs().max()) for p, q in
                                          zip(reference.parameters(), initial.parameters()))}
+        model = two_d(copy.deepcopy(initial), mesh)
+        batches = [token_batch(100 + MICRO_BATCHES * row + i) for i in range(MICRO_BATCHES)]
+        findings["accumulated"] = {"micro_batches": MICRO_BATCHES,
+                                   "collectives": accumulated_collectives(model, _optimizer(model), batches)}
         if rank == 0:
             write_findings(out, findings)
 
@@ -92,6 +112,7 @@ class ComposeStudy:
     mesh: list[int]
     steps: int
     setups: dict[str, dict]
+    accumulated: dict  # one step of plain accumulation over ``micro_batches``: its collectives
 
     def parity_table(self) -> pd.DataFrame:
         return pd.DataFrame({setup: {key: found[key] for key in ("gradient", "parameter", "moved by training")}
@@ -111,7 +132,9 @@ class ComposeStudy:
         bytes it sends on rings in one step (TP's all-reduces within a row, FSDP2's gathers and reduce-scatters
         within a column), measured and as :mod:`.planner` predicts them for this GPT (fp32 weights, gradients and
         momentum: 12 bytes a parameter)."""
-        layout = planner.Layout(data=self.mesh[0], tp=self.mesh[1], fsdp=True)
+        layout = planner.Layout(data=self.mesh[0], tp=self.mesh[1], sharding="FSDP")
+        assumptions = planner.Assumptions(micro_batch=BATCH, micro_batches=1, weight_bytes=4, gradient_bytes=4,
+                                          optimizer_bytes=4, value_bytes=4)
         rows = []
         for setup, found in self.setups.items():
             if not SETUPS[setup]:
@@ -121,11 +144,38 @@ class ComposeStudy:
                        for key, value in found["collectives"].items())
             rows.append({"setup": setup, "state bytes": sum(found["held"][part] for part in
                                                             ("parameters", "gradients", "optimizer state")),
-                         "state, planner": planner.memory_per_gpu(CONFIG, layout, BATCH, state_bytes=12)["state"],
+                         "state, planner": planner.memory_per_gpu(CONFIG, layout, assumptions)["state"],
                          "sent per rank": sent,
-                         "sent, planner": planner.bytes_per_step(CONFIG, layout, BATCH, micro_batches=1,
-                                                                 value_bytes=4)})
+                         "sent, planner": planner.bytes_per_step(CONFIG, layout, assumptions)})
         return pd.DataFrame(rows).set_index("setup")
+
+    def accumulation_table(self) -> pd.DataFrame:
+        """One step of plain gradient accumulation (FSDP2's defaults, resharding after forward): per collective,
+        the calls and bytes counted and the formulas' (FSDP2 gathers and reduce-scatters every micro-batch; TP's
+        collectives run every micro-batch, the optimizer step's once)."""
+        m, counted = self.accumulated["micro_batches"], self.accumulated["collectives"]
+        expected = {key: {"calls": value["calls"] * (1 if "optimizer" in key else m),
+                          "bytes": value["bytes"] * (1 if "optimizer" in key else m)}
+                    for key, value in formulas.tensor_parallel_collectives(CONFIG, BATCH, CONFIG.block_size).items()}
+        for key, value in formulas.fsdp_collectives(CONFIG, self.mesh[1], True, micro_batches=m).items():
+            both = expected.get(key, {"calls": 0, "bytes": 0})
+            expected[key] = {"calls": both["calls"] + value["calls"], "bytes": both["bytes"] + value["bytes"]}
+        rows = []
+        for key in sorted(set(counted) | set(expected)):
+            got, want = counted.get(key, {"calls": 0, "bytes": 0}), expected.get(key, {"calls": 0, "bytes": 0})
+            rows.append({"collective": key, "calls": got["calls"], "formula calls": want["calls"],
+                         "bytes": got["bytes"], "formula bytes": want["bytes"]})
+        return pd.DataFrame(rows).set_index("collective")
+
+    def accumulation_sent(self) -> dict[str, float]:
+        """Bytes one rank sent on rings in the accumulated step, counted and as :mod:`.planner` predicts them."""
+        m, ranks = self.accumulated["micro_batches"], {"all-reduce": self.mesh[1]}
+        sent = sum(formulas.ring_bytes_sent(key.split()[0], value["bytes"], ranks.get(key.split()[0], self.mesh[0]))
+                   for key, value in self.accumulated["collectives"].items())
+        layout = planner.Layout(data=self.mesh[0], tp=self.mesh[1], sharding="FSDP")
+        assumptions = planner.Assumptions(micro_batch=BATCH, micro_batches=m, weight_bytes=4, gradient_bytes=4,
+                                          optimizer_bytes=4, value_bytes=4)
+        return {"sent per rank": sent, "sent, planner": planner.bytes_per_step(CONFIG, layout, assumptions)}
 
     def collectives_table(self) -> pd.DataFrame:
         """Per setup and collective: calls and bytes counted, and the formulas' (TP's within each row, FSDP2's

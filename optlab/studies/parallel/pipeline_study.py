@@ -43,17 +43,21 @@ def _batch() -> torch.Tensor:
 
 
 def _chunk_bytes(rank: int, ranks: int, virtual: int, model: GPT, microbatch: int) -> dict[int, int]:
-    """Bytes one micro-batch's forward saves on each of this rank's stages."""
+    """Bytes one micro-batch's forward saves on each of this rank's stages, the activation a stage received from
+    the stage before included (it stays until the backward); the token ids and targets, data the step was given,
+    left out. The targets are a slice of the token batch, as the step passes them."""
     sizes = {}
     for index, module in stage_modules(model, rank, ranks, virtual):
+        targets = torch.zeros(microbatch, CONFIG.block_size + 1, dtype=torch.long)[:, 1:]
         if module.embed is not None:
             inputs = torch.zeros(microbatch, CONFIG.block_size, dtype=torch.long)
+            given = (inputs, targets)
         else:
             inputs = torch.randn(microbatch, CONFIG.block_size, CONFIG.n_embd, requires_grad=True)
-        targets = torch.zeros(microbatch, CONFIG.block_size, dtype=torch.long)
+            given = (targets,)
         run = (lambda m=module, x=inputs: loss_fn(m(x), targets)) if module.head is not None \
             else (lambda m=module, x=inputs: m(x))
-        sizes[index] = saved_activation_bytes(module, run, (inputs, targets))
+        sizes[index] = saved_activation_bytes(module, run, given)
     return sizes
 
 
@@ -101,7 +105,7 @@ def pipeline_rank(out: Path, microbatches: list[int], repeats: int) -> None:
                              "wall idle": 1 - timeline.busy_s() / wall,
                              "order": timeline.order(), "durations": timeline.median_s(),
                              "in flight": timeline.most_held(), "held bytes": timeline.most_held(sizes),
-                             "chunk bytes": max(sizes.values()), "gradient": gradient, "loss": loss})
+                             "chunk bytes": sizes, "gradient": gradient, "loss": loss})
         everything = [None] * ranks
         dist.all_gather_object(everything, rows)
         if rank == 0:
@@ -151,6 +155,14 @@ class PipelineStudy:
         table = table[table["microbatches"] == table["microbatches"].max()]
         held = table.pivot(index="rank", columns="schedule", values=value)[list(SCHEDULES)]
         return held if value == "in flight" else (held / 2**10).round(1)
+
+    def stage_bytes(self, schedule: str = "1F1B", microbatches: int | None = None) -> dict[int, int]:
+        """Bytes one micro-batch's forward saved on each stage (by stage index) under ``schedule``, with
+        ``microbatches`` micro-batches a step (the most by default)."""
+        table = pd.DataFrame(self.rows)
+        microbatches = table["microbatches"].max() if microbatches is None else microbatches
+        table = table[(table["schedule"] == schedule) & (table["microbatches"] == microbatches)]
+        return {int(index): size for sizes in table["chunk bytes"] for index, size in sizes.items()}
 
     def parity_table(self) -> pd.DataFrame:
         """The largest difference from one process: every rank's gradients, and the last rank's mean loss."""

@@ -186,16 +186,14 @@ class TensorStudy:
     def planner_table(self) -> pd.DataFrame:
         """Per tensor-parallel setup: activations one rank saved and the bytes it sent on a ring in one step, as
         measured and as :mod:`.planner` predicts them for this GPT (fp32, one micro-batch of the run's batch)."""
-        rows = []
+        rows, assumptions = [], planner.Assumptions(micro_batch=BATCH, micro_batches=1, value_bytes=4)
         for row in self.held[1:]:
             setup, layout = row["setup"], planner.Layout(tp=row["ranks"], sequence=SETUPS[row["setup"]])
             sent = self.collectives_table().loc[setup, "sent per rank"].sum()
             rows.append({"setup": setup, "activation bytes": row["activation bytes"],
-                         "activations, planner": planner.memory_per_gpu(CONFIG, layout, BATCH, value_bytes=4)[
-                             "activations"],
+                         "activations, planner": planner.memory_per_gpu(CONFIG, layout, assumptions)["activations"],
                          "sent per rank": sent,
-                         "sent, planner": planner.bytes_per_step(CONFIG, layout, BATCH, micro_batches=1,
-                                                                 value_bytes=4)})
+                         "sent, planner": planner.bytes_per_step(CONFIG, layout, assumptions)})
         return pd.DataFrame(rows).set_index("setup")
 
     def timing_table(self) -> pd.DataFrame:
