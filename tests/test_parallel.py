@@ -202,6 +202,31 @@ def test_sequence_parallelism_cuts_the_whole_part_by_a_quarter_on_the_books_gpt_
         assert 0 < cut < (2 * c + 4) / (4 * c + 4) and (cut < 0.5 or tp > CONFIG.n_head)
 
 
+def test_recomputation_keeps_each_blocks_input_and_recomputes_one_block_and_its_collectives():
+    config, b, t, c = planner.MODELS["7b"], 1, 4096, 4096
+    a, kept = planner.Assumptions(recompute=True), planner.Assumptions()
+    layout = planner.Layout(tp=4, sequence=True)
+    held = planner.memory_per_gpu(config, layout, a)["activations"]
+    block = formulas.block_activation_bytes(config, b, t, 4, True, 2)
+    ends = formulas.ends_activation_bytes(config, b, t, 4, True, 2)
+    assert held == 32 * 2 * b * t * c // 4 + block + ends  # each block's input: a sequence shard of 2 bytes a value
+    forward = sum(formulas.ring_bytes_sent(key.split()[0], value["bytes"], 4) for key, value in
+                  formulas.tensor_parallel_collectives(config, b, t, True, 2).items() if key.endswith("forward"))
+    assert planner.bytes_per_step(config, layout, a) - planner.bytes_per_step(config, layout, kept) == 8 * forward
+
+
+def test_a_vocabulary_parallel_embedding_head_and_loss_split_by_the_vocabulary():
+    config, b, t, c, v = planner.MODELS["7b"], 1, 4096, 4096, 32000
+    split, whole = planner.Assumptions(vocab_parallel=True), planner.Assumptions()
+    layout = planner.Layout(tp=4)
+    held = {name: planner.memory_per_gpu(config, layout, a) for name, a in (("split", split), ("whole", whole))}
+    assert held["whole"]["parameters"] - held["split"]["parameters"] == v * c * 3 // 4  # one tied matrix
+    assert held["whole"]["activations"] - held["split"]["activations"] == 2 * b * t * v * 3 // 4  # log-softmax
+    added = planner.bytes_per_step(config, layout, split) - planner.bytes_per_step(config, layout, whole)
+    ring = 2 * 3 / 4  # an all-reduce sends 2(N-1)/N of its tensor
+    assert added == pytest.approx(8 * ring * (2 * b * t * c * 2 + 3 * b * t * 4))
+
+
 def test_the_plans_bytes_use_the_measured_formula():
     config = GPTConfig(vocab_size=128, block_size=16, n_layer=2, n_head=4, n_embd=48)
     layout = planner.Layout(tp=2)

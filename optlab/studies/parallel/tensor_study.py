@@ -196,6 +196,12 @@ class TensorStudy:
                          "sent, planner": planner.bytes_per_step(CONFIG, layout, assumptions)})
         return pd.DataFrame(rows).set_index("setup")
 
+    def whole_values(self) -> dict[str, int]:
+        """Values one block keeps whole on every rank (:func:`.formulas.whole_under_tp_values`) for this run's GPT,
+        batch and ranks, under TP and under TP + SP."""
+        return {setup: formulas.whole_under_tp_values(CONFIG, BATCH, CONFIG.block_size, self.world_size, sequence)
+                for setup, sequence in SETUPS.items()}
+
     def timing_table(self) -> pd.DataFrame:
         """Median step time per setup on this machine's CPU processes (gloo over loopback, not a GPU link)."""
         return pd.DataFrame([{"setup": row["setup"], "ranks": row["ranks"], "step ms (median)": row["step ms"]}
