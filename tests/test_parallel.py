@@ -259,7 +259,7 @@ def test_the_command_line_prints_the_plan_or_one_error_line(capsys):
 
     assert main(["parallel-plan", "--model", "gpt2_small", "--gpus", "4", "--gpu-memory", "80"]) == 0
     out = capsys.readouterr().out
-    assert "FSDP 4" in out and "fits: at most 72 GB a GPU (GB = 1e9 bytes)" in out
+    assert "FSDP 4" in out and "fits: at most 72 GB a GPU (90% of 80 GB, GB = 1e9 bytes)" in out
     assert main(["parallel-plan", "--gpus", "64", "--top", "3"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[1].startswith("left out, 34 layouts torch's schedules refuse") and len(out) == 2 + 2 + 3

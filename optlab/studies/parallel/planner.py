@@ -27,6 +27,7 @@ Assumptions, stated once (each a field of :class:`Assumptions` where it can be c
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
@@ -285,8 +286,8 @@ def parallel_plan(config: GPTConfig | str, gpus: int, gpu_memory: float, intra_n
     pipeline stage, the fuller one's model state and activations, whether it fits (within ``1 - margin`` of the
     memory: the allocator, the CUDA context and temporaries need the rest), GB each GPU sends per step (those
     crossing nodes apart), their seconds at each group's link, and the bubble. ``bytes_per_parameter``: 16 (bf16
-    gradients) or 18 (fp32 gradients). Sorted: fitting layouts first, the fewest link seconds first. The layouts
-    left out and the limit are in ``attrs``."""
+    gradients) or 18 (fp32 gradients). Sorted: fitting layouts first, the fewest link seconds first (the bubble is
+    not priced in: read it beside). The layouts left out and the limit are in ``attrs``."""
     config = resolve_model(config)
     check_count("gpus", gpus, 1, MAX_GPUS, "GPUs in one plan")
     check_count("gpus_per_node", gpus_per_node, 1, MAX_GPUS, "GPUs in one node")
@@ -321,8 +322,8 @@ def parallel_plan(config: GPTConfig | str, gpus: int, gpu_memory: float, intra_n
     table = pd.DataFrame(rows).sort_values(["fits", "link s per step", "sent GB per step"],
                                            ascending=[False, True, True], na_position="last")
     table = table.set_index("layout").round(3)
-    table.attrs.update(limit_gb=gpu_memory - margin * gpu_memory, refused=refused, assumptions=assumptions,
-                       cluster=cluster)
+    table.attrs.update(limit_gb=gpu_memory - margin * gpu_memory, gpu_memory_gb=gpu_memory, margin=margin,
+                       refused=refused, assumptions=assumptions, cluster=cluster)
     return table
 
 
@@ -347,7 +348,8 @@ def _row(config: GPTConfig, layout: Layout, assumptions: Assumptions, cluster: C
             "bubble": formulas.bubble_fraction(layout.pp, assumptions.micro_batches, layout.virtual), "note": ""}
 
 
-def fit_table(models: list[str], gpus: int, gpu_memory: float, chosen: tuple[str, ...] = (), **options) -> pd.DataFrame:
+def fit_table(models: list[str], gpus: int, gpu_memory: float, chosen: tuple[str, ...] = (),
+              **options: Any) -> pd.DataFrame:
     """GB per GPU (the fuller stage) of each model (rows) under each layout (columns, all by default, else
     ``chosen``), NaN where the layout cannot split the model; ``options`` go to :func:`parallel_plan`."""
     columns = {}
@@ -367,7 +369,8 @@ def bytes_per_step(config: GPTConfig, layout: Layout, assumptions: Assumptions =
 def plan_header(plan: pd.DataFrame) -> str:
     """The lines a printed plan starts with: its limit, its assumptions, the layouts torch's schedules refuse."""
     a, cluster, refused = plan.attrs["assumptions"], plan.attrs["cluster"], plan.attrs["refused"]
-    lines = [f"fits: at most {plan.attrs['limit_gb']:.4g} GB a GPU (GB = 1e9 bytes); model state "
+    lines = [f"fits: at most {plan.attrs['limit_gb']:.4g} GB a GPU ({1 - plan.attrs['margin']:.0%} of "
+             f"{plan.attrs['gpu_memory_gb']:.4g} GB, GB = 1e9 bytes); model state "
              f"{a.state_bytes} bytes a parameter ({a.gradient_bytes}-byte gradients), DDP buckets counted; "
              f"{a.micro_batches} micro-batches of {a.micro_batch}; activations "
              f"{'recomputed' if a.recompute else 'kept'}; {cluster.gpus_per_node} GPUs a node on "
