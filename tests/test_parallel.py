@@ -103,6 +103,17 @@ def test_the_zero_stages_hold_what_the_zero_paper_prints():
         assert round(formulas.zero_state_bytes(stage, 7.5e9, 64) / 1e9, 1) == gb
 
 
+def test_the_state_per_parameter_is_what_megatrons_table_prints():
+    # https://docs.nvidia.com/megatron/dist-optimizer.md, "Distributed Optimizer", its table of bytes per parameter
+    # (d data-parallel ranks): fp16 params and grads 20 | 4 + 16/d; bf16 params, fp32 grads 18 | 6 + 12/d;
+    # fp32 params and grads 16 | 8 + 8/d. Its distributed optimizer shards the optimizer state (ZeRO-1).
+    rows = {(2, 2, 16): (20, 4, 16), (2, 4, 12): (18, 6, 12), (4, 4, 8): (16, 8, 8)}  # weight, gradient, optimizer
+    for (weight, gradient, optimizer), (whole, kept, sharded) in rows.items():
+        for d in (2, 8, 64):
+            assert formulas.zero_state_bytes("DP", 1, d, weight, gradient, optimizer) == whole
+            assert formulas.zero_state_bytes("ZeRO-1", 1, d, weight, gradient, optimizer) == kept + sharded / d
+
+
 def test_a_fit_is_decided_in_gb_with_the_limit_included():
     assert planner.fits(60e9, 80, 0.25)  # exactly (1 - margin) of 80 GB
     assert not planner.fits(60e9 + 1, 80, 0.25)

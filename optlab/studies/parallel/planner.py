@@ -5,9 +5,10 @@ their compositions, from :mod:`.formulas`, for a GPT on ``gpus`` GPUs.
 Assumptions, stated once (each a field of :class:`Assumptions` where it can be chosen):
 
 - Model state: bf16 weights (2 bytes), bf16 or fp32 gradients (2 or 4: 16 or 18 bytes a parameter, the ZeRO
-  paper's count or Megatron's), fp32 master weights and two moments (12). DDP (DP, and ZeRO-1 built on it with
-  ``ZeroRedundancyOptimizer``) adds its gradient buckets, a second copy of the gradients (``gradient_as_bucket_view``
-  is off by default). ZeRO-2 is DeepSpeed's stage 2 (weights whole, gradients reduce-scattered every micro-batch);
+  paper's count or Megatron's, https://docs.nvidia.com/megatron/dist-optimizer.md), fp32 master weights and two
+  moments (12). DDP (DP, and ZeRO-1 built on it with ``ZeroRedundancyOptimizer``) adds its gradient buckets, a second
+  copy of the gradients: ``gradient_as_bucket_view`` is off by default, and turning it on saves "the total gradients
+  size" (``DistributedDataParallel``'s documentation). ZeRO-2 is DeepSpeed's stage 2 (weights whole, gradients reduce-scattered every micro-batch);
   DeepSpeed refuses it with a pipeline, so it has no pipelined rows.
 - FSDP (FSDP2's defaults, plain gradient accumulation): one unit per block and the root; every micro-batch gathers
   every unit forward, every block again backward, and reduce-scatters every unit; it holds two blocks gathered (the
