@@ -17,7 +17,7 @@ from optlab.studies.serving import quantization as q
 @pytest.mark.cuda
 @pytest.mark.parametrize("scheme", q.SCHEMES)
 def test_the_int8_and_int4_kernels_multiply_by_their_weights_within_the_bound_on_cuda_in_bf16(scheme):
-    """The CUDA kernels (int4: ``_weight_int4pack_mm``, int8: the packed one where it runs) are not the CPU's: their
+    """The CUDA kernels (int4: ``_weight_int4pack_mm``, int8: the dequantizing ``F.linear``) are not the CPU's: their
     weights, read through the identity, lie within the rounding bound of the originals in bf16."""
     torch.manual_seed(0)
     model = GPT(GPT_SIZES["gpt_tiny"]).eval().to("cuda", torch.bfloat16)

@@ -96,6 +96,24 @@ def test_variants_tables_and_kernels(gpt):
     assert table["largest error (steps)"].iloc[0] == 0 and (table["largest error (steps)"] <= 0.501).all()
 
 
+def test_on_cuda_int8_multiplies_as_gpt_fast_does_even_where_the_packed_kernel_runs(monkeypatch):
+    """torch's CUDA ``_weight_int8pack_mm`` runs (its probe succeeds) but reads the weights once per row: on CUDA the
+    choice is the dequantizing ``F.linear`` that Inductor fuses, decided without a GPU (the probe faked to succeed
+    everywhere); on a CPU the packed kernel stays."""
+    probed = []
+
+    def runs_everywhere(scheme, device, dtype):
+        probed.append(device)
+        return None
+
+    monkeypatch.setattr(q, "_tried", runs_everywhere)
+    assert q.int8_kernel("cuda", torch.bfloat16) == q.int8_kernel(torch.device("cuda:0"), torch.float16) \
+        == q.INT8_DEQUANTIZED
+    assert q.int8_kernel("cpu", torch.bfloat16) == q.INT8_PACKED and probed == ["cpu"]
+    layer = q._replacer("int8", torch.device("cuda"), torch.bfloat16, 64)(nn.Linear(64, 32))  # what quantize builds
+    assert isinstance(layer, q.Int8Linear) and layer.kernel == q.INT8_DEQUANTIZED
+
+
 def test_decode_times_give_a_verdict_per_variant(gpt):
     models, _ = q.variants(gpt)
     times = q.decode_times(models, batch=2, prompt_len=4, new_tokens=3, rounds=2)

@@ -263,18 +263,6 @@ def test_decode_sweep(model: GPT) -> None:
         batching.decode_sweep(model, (2,), context=45, steps=3)
 
 
-def test_branch_point_finds_where_tokens_leave_the_reference(model: GPT) -> None:
-    prompt = (3, 1, 4, 1, 5)
-    reference = generation.greedy_reference(model, torch.tensor([prompt]), 8)[0, 5:].tolist()
-    assert scheduler.branch_point(model, prompt, reference, reference) == (None, math.inf)
-    changed = reference[:5] + [(reference[5] + 1) % 50] + reference[6:]
-    index, margin = scheduler.branch_point(model, prompt, changed, reference)
-    best, second = model(torch.tensor([list(prompt) + reference[:5]]))[0, -1].topk(2).values.tolist()
-    assert index == 5 and margin == pytest.approx(best - second) and margin > scheduler.TIE_MARGIN[torch.float32]
-    assert not scheduler.same_as_alone(model, prompt, changed, reference)
-    assert scheduler.branch_point(model, prompt, reference[:-1], reference)[0] == 7  # a token short
-
-
 TINY_SETUP = batching.Setup("gpt_tiny", 1, torch.float32, False, (1, 2), 8, 2, 2, 2, 6, (3, 6), (2, 5), (0.5, 2.0), 2,
                             rq.Objective(1.0, 1.0))
 

@@ -183,5 +183,5 @@ def test_the_compiled_variant_counts_only_its_own_graph_pool():
         held = source * 2
     prompt = torch.randint(0, 40, (1, 24), generator=torch.Generator().manual_seed(2)).cuda()
     study = decoding.decode_study(model, prompt, 4, rounds=2, variants=("no cache", "static cache, compiled"))
-    assert held.numel() == 2**24 and study.tokens_equal["static cache, compiled"]
+    assert held.numel() == 2**24 and study.agreements["static cache, compiled"].agrees
     assert study.peak_mb["static cache, compiled"] < 32, study.peak_mb

@@ -97,7 +97,7 @@ def test_the_comparison_times_every_setting_against_greedy_and_checks_its_tokens
     table = comparison.table().set_index("variant")
     assert list(table.index) == [sp.BASELINE, "draft model, k=1", "draft model, k=4", "prompt lookup, k=1",
                                  "prompt lookup, k=4"]
-    assert table["identical to greedy"].all() and (table["rounds"] == 2).all()
+    assert table["same as greedy"].all() and (table["rounds"] == 2).all()
     assert table.loc[sp.BASELINE, "verdict"] == "baseline"
     assert table.drop(index=sp.BASELINE)["verdict"].isin(VERDICTS).all()
     assert table.loc["prompt lookup, k=4", "drafter MiB"] == 0 < table.loc["draft model, k=1", "drafter MiB"]
@@ -137,8 +137,8 @@ def test_bad_input_is_one_line_naming_what_is_allowed(target, prompt, call, mess
 def test_the_comparison_flags_a_decoder_that_keeps_rejected_guesses(target, prompt, monkeypatch):
     monkeypatch.setattr(sp, "accepted_prefix", lambda drafted, predicted: len(drafted))  # every guess kept
     comparison = sp.decode_comparison(target, perturbed(target, 0.5), prompt, 12, ks=(2,), rounds=2)
-    assert comparison.identical[sp.BASELINE]
-    assert not comparison.identical["draft model, k=2"] and not comparison.identical["prompt lookup, k=2"]
+    assert comparison.agreements[sp.BASELINE].agrees
+    assert not any(comparison.agreements[label].agrees for label in ("draft model, k=2", "prompt lookup, k=2"))
 
 
 @pytest.mark.parametrize("cuda", [False, True])
@@ -188,7 +188,7 @@ def test_the_comparison_can_compile_the_verification_alone(target, prompt, monke
     comparison = sp.decode_comparison(target, perturbed(target, 0.5), prompt, 6, ks=(2,), rounds=2,
                                       compile_verification=True)
     table = comparison.table().set_index("variant")
-    assert table["identical to greedy"].all() and counter.frame_count == 1  # one k, one graph, every run
+    assert table["same as greedy"].all() and counter.frame_count == 1  # one k, one graph, every run
     assert table.loc[sp.BASELINE, "compiled"] == "none"
     assert table.loc["prompt lookup, k=2", "compiled"] == "verification"
     torch._dynamo.reset()
@@ -214,7 +214,7 @@ def test_on_a_gpu_every_part_runs_under_cuda_graphs_and_keeps_greedy_tokens():
     prompt = torch.randint(16, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(0))
     comparison = sp.decode_comparison(target, draft, prompt, 16, ks=(2, 4), rounds=2, compiled=True)
     table = comparison.table().set_index("variant")
-    assert table["identical to greedy"].all(), table
+    assert table["same as greedy"].all(), table
     assert comparison.verification_compiled and comparison.caveat() is None
     assert table.loc["draft model, k=4", "compiled"] == "the draft's steps and verification"
     assert {("reduce-overhead", 2), ("reduce-overhead", 4)} <= set(sp._VERIFIERS)
@@ -244,5 +244,5 @@ def test_the_comparison_builds_one_target_cache_per_setting_for_all_its_runs(tar
 
     monkeypatch.setattr(generation, "StaticKVCache", counted)
     comparison = sp.decode_comparison(target, perturbed(target, 0.5), prompt, 6, ks=(2,), rounds=3)
-    assert all(comparison.identical.values())
+    assert all(check.agrees for check in comparison.agreements.values())
     assert len(built) == 4  # the draft's own, the baseline's and the two settings' target caches: 4 runs each

@@ -190,3 +190,20 @@ def test_a_comparison_with_dependent_rounds_says_so_beside_its_verdict_in_the_ta
          "verdict": timing.FASTER, "autocorrelation": 0.05, "peak_mem_mb": 1.0}])
     verdicts = list(comparison_table(summary)["verdict"])
     assert "may be too narrow" in verdicts[0] and "0.45" in verdicts[0] and verdicts[1] == timing.FASTER
+
+
+def test_verdicts_at_equality_exactly_two_percent_and_exactly_at_an_edge():
+    """A speed-up of exactly 1.02 is a real gain (at least 1 + MIN_EFFECT) and exactly 1/1.02 a real loss; an
+    interval that touches 1 is not wholly above or below it, and one that touches the band's edge is not inside it."""
+    band = 1 + timing.MIN_EFFECT
+    assert verdict(band, 1.01, 1.03) == timing.FASTER and verdict(1 / band, 0.97, 0.99) == timing.SLOWER
+    assert verdict(1.05, 1.0, 1.1) == verdict(0.95, 0.9, 1.0) == timing.UNCLEAR
+    assert verdict(1.0, 0.99, band) == verdict(1.0, 1 / band, 1.01) == timing.UNCLEAR
+    assert verdict(1.0, 0.99, band - 1e-9) == verdict(1.0, 1 / band + 1e-9, 1.01) == timing.SAME
+
+
+def test_the_scale_the_rule_reads_is_one_rounds_spread():
+    """``scale`` is the standard error times sqrt(rounds): with no trim and no slot fit, the rounds' sample standard
+    deviation (n - 1 in the denominator), which the budget's reach is judged on."""
+    logs = np.log([1.02, 1.05, 1.01, 1.06, 1.03])
+    assert speed_up(np.exp(logs), np.ones(5)).scale == pytest.approx(logs.std(ddof=1), rel=1e-12)

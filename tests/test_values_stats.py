@@ -1,7 +1,9 @@
 """The interval's numbers, checked as values on inputs where a slip gives another number: rounds of equal leverage
 (where the leverage correction must leave the plain least-squares interval as it is), the rounds on the trimming
-boundary (corrected like every round kept), adjacent outliers (the autocorrelation reads the winsorized rounds), and a
-chained stack whose middle step failed (its status, never "not waited for")."""
+boundary (corrected like every round kept), adjacent outliers (the autocorrelation reads the winsorized rounds), a
+chained stack whose middle step failed (its status, never "not waited for"), shifts that do not centre on 0 (the fit
+read away from the shifts' mean), and the stopping rule's time limits at equality (a round that ends exactly at the
+budget or the deadline still runs)."""
 import math
 
 import numpy as np
@@ -9,6 +11,7 @@ import pandas as pd
 import pytest
 
 from optlab.core.measuring import timing
+from optlab.core.stats.sequential import StoppingRule
 from optlab.core.stats.summary import NOT_WAITED, step_by_step, summarize_runs
 
 
@@ -128,3 +131,58 @@ def test_a_failed_step_of_a_chained_stack_keeps_its_failure_in_both_verdicts():
     assert steps.loc["+a", "verdict"] in timing.VERDICTS and steps.loc["+a", "baseline_verdict"] in timing.VERDICTS
     summary = summarize_runs(samples, "base").set_index("variant")
     assert summary.loc["+b", "n"] == 3 and math.isnan(summary.loc["+b", "speedup"])  # the rounds it finished
+
+
+def test_a_pair_that_would_end_exactly_at_the_budget_still_runs():
+    """The next pair's forecast (2 x 0.125 s) ends exactly at the 1 s budget after 0.75 s: not past it, so the look
+    is not the last; a moment later it is."""
+    for elapsed, final in ((0.75, False), (0.75 + 2**-10, True)):
+        now = [0.0]
+        rule = StoppingRule(4, 48, time_budget_s=1.0, clock=lambda: now[0])
+        rule.start()
+        for seconds in (0.125,) * 4:
+            rule.round_done(seconds)
+        now[0] = elapsed
+        assert rule.stop_on(4, lambda level: False) == final and rule.looks[-1].final == final
+
+
+def test_a_round_that_would_end_exactly_at_the_deadline_still_runs(monkeypatch):
+    """Rounds of 0.5 s; after one ends at 1.5 s the next would end exactly at the 2 s deadline: it runs. One that
+    would end past it does not."""
+    from optlab.core.process import shutdown
+
+    for deadline, stops in ((2.0, False), (2.0 - 2**-10, True)):
+        now = [0.0]
+        monkeypatch.setattr(shutdown, "now", lambda: now[0])
+        rule = StoppingRule(4, 48, deadline=deadline)
+        rule.start()
+        for end in (0.5, 1.0, 1.5):
+            now[0] = end
+            stopped = rule.stop_on(int(end * 2), lambda level: False)
+        assert stopped == stops and rule.past_deadline == stops
+
+
+def test_shifts_that_do_not_centre_on_zero_read_the_fit_where_the_shift_is_zero():
+    """Slot shifts of 2 and 0 (equal leverage, mean 1): the value at a shift of 0 lies one shift from the shifts'
+    mean, so it is the mean of the three rounds at shift 0 and its standard error the textbook
+    s * sqrt(1/n + mean^2 / Sxx), twice the variance of a centred fit's; only those three rounds weigh in it, so
+    Bell and McCaffrey's degrees of freedom are 2."""
+    logs = np.log(np.random.default_rng(5).uniform(0.95, 1.10, 6))
+    shifts = np.array([2.0, 0.0] * 3)
+    centre, error, _, df = timing.log_ratio_fit(logs, shifts)
+    assert (float(centre), float(error)) == pytest.approx(plain_fit(logs, shifts), rel=1e-12)
+    assert float(centre) == pytest.approx(logs[1::2].mean(), rel=1e-12) and df == pytest.approx(2, rel=1e-9)
+
+
+def test_the_budgets_forecast_is_the_longest_round_after_the_first_and_only_the_first_left_out():
+    """Rounds of 3 s (one-off costs), 0.875 s, 0.25 s and 0.25 s against a 5 s budget: the next pair is forecast at
+    2 x 0.875 s, so after 3 s it fits (a forecast with the first round would not) and after 3.5 s it does not (one
+    that also left out the second round would say it does)."""
+    for elapsed, final in ((3.0, False), (3.5, True)):
+        now = [0.0]
+        rule = StoppingRule(4, 48, time_budget_s=5.0, clock=lambda: now[0])
+        rule.start()
+        for seconds in (3.0, 0.875, 0.25, 0.25):
+            rule.round_done(seconds)
+        now[0] = elapsed
+        assert rule.stop_on(4, lambda level: False) == final, elapsed

@@ -223,3 +223,52 @@ def test_rounds_equal_up_to_a_float_s_rounding_read_as_rounds_exactly_equal(shif
     wobble = [1, -2, 0.5, 1.5, -1, 0]  # parts in 10,000, not along the shifts
     real = timing.speed_up(times, [t / 1.5 * (1 + 1e-4 * w) for t, w in zip(times, wobble)], slot_shifts=shifts)
     assert real.verdict == timing.FASTER and real.low < 1.5 < real.high  # a spread a clock can see is read
+
+
+class QueuedDevice:
+    """A fake CUDA device whose work runs behind the host: a launch queues seconds of work and returns at once, an
+    event is stamped when the queue reaches it, and ``synchronize`` (counted) holds the host until the queue is
+    empty."""
+
+    def __init__(self) -> None:
+        self.host, self.busy_until, self.synchronized = 100.0, 100.0, 0
+        device = self
+
+        class Event:
+            def __init__(self, enable_timing: bool = False) -> None:
+                self.at = None
+
+            def record(self) -> None:
+                self.at = max(device.busy_until, device.host)
+
+            def elapsed_time(self, other: "Event") -> float:
+                return 1e3 * (other.at - self.at)
+
+        self.Event = Event
+
+    def launch(self, seconds: float) -> None:
+        self.busy_until = max(self.busy_until, self.host) + seconds
+
+    def synchronize(self) -> None:
+        self.synchronized += 1
+        self.host = max(self.host, self.busy_until)
+
+
+def test_a_cuda_timer_waits_for_the_queue_before_it_starts_and_before_it_reads_the_wall(monkeypatch):
+    """3 s of another variant's work are still queued when the timer starts; its steps queue 0.25 s and 0.5 s and the
+    host returns at once. The wall is the steps' 0.75 s only where ``start`` synchronizes before it reads the clock
+    (else 3.75 s) and ``finish`` synchronizes before it reads it (else 0 s), and each synchronizes exactly once."""
+    device = QueuedDevice()
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: device.host)
+    monkeypatch.setattr(torch.cuda, "Event", device.Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", device.synchronize)
+    device.launch(3.0)
+    timer = StepTimer(torch.device("cuda"))
+    timer.start()
+    assert device.synchronized == 1 and device.host == 103.0
+    for seconds in (0.25, 0.5):
+        device.launch(seconds)
+        timer.mark()
+    assert device.synchronized == 1  # no synchronize between steps: that would stall the queue
+    steps, wall = timer.finish()
+    assert steps == [0.25, 0.5] and wall == 0.75 and device.synchronized == 2

@@ -26,6 +26,7 @@ from ...core.stats.sequential import visit_order
 from ...core.measuring.timing import INTERVAL, speed_up
 from ...core.gpt.transformer import GPT, GPTConfig
 from . import bandwidth
+from .agreement import TokenAgreement, token_agreement
 from .generation import (
     Generation, StaticKVCache, compiled_decode, forward_cached, generate, greedy_reference, make_cache,
 )
@@ -92,7 +93,7 @@ class DecodeStudy:
     slot_shifts: dict[str, list[float]] = field(default_factory=dict)
     peak_mb: dict[str, float] = field(default_factory=dict)
     cache_bytes: dict[str, int] = field(default_factory=dict)
-    tokens_equal: dict[str, bool] = field(default_factory=dict)
+    agreements: dict[str, TokenAgreement] = field(default_factory=dict)  # each variant's tokens against the reference
     compile_s: float = math.nan
 
     @property
@@ -122,7 +123,8 @@ class DecodeStudy:
     def table(self) -> pd.DataFrame:
         """One row per variant, medians over the rounds: TTFT, TPOT (vLLM's mean gap) and the median step, tokens/s,
         the median step's speed-up over no cache with its interval and verdict, the cache's and the peak memory,
-        bytes per step, the bandwidth bound and MBU (NaN where ``mbu_reason`` says why)."""
+        bytes per step, the bandwidth bound and MBU (NaN where ``mbu_reason`` says why), and whether its tokens are the
+        reference's up to near-ties (``agreement.token_agreement``) with the count of ties."""
         rows = []
         for label, tpots in self.tpot_s.items():
             tpot = float(np.median(tpots))
@@ -140,7 +142,7 @@ class DecodeStudy:
                     "MB read per step": step_bytes / 1e6,
                     "bound tokens/s": bandwidth.bound_tokens_per_s(step_bytes, self.batch, self.peak),
                     "MBU %": math.nan if self.mbu_reason(label) else 100 * bandwidth.mbu(step_bytes, tpot, self.peak),
-                    "tokens = reference": self.tokens_equal[label]}
+                    "same as reference": self.agreements[label].agrees, "near-ties": self.agreements[label].ties}
             rows.append(row)
         return pd.DataFrame(rows).set_index("variant")
 
@@ -202,7 +204,7 @@ def decode_study(model: GPT, prompt: torch.Tensor, new_tokens: int, rounds: int 
         if VARIANTS[label][1]:
             again = _one_run(model, prompt, new_tokens, label)
             study.compile_s = first_s - again.prefill_s - sum(again.decode_s)
-        study.tokens_equal[label] = bool(torch.equal(first.tokens, reference))
+        study.agreements[label] = token_agreement(model, first.tokens, reference, prompt.size(1))
         study.peak_mb[label] = _peak_mb(model, lambda: _one_run(model, prompt, new_tokens, label), device,
                                         pool_before)
         study.cache_bytes[label] = _cache_bytes(study, label)

@@ -6,8 +6,9 @@ once per token, so fewer bytes a weight should mean more tokens a second where r
 activations stay in the model's dtype (fp32 on a CPU, bf16 on a GPU); only the weights are stored smaller.
 
 - **int8**: symmetric, one scale per output channel (row of the ``[out, in]`` weight): ``w ~ q * scale[row]``,
-  ``q`` in -127..127. The kernel is ``torch._weight_int8pack_mm(x, q, scales)`` where it runs for the device and dtype,
-  else gpt-fast's ``F.linear(x, q.to(x.dtype)) * scales`` (which ``torch.compile`` fuses).
+  ``q`` in -127..127. On a GPU the multiply is gpt-fast's ``F.linear(x, q.to(x.dtype)) * scales``, whose cast and
+  scale Inductor fuses into the matmul under ``torch.compile`` (``int8_kernel`` says why not torch's CUDA
+  ``_weight_int8pack_mm``); elsewhere ``torch._weight_int8pack_mm(x, q, scales)`` where it runs, else gpt-fast's.
 - **int4**: asymmetric, a scale and a zero per group of ``group_size`` input columns of each row,
   ``w ~ (q - 8) * scale + zero``, ``q`` in 0..15, packed two a byte by ``_convert_weight_to_int4pack_for_cpu`` (CPU) or
   ``_convert_weight_to_int4pack`` (CUDA, bf16 activations) and multiplied by the matching ``_weight_int4pack_mm``;
@@ -226,9 +227,15 @@ def _tried(scheme: str, device: str, dtype: torch.dtype) -> str | None:
 
 
 def int8_kernel(device: "torch.device | str", dtype: torch.dtype) -> str:
-    """The int8 multiply that runs on ``device`` with ``dtype`` activations: the packed kernel where it runs,
-    else the dequantizing ``F.linear``."""
-    return INT8_PACKED if _tried("int8", str(torch.device(device)), dtype) is None else INT8_DEQUANTIZED
+    """The int8 multiply for ``device`` with ``dtype`` activations. On CUDA the dequantizing ``F.linear``, as
+    gpt-fast runs int8 (Inductor fuses the cast and the scale into the matmul): torch's CUDA ``_weight_int8pack_mm``
+    computes each output with one thread or warp in fp32 and shares no weight tile across rows, so at a large batch it
+    reads the weights once per row, and a table of it would time that kernel, not weight-only quantization.
+    Elsewhere the packed kernel where it runs, else the dequantizing ``F.linear``."""
+    place = torch.device(device)
+    if place.type == "cuda":
+        return INT8_DEQUANTIZED
+    return INT8_PACKED if _tried("int8", str(place), dtype) is None else INT8_DEQUANTIZED
 
 
 def int4_support(device: "torch.device | str", dtype: torch.dtype) -> str | None:

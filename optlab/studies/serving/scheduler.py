@@ -21,7 +21,6 @@ slot; tests drive the schedulers with a stand-in engine.
 """
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -324,32 +323,3 @@ def compare_schedulers(engine: Engine, streams: dict[float, list[Request]], obje
             shifts[rate].append(order.index("continuous") - order.index("static"))
     cache_bytes = getattr(engine, "cache_bytes", 0)
     return ServingStudy(list(streams), runs, shifts, objective, cache_bytes, capacities)
-
-
-# Rounding makes a batched step's logits differ a little from a request's alone (the matmuls sum in another order);
-# where the greedy choice is a near-tie, that can flip it. A branch is counted as rounding only where the reference's
-# two best logits lie within this much of each other, in the model's dtype (bf16 keeps 8 bits of mantissa).
-TIE_MARGIN = {torch.float32: 1e-3, torch.float16: 0.125, torch.bfloat16: 0.25}
-
-
-@torch.no_grad()
-def branch_point(model: GPT, prompt: tuple[int, ...], tokens: list[int],
-                 reference: list[int]) -> tuple[int | None, float]:
-    """Where ``tokens`` first differ from ``reference`` (the prompt's greedy decoding alone), and the reference's
-    margin there between its two most likely next tokens; ``(None, inf)`` where they agree throughout."""
-    if len(tokens) != len(reference):
-        return min(len(tokens), len(reference)), math.inf
-    for index, (token, expected) in enumerate(zip(tokens, reference)):
-        if token != expected:
-            device = model.token_embedding.weight.device
-            context = torch.tensor([list(prompt) + reference[:index]], dtype=torch.long, device=device)
-            best, second = model(context)[0, -1].float().topk(2).values.tolist()
-            return index, best - second
-    return None, math.inf
-
-
-def same_as_alone(model: GPT, prompt: tuple[int, ...], tokens: list[int], reference: list[int]) -> bool:
-    """Whether ``tokens`` are ``reference``, or branch from it only at a near-tie of the model's dtype
-    (``TIE_MARGIN``)."""
-    index, margin = branch_point(model, prompt, tokens, reference)
-    return index is None or margin <= TIE_MARGIN[model.token_embedding.weight.dtype]

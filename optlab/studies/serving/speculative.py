@@ -34,6 +34,7 @@ from ...core.stats.sequential import visit_order
 from ...core.measuring.timing import StepTimer, speed_up
 from ...core.gpt.transformer import GPT
 from . import generation, trained
+from .agreement import TokenAgreement, combined, token_agreement
 
 DRAFTERS = ("draft model", "prompt lookup")
 DRAFT_LENGTHS = (1, 2, 4, 8)
@@ -318,14 +319,14 @@ def _decode_s(generated: generation.Generation) -> float:
 class DecodeComparison:
     """Paired rounds of plain greedy decoding with the static cache and each speculative setting: decode seconds per
     round (every token after the first), each setting's slot after the baseline in each round, its rounds' acceptance,
-    and whether every run's tokens equalled the greedy reference."""
+    and how every run's tokens stand against the greedy reference (``agreement.token_agreement``, all runs combined)."""
 
     new_tokens: int
     times_s: dict[str, list[float]]
     slot_shifts: dict[str, list[int]]
     settings: dict[str, dict]  # label -> drafter, k, extra bytes
     runs: dict[str, Speculation]  # the last run of each setting
-    identical: dict[str, bool]
+    agreements: dict[str, TokenAgreement]
     compiled: bool = False  # the one-token decode steps (the baseline's, the draft's) ran compiled
     verification_compiled: bool = False  # the target's verification of k + 1 tokens ran compiled
 
@@ -350,7 +351,8 @@ class DecodeComparison:
 
     def table(self) -> pd.DataFrame:
         """One row per setting: drafter, k, acceptance rate, tokens per target call, decode tokens/s (median round),
-        the speed-up over greedy decoding with its interval and verdict, identical tokens, the drafter's memory
+        the speed-up over greedy decoding with its interval and verdict, whether its tokens are greedy decoding's up to
+        near-ties and how many ties it took, the drafter's memory
         (its weights and cache) and what ran compiled (``compiled_steps``)."""
         baseline = self.times_s[BASELINE]
         rows = []
@@ -360,7 +362,8 @@ class DecodeComparison:
                    "acceptance rate": run.acceptance_rate if run else math.nan,
                    "tokens per target call": run.tokens_per_round if run else 1.0,
                    "decode tokens/s": (self.new_tokens - 1) / float(np.median(times)),
-                   "identical to greedy": self.identical[label], "drafter MiB": setting["bytes"] / 2**20,
+                   "same as greedy": self.agreements[label].agrees, "near-ties": self.agreements[label].ties,
+                   "drafter MiB": setting["bytes"] / 2**20,
                    "compiled": self.compiled_steps(label), "rounds": len(times)}
             if label == BASELINE:
                 rows.append(row | {"speedup": 1.0, "ci_low": 1.0, "ci_high": 1.0, "verdict": "baseline"})
@@ -398,15 +401,17 @@ def decode_comparison(target: GPT, draft: "GPT | None", prompt: torch.Tensor, ne
     """Plain greedy decoding with the static cache against speculative decoding with each drafter and each draft
     length ``k``, ``rounds`` paired rounds after one untimed warm-up round, in mirrored orders
     (``sequential.visit_order``), on the book's timing threads (``quiet.fix_threads``); every run's tokens are compared
-    with the no-cache greedy reference. ``compiled`` compiles the one-token steps and, unless
-    ``compile_verification`` is False, the verification. Each setting fills one target cache of its own, emptied
-    before every run, so that on a GPU its graphs are recorded in the warm-up round and replayed in the timed ones."""
+    with the no-cache greedy reference, a differing token accepted only at a near-tie (``agreement``). ``compiled``
+    compiles the one-token steps and, unless ``compile_verification`` is False, the verification. Each setting fills
+    one target cache of its own, emptied before every run, so that on a GPU its graphs are recorded in the warm-up
+    round and replayed in the timed ones."""
     verify = compiled if compile_verification is None else compile_verification
     rounds = check_count("rounds", rounds, 2, MAX_ROUNDS, "paired rounds of whole generations")
     if not ks or any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_DRAFT for k in ks):
         raise OptlabError(f"ks must be draft lengths from 1 to {MAX_DRAFT}, got {ks!r}")
     fix_threads(target.token_embedding.weight.device.type == "cuda")
     reference = generation.greedy_reference(target, prompt, new_tokens)[0].tolist()
+    prompt_len = prompt.size(1)
     max_len = prompt.size(1) + new_tokens + max(ks)
     setups = {BASELINE: None} | {f"{kind}, k={k}": make_drafter(kind, k, draft, max_len, compiled)
                                  for kind in drafters for k in ks}
@@ -414,7 +419,7 @@ def decode_comparison(target: GPT, draft: "GPT | None", prompt: torch.Tensor, ne
                         "bytes": 0 if d is None else d.nbytes} for label, d in setups.items()}
     times: dict[str, list[float]] = {label: [] for label in setups}
     shifts: dict[str, list[int]] = {label: [] for label in setups}
-    identical = dict.fromkeys(setups, True)
+    checks: dict[str, list[TokenAgreement]] = {label: [] for label in setups}
     runs: dict[str, Speculation] = {}
     caches = {label: generation.StaticKVCache(target, 1, target_cache_len(prompt.size(1), new_tokens, d.k)
                                               if d else prompt.size(1) + new_tokens - 1)
@@ -431,8 +436,9 @@ def decode_comparison(target: GPT, draft: "GPT | None", prompt: torch.Tensor, ne
             else:
                 run = runs[label] = speculative_generate(target, prompt, new_tokens, drafter, verify, caches[label])
                 tokens, seconds = run.tokens[0].tolist(), run.decode_s
-            identical[label] &= tokens == reference
+            checks[label].append(token_agreement(target, tokens, reference, prompt_len))
             if index >= 0:
                 times[label].append(seconds)
                 shifts[label].append(order.index(label) - order.index(BASELINE))
-    return DecodeComparison(new_tokens, times, shifts, settings, runs, identical, compiled, verify)
+    agreements = {label: combined(found) for label, found in checks.items()}
+    return DecodeComparison(new_tokens, times, shifts, settings, runs, agreements, compiled, verify)
