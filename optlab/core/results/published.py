@@ -24,7 +24,7 @@ CHAPTERS = ("data_loading", "non_blocking", "multiple_of_8", "mixed_precision", 
             "data_pipeline", "profiling", "all_together", "gpt_all_together", "kv_cache", "quantization", "speculative",
             "serving", "compile_time", "graph_breaks", "ceilings")
 LOWER_IS_BETTER = ("s", "ms", "µs", "minutes", "hours")  # a time: the speed-up is before / after
-HIGHER_IS_BETTER = ("img/s", "tokens/s", "TFLOP/s", "%", "x")  # a rate (or a ratio): after / before
+HIGHER_IS_BETTER = ("img/s", "samples/s", "tokens/s", "TFLOP/s", "%", "x")  # a rate (or a ratio): after / before
 KEYS = ["chapter", "url", "where", "hardware", "model", "before_setting", "after_setting", "metric"]
 
 
