@@ -1,4 +1,4 @@
-"""Chapter 30's plumbing: the bandwidth bound's arithmetic and peaks, the published serving figures, and the decoding
+"""Chapter 30's plumbing: the bandwidth bound's arithmetic and peaks, and the decoding
 study's table and checks on a small GPT."""
 import math
 
@@ -7,7 +7,7 @@ import torch
 
 from optlab.core.errors import OptlabError
 from optlab.core.gpt.transformer import GPT, GPT_SIZES, GPTConfig, parameter_count
-from optlab.studies.serving import bandwidth, decoding, published
+from optlab.studies.serving import bandwidth, decoding
 
 
 @pytest.fixture(scope="module")
@@ -81,24 +81,6 @@ def test_mbu_is_given_only_where_a_step_reads_memory(tmp_path):
         (folder / "size").write_text(f"{size}\n")
     assert bandwidth.last_level_cache_bytes("cpu", tmp_path) == 32 * 2**20  # the highest level, not the largest
     assert bandwidth.last_level_cache_bytes("cpu", tmp_path / "absent") is None
-
-
-def test_published_figures_are_consistent():
-    table = published.all_figures()
-    assert list(table.columns) == published.COLUMNS
-    for chapter in published.CHAPTERS:  # every serving chapter sets published figures beside its own
-        rows = published.published_serving(chapter)
-        assert len(rows) > 0 and rows["url"].str.startswith("https://").all() and rows["gpu"].notna().all()
-    rates = table[table["unit"] == "tokens/s"]
-    for _, row in rates.dropna(subset=["baseline_setting"]).iterrows():
-        base = rates[(rates["source"] == row["source"]) & (rates["model"] == row["model"])
-                     & (rates["setting"] == row["baseline_setting"])]
-        assert len(base) == 1, row["setting"]
-        assert row["speedup"] == pytest.approx(row["value"] / base["value"].iloc[0], rel=5e-3), row["setting"]
-    kv = published.published_serving("kv_cache").set_index("metric")
-    assert 107.0 in kv["value"].values and kv.loc["memory-bandwidth utilisation (MBU)", "value"] == 72
-    with pytest.raises(OptlabError, match="chapter"):
-        published.published_serving("training")
 
 
 def test_decode_study_table(model, prompt):

@@ -29,7 +29,7 @@ def test_a_live_record_fills_its_rows_with_interval_and_verdict():
     row = table.loc[("set_to_none", "w gradient none", "resnet18")]
     assert (row[LIVE_COLUMN], row["live verdict"]) == ("1.10 (1.05–1.15)", "faster")
     assert table.loc[("set_to_none", "w gradient none", "resnet50"), LIVE_COLUMN] == summary_page.NOT_RUN
-    assert list(table.columns) == ["compared with", "seed V100", LIVE_COLUMN, "live verdict"]  # no records: no column
+    assert list(table.columns) == ["compared with", "seed V100", "published, modern GPU", LIVE_COLUMN, "live verdict"]  # no records: no column
     assert summary_page.describe({"live": LIVE}).startswith("live: 1 of 9 seed techniques (missing: channels_last")
 
 
@@ -96,5 +96,6 @@ def test_the_transformer_table_keeps_the_cnn_tables_as_they_were():
     found = {"live": pd.concat([LIVE, BEYOND, TRANSFORMER])}
     beyond = summary_page.beyond_table(found)
     assert "gpt_shapes" not in set(beyond.index.get_level_values("technique"))
-    assert list(beyond.columns) == ["compared with", LIVE_COLUMN, "live verdict", "live peak MiB", "live TFLOP/s"]
+    assert list(beyond.columns) == ["compared with", "published, modern GPU", LIVE_COLUMN, "live verdict", "live peak MiB",
+                                    "live TFLOP/s"]
     assert summary_page.transformer_table({"live": pd.concat([LIVE, BEYOND])}).empty

@@ -88,11 +88,13 @@ def compared_with(index: pd.MultiIndex) -> list[str]:
 
 
 def summary_table(tidy: pd.DataFrame) -> pd.DataFrame:
-    """One row per technique, variant and model: the seed's speed-up, then each source's with its interval and
-    verdict (a source without records has no columns)."""
+    """One row per technique, variant and model: the seed's speed-up, what others published on a modern GPU for the
+    technique (:func:`report.summary_cell`), then each source's with its interval and verdict (a source without
+    records has no columns)."""
     seed = tidy[tidy["source"] == SEED].set_index(KEYS)
     table = seed[["speedup"]].map(report.ratio).rename(columns={"speedup": SEED})
     table.insert(0, report.COMPARED_WITH, compared_with(table.index))
+    table.insert(2, report.SUMMARY_COLUMN, report.summary_column(table.index.get_level_values("technique")))
     for name in [LIVE] + sorted(set(tidy["source"]) - {SEED, LIVE}):
         table[f"{name} ({report.INTERVAL})"], table[f"{name} verdict"] = _measured(tidy[tidy["source"] == name],
                                                                                 table.index)
@@ -130,6 +132,7 @@ def beyond_table(found: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
     if table is None:
         return pd.DataFrame(columns=keys)
     table.insert(len(keys), report.COMPARED_WITH, compared_with(table.set_index(keys).index))
+    table.insert(len(keys) + 1, report.SUMMARY_COLUMN, report.summary_column(table["technique"]))
     measured = [column for column in table if column.endswith(f" ({report.INTERVAL})")]
     table[measured] = table[measured].fillna(NOT_RUN)
     # registry order: techniques as the chapters come, variants as each technique lists them (others last)

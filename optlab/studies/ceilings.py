@@ -12,7 +12,6 @@ stays under a minute on two cores, a GPU's reaches the shapes where its tensor c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -25,6 +24,7 @@ from ..core.gpt.fp8 import ACTIVATION_DTYPE, OUT_DTYPE, column_major, fp8_suppor
 from ..core.knobs.limits import check_count
 from ..core.machine.device import resolve_device
 from ..core.results import store
+from ..core.results.published import published_figures
 from ..core.stats.order import median_interval
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
@@ -44,9 +44,6 @@ GRAPH_OPS = 64  # tiny additions captured in the CUDA graph whose replay is time
 NAMES = ("matmul", "copy", "read", "launch")
 UNITS = {"matmul": "TFLOP/s", "copy": "GB/s", "read": "GB/s", "launch": "µs"}
 RECORD = "ceilings"  # results/live/ceilings.csv
-PUBLISHED = "published_ceilings.csv"  # under optlab/resources: others' MAMF, with its source
-PUBLISHED_COLUMNS = ["accelerator", "dtype", "mamf_tflops", "datasheet_tflops", "best_shape", "torch", "source",
-                     "url"]
 Timer = Callable[[str, dict], Sequence[float]]  # a statement and its globals -> seconds per run, one per timed block
 
 
@@ -210,12 +207,14 @@ def describe(table: pd.DataFrame) -> str:
 
 def published() -> pd.DataFrame:
     """Others' measured MAMF (A100, H100, H200 from stas00's ml-engineering), each with the datasheet peak, the share
-    of it reached, the shape, the torch version and a link to its source."""
-    with resources.files("optlab.resources").joinpath(PUBLISHED).open() as handle:
-        table = pd.read_csv(handle)
-    missing = [column for column in PUBLISHED_COLUMNS if column not in table]
-    if missing:
-        raise OptlabError(f"{PUBLISHED}: missing columns {missing}; a published ceiling has {PUBLISHED_COLUMNS}")
+    of it reached, the shape, the torch version and a link to its source (the ``ceilings`` rows of the published
+    figures, :func:`optlab.core.results.published.published_figures`)."""
+    rows = published_figures("ceilings")
+    table = pd.DataFrame({
+        "accelerator": rows["hardware"], "dtype": rows["metric"].str.split().str[0], "mamf_tflops": rows["after"],
+        "datasheet_tflops": rows["before"], "best_shape": rows["model"].str.removeprefix("matmul, best shape "),
+        "torch": rows["software"].str.removeprefix("torch "), "notes": rows["note"], "source": rows["source"],
+        "url": rows["url"]})
     return table.assign(**{"% of datasheet": 100 * table["mamf_tflops"] / table["datasheet_tflops"]})
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import io
 import linecache
 import os
-from importlib import resources
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -40,7 +39,6 @@ BREAK_CAUSES = {  # what each break is, in the words a reader would search for
     "builtin": "a C builtin Dynamo cannot trace (`time.perf_counter`)",
 }
 MAX_ROUNDS, MAX_CALLS = 200, 10_000
-PUBLISHED = "published_graph_breaks.csv"  # under optlab/resources: what others measured, with the source's link
 BREAK_COLUMNS = ["break", "reason", "where", "line"]
 LOG = io.StringIO()  # where the model's print writes: the break is the call, not what it prints
 
@@ -235,15 +233,6 @@ def time_variants(variants: dict[str, Callable[[], Any]], rounds: int = 10, call
                 timings.seconds.setdefault(label, []).append((time.perf_counter() - start) / calls)
                 timings.shifts.setdefault(label, []).append(slot)
     return timings
-
-
-def published() -> pd.DataFrame:
-    """Graph-break figures others published (their model, GPU and torch), one number a row as the source states it."""
-    with resources.files("optlab.resources").joinpath(PUBLISHED).open() as handle:
-        table = pd.read_csv(handle)
-    if not (table["value"] > 0).all():
-        raise OptlabError(f"{PUBLISHED}: every value must be a positive number")
-    return table
 
 
 def synchronize(device: torch.device | str) -> None:

@@ -208,7 +208,6 @@ def readable(table: pd.DataFrame) -> pd.DataFrame:
     return shown.drop(columns=["low", "high"]).round(3)
 
 
-PUBLISHED = "published_first_step_figures.csv"  # under optlab/resources: others' compile times, with their sources
 FIRST_STEP, STEADY = "first step, against the whole model cold", "steady step, against eager"
 
 
