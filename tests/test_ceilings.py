@@ -77,6 +77,20 @@ def test_a_graph_replay_is_divided_by_its_operations_and_a_launch_is_a_time():
     assert ceilings.table_of(handmade(eager, [5e-6] * 6), "x").iloc[0]["value"] == pytest.approx(5.0)
 
 
+def test_tf32_is_on_for_the_tf32_figures_alone_and_restored_after():
+    seen = []
+
+    def timer(stmt, globals_, runs):
+        seen.append((globals_["a"].shape[0], torch.backends.cuda.matmul.allow_tf32))
+        return 1e-3
+    before = torch.backends.cuda.matmul.allow_tf32
+    figures = [ceilings.matmul_figure(torch.device("meta"), "fp32", 8, 8, 8),
+               ceilings.matmul_figure(torch.device("meta"), "tf32", 16, 8, 8)]
+    sweep.run(figures, rounds=3, block_s=0.01, timer=timer)
+    assert sorted(seen) == [(8, False)] * 4 + [(16, True)] * 4  # calibration and three rounds each
+    assert torch.backends.cuda.matmul.allow_tf32 == before
+
+
 def test_a_busy_machine_is_named_once_and_a_quiet_one_is_not():
     figure = ceilings.launch_figures(torch.device("meta"), graph=False)[0]
     busy = ceilings.table_of(handmade(figure, [1e-6] * 6, other_busy_cores=1.8), "cpu")
