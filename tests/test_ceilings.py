@@ -87,7 +87,8 @@ def test_tf32_is_on_for_the_tf32_figures_alone_and_restored_after():
     figures = [ceilings.matmul_figure(torch.device("meta"), "fp32", 8, 8, 8),
                ceilings.matmul_figure(torch.device("meta"), "tf32", 16, 8, 8)]
     sweep.run(figures, rounds=3, block_s=0.01, timer=timer)
-    assert sorted(seen) == [(8, False)] * 4 + [(16, True)] * 4  # calibration and three rounds each
+    visits = sweep.CALIBRATION_TRIES + 3  # calibration's tries and three rounds each
+    assert sorted(seen) == [(8, False)] * visits + [(16, True)] * visits
     assert torch.backends.cuda.matmul.allow_tf32 == before
 
 
@@ -102,8 +103,9 @@ def test_a_busy_machine_is_named_once_and_a_quiet_one_is_not():
 
 
 def test_the_rounds_spread_each_figure_s_blocks_across_the_sweep():
-    """Each figure is calibrated once (a block grown 10x until it lasts a tenth of a block), then timed once a round
-    with the runs fixed then: every figure's k-th block comes before any figure's (k+1)-th."""
+    """Each figure is calibrated once (a block grown 10x until it lasts a tenth of a block, the fastest of a few tries
+    at each size), then timed once a round with the runs fixed then: every figure's k-th block comes before any
+    figure's (k+1)-th."""
     calls = []
 
     def timer(stmt, globals_, runs):
@@ -112,9 +114,11 @@ def test_the_rounds_spread_each_figure_s_blocks_across_the_sweep():
     figures = [sweep.Figure("launch", "fp32", name, 1, lambda name=name: ("pass", {"name": name}))
                for name in ("fast", "slow")]
     result = sweep.run(figures, rounds=4, block_s=0.02, timer=timer)
-    assert calls[:4] == [("fast", 1), ("fast", 10), ("fast", 100), ("slow", 1)]  # 100 x 0.1 ms: past 2 ms
+    tries = sweep.CALIBRATION_TRIES
+    assert calls[:4 * tries] == [(name, runs) for name, runs in (("fast", 1), ("fast", 10), ("fast", 100), ("slow", 1))
+                                 for _ in range(tries)]  # 100 x 0.1 ms: past 2 ms
     assert [t.runs for t in result.timed] == [200, 1]  # 20 ms of 0.1 ms; one 30 ms run
-    rounds = calls[4:]
+    rounds = calls[4 * tries:]
     assert len(rounds) == 8 and all({name for name, _ in rounds[2 * k:2 * k + 2]} == {"fast", "slow"}
                                     for k in range(4))
     assert {runs for name, runs in rounds if name == "fast"} == {200}
@@ -153,7 +157,7 @@ def test_a_gpu_block_waits_for_its_work(monkeypatch):
     result = sweep.run([figure], rounds=6, block_s=0.02, timer=timer)
     assert result.timed[0].runs == 10
     assert result.timed[0].seconds == pytest.approx([0.002] * 6, rel=1e-9)
-    assert device.synchronized >= 2 * (6 + 2)  # both ends of every block and calibration block at least
+    assert device.synchronized >= 2 * (6 + sweep.CALIBRATION_TRIES)  # both ends of every block at least
 
 
 H200_RATES = {torch.float32: 60e12, torch.bfloat16: 800e12, torch.float16: 800e12, torch.float8_e4m3fn: 1400e12}
@@ -219,9 +223,9 @@ def test_a_gpu_sweep_is_bounded_in_time(monkeypatch):
     block_s = ceilings.MIN_RUN_TIME_S["cuda"] / ceilings.ROUNDS
     result = sweep.run(figures, ceilings.ROUNDS, block_s, sweep.benchmark_timer(lambda: 0.0))
     assert len(figures) == 43 and all(len(t.seconds) == ceilings.ROUNDS for t in result.timed)
-    # the longest a figure may take: its calibration (at most a block and its 10x steps below, or one run x 3 with
-    # the warm-up) and each round's block (at least one run) with its warm-up, plus two synchronisations a call
-    bound = sum(1.2 * block_s + 3 * TorchLikeTimer.cost(*f.build()) + ceilings.ROUNDS * (
+    # the longest a figure may take: its calibration (each try at most a block and its 10x steps below, or one run x 3
+    # with the warm-up) and each round's block (at least one run) with its warm-up, plus two synchronisations a call
+    bound = sum(sweep.CALIBRATION_TRIES * (1.2 * block_s + 3 * TorchLikeTimer.cost(*f.build())) + ceilings.ROUNDS * (
         block_s + 3 * TorchLikeTimer.cost(*f.build())) + 0.01 for f in figures)
     assert TorchLikeTimer.clock_s <= bound < 60, (TorchLikeTimer.clock_s, bound)
 

@@ -53,7 +53,6 @@ MIN_RUN_TIME_S = {"cpu": 0.25, "cuda": 0.2}  # timed per figure, over all its ro
 MAX_MIN_RUN_TIME_S = 5.0
 ROUNDS = 6  # one block per figure a round: the fewest whose median has a 95 % order-statistic interval
 GRAPH_OPS = 64  # tiny additions captured in the CUDA graph whose replay is timed
-NAMES = ("matmul", "copy", "read", "launch")
 UNITS = {"matmul": "TFLOP/s", "copy": "GB/s", "read": "GB/s", "launch": "µs"}
 SCALES = {"matmul": 1e12, "copy": 1e9, "read": 1e9, "launch": 1e-6}
 SWEEP_COLUMNS = ["device", "rounds", "sweep_s", "load_warning"]  # the same on every row: how the table was measured

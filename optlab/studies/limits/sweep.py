@@ -11,7 +11,7 @@ temperature), not one moment's blocks.
 
 No block-size search is repeated (``blocked_autorange`` runs one on every call: 10x steps until the timer's overhead
 is under 1e-4 of a block, seconds a call on a GPU), so the sweep's time is known once calibrated: per figure, its
-calibration (about one block, at least one run) and ``rounds`` blocks of ``block_s`` or one run, whichever is
+calibration (a few blocks, at least three runs) and ``rounds`` blocks of ``block_s`` or one run, whichever is
 longer, each after torch's warm-up of ``max(runs // 100, 2)`` runs.
 """
 from __future__ import annotations
@@ -28,6 +28,7 @@ from torch.utils import benchmark
 from ...core.machine import machine_load
 
 CALIBRATION_SHARE = 10  # the calibration block lasts at least 1/10 of a block
+CALIBRATION_TRIES = 3  # tries at each calibration size, the fastest kept
 MAX_RUNS = 10**7  # runs per block at the most
 BlockTimer = Callable[[str, dict, int], float]  # statement, globals, runs per block -> seconds per run of one block
 
@@ -85,12 +86,13 @@ def benchmark_timer(clock: Callable[[], float]) -> BlockTimer:
 
 
 def runs_per_block(stmt: str, globals_: dict, block_s: float, timer: BlockTimer) -> int:
-    """The runs that fill ``block_s`` seconds (the nearest count, at least one), from a calibration block that grows 10x from one run
-    until it lasts a tenth of ``block_s``: once per figure, a block or so of time, and steadier on a busy machine
-    than one run, which a single time slice lost to other work can multiply."""
+    """The runs that fill ``block_s`` seconds (the nearest count, at least one), from a calibration block that grows
+    10x from one run until it lasts a tenth of ``block_s``, the fastest of ``CALIBRATION_TRIES`` at each size: once
+    per figure, a few blocks' time, and steady on a busy machine, where one try that lost a time slice to other work
+    would make every block a single run at the scheduler's mercy."""
     runs = 1
     while True:
-        one_run_s = timer(stmt, globals_, runs)
+        one_run_s = min(timer(stmt, globals_, runs) for _ in range(CALIBRATION_TRIES))
         if one_run_s * runs >= block_s / CALIBRATION_SHARE or runs >= MAX_RUNS:
             return max(1, min(MAX_RUNS, round(block_s / one_run_s))) if one_run_s > 0 else MAX_RUNS
         runs *= 10
