@@ -87,7 +87,7 @@ def test_tf32_is_on_for_the_tf32_figures_alone_and_restored_after():
     figures = [ceilings.matmul_figure(torch.device("meta"), "fp32", 8, 8, 8),
                ceilings.matmul_figure(torch.device("meta"), "tf32", 16, 8, 8)]
     sweep.run(figures, rounds=3, block_s=0.01, timer=timer)
-    visits = sweep.CALIBRATION_TRIES + 3  # calibration's tries and three rounds each
+    visits = 1 + sweep.CALIBRATION_TRIES + 3 * 2  # a warm-up and calibration's tries, three warmed rounds each
     assert sorted(seen) == [(8, False)] * visits + [(16, True)] * visits
     assert torch.backends.cuda.matmul.allow_tf32 == before
 
@@ -115,13 +115,15 @@ def test_the_rounds_spread_each_figure_s_blocks_across_the_sweep():
                for name in ("fast", "slow")]
     result = sweep.run(figures, rounds=4, block_s=0.02, timer=timer)
     tries = sweep.CALIBRATION_TRIES
-    assert calls[:4 * tries] == [(name, runs) for name, runs in (("fast", 1), ("fast", 10), ("fast", 100), ("slow", 1))
-                                 for _ in range(tries)]  # 100 x 0.1 ms: past 2 ms
+    calibration = [("fast", 1)] + [("fast", runs) for runs in (1, 10, 100) for _ in range(tries)] + [("slow", 1)] * (
+        1 + tries)  # a warm-up run, then each size's tries: 100 x 0.1 ms is past 2 ms
+    assert calls[:len(calibration)] == calibration
     assert [t.runs for t in result.timed] == [200, 1]  # 20 ms of 0.1 ms; one 30 ms run
-    rounds = calls[4 * tries:]
-    assert len(rounds) == 8 and all({name for name, _ in rounds[2 * k:2 * k + 2]} == {"fast", "slow"}
-                                    for k in range(4))
-    assert {runs for name, runs in rounds if name == "fast"} == {200}
+    rounds = calls[len(calibration):]
+    assert len(rounds) == 16 and all({name for name, _ in rounds[4 * k:4 * k + 4]} == {"fast", "slow"}
+                                     for k in range(4))
+    assert rounds[::2] == [(name, 1) for name, _ in rounds[1::2]]  # each block after its visit's warm-up run
+    assert {runs for name, runs in rounds[1::2] if name == "fast"} == {200}
     assert [t.seconds for t in result.timed] == [[1e-4] * 4, [0.03] * 4]
 
 
@@ -153,7 +155,7 @@ def test_a_gpu_block_waits_for_its_work(monkeypatch):
         device.launch(0.5)  # building the operands queues work too
         return "device.launch(0.002)", {"device": device}
     figure = sweep.Figure("matmul", "bf16", "fake", 1, build)
-    timer = sweep.benchmark_timer(sweep.device_clock(torch.device("cuda")))
+    timer = sweep.block_timer(sweep.device_clock(torch.device("cuda")))
     result = sweep.run([figure], rounds=6, block_s=0.02, timer=timer)
     assert result.timed[0].runs == 10
     assert result.timed[0].seconds == pytest.approx([0.002] * 6, rel=1e-9)
@@ -164,14 +166,14 @@ H200_RATES = {torch.float32: 60e12, torch.bfloat16: 800e12, torch.float16: 800e1
 
 
 class TorchLikeTimer:
-    """``torch.utils.benchmark.Timer`` on a simulated clock with a GPU's costs: each timed call synchronizes
-    (``SYNC_S``), a run costs its work at H200 rates, ``timeit`` warms up first and ``blocked_autorange`` searches its
-    block size as torch's does (10x steps until the overhead is under 1e-4 of a block)."""
+    """Python's ``timeit.Timer`` and torch's ``blocked_autorange`` on a simulated clock with a GPU's costs: each timed
+    call synchronizes (``SYNC_S``), a run costs its work at H200 rates, and ``blocked_autorange`` searches its block
+    size as torch's does (10x steps until the overhead is under 1e-4 of a block)."""
 
     SYNC_S = 10e-6
     clock_s = 0.0
 
-    def __init__(self, stmt, globals=None, timer=None, num_threads=1):
+    def __init__(self, stmt, setup="pass", timer=None, globals=None, num_threads=1):
         self.run_s = self.cost(stmt, globals)
 
     @staticmethod
@@ -192,9 +194,8 @@ class TorchLikeTimer:
         return spent
 
     def timeit(self, number):
-        self._timeit(max(number // 100, 2))
-        per_run = self._timeit(number) / number
-        return types.SimpleNamespace(mean=per_run, median=per_run, times=[per_run])
+        """Python's ``timeit``: the block alone (torch's adds a warm-up of two runs or more first)."""
+        return self._timeit(number)
 
     def blocked_autorange(self, min_run_time=0.2):
         overhead, number = 2 * self.SYNC_S, 1
@@ -216,17 +217,18 @@ def test_a_gpu_sweep_is_bounded_in_time(monkeypatch):
     """The GPU's 43 figures without the graph (8 shapes x 5 dtypes, copy and read of 4 GiB, an eager launch) at H200
     rates with 10 µs a synchronisation: a block-size search per call costs minutes; a sweep with runs per block
     fixed once costs its rounds' blocks, their warm-ups and one calibration each, well under a minute."""
-    monkeypatch.setattr(sweep.benchmark, "Timer", TorchLikeTimer)
+    monkeypatch.setattr(sweep.timeit, "Timer", TorchLikeTimer)
+    monkeypatch.setattr(torch.utils.benchmark, "Timer", TorchLikeTimer)
     TorchLikeTimer.clock_s = 0.0
     figures = ceilings.figures(torch.device("meta"), tuple(ceilings.DTYPES), ceilings.MATMUL_SHAPES["cuda"], 4096,
                                graph=False)
     block_s = ceilings.MIN_RUN_TIME_S["cuda"] / ceilings.ROUNDS
-    result = sweep.run(figures, ceilings.ROUNDS, block_s, sweep.benchmark_timer(lambda: 0.0))
+    result = sweep.run(figures, ceilings.ROUNDS, block_s, sweep.block_timer(lambda: 0.0))
     assert len(figures) == 43 and all(len(t.seconds) == ceilings.ROUNDS for t in result.timed)
-    # the longest a figure may take: its calibration (each try at most a block and its 10x steps below, or one run x 3
-    # with the warm-up) and each round's block (at least one run) with its warm-up, plus two synchronisations a call
-    bound = sum(sweep.CALIBRATION_TRIES * (1.2 * block_s + 3 * TorchLikeTimer.cost(*f.build())) + ceilings.ROUNDS * (
-        block_s + 3 * TorchLikeTimer.cost(*f.build())) + 0.01 for f in figures)
+    # the longest a figure may take: its calibration (a warm-up run, and each try at most a block and its 10x steps
+    # below, or one run) and each round's block (at least one run) with its warm-up run, plus synchronisations
+    bound = sum((1 + sweep.CALIBRATION_TRIES) * (1.2 * block_s + TorchLikeTimer.cost(*f.build())) + ceilings.ROUNDS * (
+        block_s + 2 * TorchLikeTimer.cost(*f.build())) + 0.01 for f in figures)
     assert TorchLikeTimer.clock_s <= bound < 60, (TorchLikeTimer.clock_s, bound)
 
 

@@ -2,8 +2,8 @@
 matmul FLOPS" as stas00's ml-engineering defines it), the memory bandwidth of a large copy and of a large read, and
 the time to launch one small operation (eager; and inside a CUDA-graph replay on a GPU).
 
-Every figure is a rate or a time from ``torch.utils.benchmark`` (synchronized on a GPU), timed in rounds across the
-whole sweep (:mod:`.sweep`: one block per figure a round, its runs per block fixed once), given as the median of its
+Every figure is a rate or a time from ``timeit`` blocks (synchronized on a GPU), timed in rounds across the whole
+sweep (:mod:`.sweep`: one block per figure a round, its runs per block fixed once), given as the median of its
 blocks with a distribution-free 95 % order-statistic interval of that median (``core.stats.order.median_interval``):
 the interval covers what changed over the run, and a line warns when other work shared the machine meanwhile.
 Work per run: a matmul of ``M x K`` by ``K x N`` is ``2 M N K`` FLOPs; a copy reads and writes its bytes
@@ -197,7 +197,7 @@ def measure(device: str = "auto", dtypes: Sequence[str] | None = None, mib: int 
     mib = bandwidth_mib(info.device) if mib is None else check_count("bandwidth size (MiB)", mib, 1, MAX_MIB,
                                                                      "two tensors of it are allocated")
     block_s = _run_time(kind, min_run_time) / ROUNDS
-    timer = timer or sweep.benchmark_timer(sweep.device_clock(info.device))
+    timer = timer or sweep.block_timer(sweep.device_clock(info.device))
     result = sweep.run(figures(info.device, dtypes, MATMUL_SHAPES[kind], mib, graph=kind == "cuda"), ROUNDS, block_s,
                        timer)
     return table_of(result, info.name)
@@ -269,7 +269,7 @@ def mamf(info: DeviceInfo, dtype: str, folder: str | Path | None = None) -> tupl
         save(kept, folder)
     if dtype not in set(kept.loc[kept["ceiling"] == "matmul", "dtype"]):
         block_s = MIN_RUN_TIME_S[info.device.type] / ROUNDS
-        timer = sweep.benchmark_timer(sweep.device_clock(info.device))
+        timer = sweep.block_timer(sweep.device_clock(info.device))
         matmuls = [matmul_figure(info.device, dtype, *shape) for shape in MATMUL_SHAPES[info.device.type]]
         kept = pd.concat([kept, table_of(sweep.run(matmuls, ROUNDS, block_s, timer), info.name)], ignore_index=True)
         save(kept, folder)

@@ -3,27 +3,27 @@
 A figure is a statement, the globals it needs (built afresh at each visit, so that one figure's tensors are held at a
 time) and a switch it runs under. The sweep first calibrates every figure once (:func:`runs_per_block`: a block
 grown 10x from one run until it lasts a tenth of ``block_s``), and its runs per block are fixed at what fills
-``block_s`` (at least one). Then each of ``rounds`` rounds
-visits every figure, in a seeded order shuffled anew each round, and times one block of those runs with
-``torch.utils.benchmark.Timer.timeit``. A figure's blocks are thus spread over the whole sweep: the interval of their
-median covers what changed between the first round and the last (other work starting or stopping, clocks,
-temperature), not one moment's blocks.
+``block_s`` (at least one). Then each of ``rounds`` rounds visits every figure, in a seeded order shuffled anew each
+round, warms it with one run and times one block of those runs with ``timeit`` on a clock that synchronizes a GPU
+(:func:`block_timer`). A figure's blocks are thus spread over the whole sweep: the interval of their median covers
+what changed between the first round and the last (other work starting or stopping, clocks, temperature), not one
+moment's blocks.
 
 No block-size search is repeated (``blocked_autorange`` runs one on every call: 10x steps until the timer's overhead
 is under 1e-4 of a block, seconds a call on a GPU), so the sweep's time is known once calibrated: per figure, its
-calibration (a few blocks, at least three runs) and ``rounds`` blocks of ``block_s`` or one run, whichever is
-longer, each after torch's warm-up of ``max(runs // 100, 2)`` runs.
+calibration (a warm-up run and a few blocks, at least four runs) and ``rounds`` blocks of ``block_s`` or one run,
+whichever is longer, each after one warm-up run.
 """
 from __future__ import annotations
 
 import contextlib
 import random
 import time
+import timeit
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager, Sequence
 
 import torch
-from torch.utils import benchmark
 
 from ...core.machine import machine_load
 
@@ -76,12 +76,12 @@ def device_clock(device: torch.device) -> Callable[[], float]:
     return clock
 
 
-def benchmark_timer(clock: Callable[[], float]) -> BlockTimer:
-    """One block of ``runs`` runs by ``torch.utils.benchmark.Timer.timeit`` on ``clock``: seconds per run."""
+def block_timer(clock: Callable[[], float]) -> BlockTimer:
+    """One block of ``runs`` runs on ``clock`` by Python's ``timeit`` (the loop ``torch.utils.benchmark.Timer.timeit``
+    runs, without the warm-up of two runs or more it adds before every block: the sweep warms each visit once, and a
+    slow figure's one-run block would cost three): seconds per run."""
     def timer(stmt: str, globals_: dict, runs: int) -> float:
-        measurement = benchmark.Timer(stmt, globals=globals_, timer=clock,
-                                      num_threads=torch.get_num_threads()).timeit(runs)
-        return measurement.mean
+        return timeit.Timer(stmt, globals=globals_, timer=clock).timeit(runs) / runs
     return timer
 
 
@@ -104,7 +104,9 @@ def run(figures: Sequence[Figure], rounds: int, block_s: float, timer: BlockTime
     runs = []
     for figure in figures:
         with figure.switch():
-            runs.append(runs_per_block(*figure.build(), block_s, timer))
+            stmt, globals_ = figure.build()
+            timer(stmt, globals_, 1)  # the warm-up: a visit's fresh operands, a first call's set-up
+            runs.append(runs_per_block(stmt, globals_, block_s, timer))
     seconds: list[list[float]] = [[] for _ in figures]
     order = list(range(len(figures)))
     shuffle = random.Random(seed)
@@ -112,7 +114,9 @@ def run(figures: Sequence[Figure], rounds: int, block_s: float, timer: BlockTime
         shuffle.shuffle(order)
         for index in order:
             with figures[index].switch():
-                seconds[index].append(timer(*figures[index].build(), runs[index]))
+                stmt, globals_ = figures[index].build()
+                timer(stmt, globals_, 1)  # the warm-up
+                seconds[index].append(timer(stmt, globals_, runs[index]))
     load = machine_load.between(start, machine_load.snapshot())
     return Sweep([Timed(f, s, n) for f, s, n in zip(figures, seconds, runs)], rounds, time.perf_counter() - began,
                  load)
