@@ -234,7 +234,7 @@ def test_a_gpu_sweep_is_bounded_in_time(monkeypatch):
 
 def test_the_bandwidth_buffer_is_past_every_cache_of_the_machine(tmp_path, monkeypatch):
     """Fifteen 32 MiB L3 caches (480 MiB, one per chiplet) and their private L2s, as sysfs lists them: the buffer is
-    4 x 480 MiB, where cpu0's cache alone (32 MiB) would leave it at the 256 MiB floor, inside the caches."""
+    4 x 480 MiB, where cpu0's cache alone (32 MiB) would make it 128 MiB, inside the caches."""
     for cpu in range(30):
         for index, (level, size, shared) in enumerate([(2, "1024K", str(cpu)), (3, "32768K", f"{cpu // 2 * 2}-"
                                                                                            f"{cpu // 2 * 2 + 1}")]):
@@ -247,7 +247,11 @@ def test_the_bandwidth_buffer_is_past_every_cache_of_the_machine(tmp_path, monke
     monkeypatch.setattr(ceilings, "all_last_level_caches_bytes", lambda device: 15 * 32 * 2**20)
     assert ceilings.bandwidth_mib(torch.device("cpu")) == 4 * 480
     monkeypatch.setattr(ceilings, "all_last_level_caches_bytes", lambda device: 32 * 2**20)
-    assert ceilings.bandwidth_mib(torch.device("cpu")) == 256  # the floor
+    assert ceilings.bandwidth_mib(torch.device("cpu")) == 128
+    monkeypatch.setattr(ceilings, "all_last_level_caches_bytes", lambda device: 2 * 2**20)
+    assert ceilings.bandwidth_mib(torch.device("cpu")) == 64  # the floor
+    monkeypatch.setattr(ceilings, "all_last_level_caches_bytes", lambda device: None)
+    assert ceilings.bandwidth_mib(torch.device("cpu")) == 256  # caches unknown
     monkeypatch.setattr(ceilings, "all_last_level_caches_bytes", lambda device: 50 * 2**20)  # an H100's L2
     assert ceilings.bandwidth_mib(torch.device("cuda")) == 4096
     monkeypatch.setattr(ceilings, "all_last_level_caches_bytes", lambda device: 8 * 2**30)

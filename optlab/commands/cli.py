@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     ceilings.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     ceilings.add_argument("--dtypes", help="matmul dtypes, comma-separated (default: all the device runs)")
     ceilings.add_argument("--mib", type=_whole_number, help="MiB copied and read (default: 4x all last-level caches, "
-                          "at least 256 on a CPU, 4096 on a GPU)")
+                          "at least 64 on a CPU, 4096 on a GPU)")
     ceilings.add_argument("--min-run-time", type=float, metavar="SECONDS",
                           help="timed per figure, over its 6 rounds (default 0.2-0.25)")
     ceilings.add_argument("--out", type=Path, help="a folder to keep ceilings.csv in (default: none is written)")

@@ -46,7 +46,8 @@ MATMUL_SHAPES = {
     "cuda": ((4096, 4096, 4096), (8192, 8192, 8192), (2048, 2048, 13312), (1024, 15360, 4096),
              (1024, 9216, 14336), (1280, 4096, 12032), (16384, 8192, 1024), (6144, 6144, 6144)),
 }
-MIN_BANDWIDTH_MIB = {"cpu": 256, "cuda": 4096}  # the bandwidth buffer at the least, however small the caches
+MIN_BANDWIDTH_MIB = {"cpu": 64, "cuda": 4096}  # the bandwidth buffer at the least, however small the caches
+UNKNOWN_CACHES_MIB = {"cpu": 256, "cuda": 4096}  # where the machine does not say how large its caches are
 CACHE_MULTIPLE = 4  # STREAM: each array at least 4x all last-level caches together (cs.virginia.edu/stream/ref.html)
 MAX_MIB = 16384
 MIN_RUN_TIME_S = {"cpu": 0.25, "cuda": 0.2}  # timed per figure, over all its rounds
@@ -64,8 +65,11 @@ PUBLISHED_COLUMNS = ["accelerator", "dtype", "mamf_tflops", "datasheet_tflops", 
 
 def bandwidth_mib(device: torch.device) -> int:
     """The bandwidth buffer for ``device``, in MiB: ``CACHE_MULTIPLE`` x every last-level cache of the machine
-    together, at least ``MIN_BANDWIDTH_MIB`` of its kind and at most ``MAX_MIB``."""
-    caches = all_last_level_caches_bytes(device) or 0
+    together, at least ``MIN_BANDWIDTH_MIB`` of its kind and at most ``MAX_MIB`` (``UNKNOWN_CACHES_MIB`` where the
+    machine does not say)."""
+    caches = all_last_level_caches_bytes(device)
+    if caches is None:
+        return UNKNOWN_CACHES_MIB[device.type]
     return min(MAX_MIB, max(MIN_BANDWIDTH_MIB[device.type], math.ceil(CACHE_MULTIPLE * caches / 2**20)))
 
 
