@@ -18,7 +18,7 @@ from .core.knobs.profiles import get_profile
 from .core.results.store import load_record, load_samples, load_summaries
 from .core.workload import Workload, get_workload, register_workload
 from .studies.tune import InferenceResult, TuneResult, tune
-from .studies.ceilings import measure as ceilings
+from .studies.limits.ceilings import measure as ceilings
 from .studies.parallel.planner import parallel_plan
 
 __all__ = [

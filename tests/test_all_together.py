@@ -5,7 +5,7 @@ import matplotlib
 import pandas as pd
 import pytest
 
-from optlab.studies import ceilings, peaks
+from optlab.studies.limits import ceilings, peaks
 from optlab.core.knobs.config import RunConfig
 from optlab.core.machine.device import resolve_device
 from optlab.core.errors import OptlabError
@@ -77,6 +77,7 @@ def test_waterfall_stops_where_a_step_has_no_speed_up():
 
 @pytest.mark.parametrize("name, precision, expected", [
     ("NVIDIA H200", "bf16", 989.5), ("NVIDIA H100 80GB HBM3", "tf32", 494.5), ("NVIDIA H100 PCIe", "fp16", 756.5),
+    ("NVIDIA H100 NVL", "bf16", 835.5), ("NVIDIA H100 NVL", "fp32", 60.0), ("NVIDIA H100 NVL", "fp8", 1670.5),
     ("NVIDIA A100-SXM4-80GB", "fp32", 19.5), ("Tesla V100-SXM2-16GB", "fp16", 125.0),
 ])
 def test_datasheet_peaks_are_found_by_device_name(name, precision, expected):
@@ -89,13 +90,17 @@ def test_a_precision_the_device_lacks_or_an_unknown_device_has_no_datasheet_peak
     assert peaks.datasheet_peak("Some Future GPU", "bf16") is None
 
 
-def test_cpu_peak_is_a_measured_matmul_ceiling_and_named_so():
+def test_cpu_peak_is_a_measured_matmul_ceiling_and_named_so(tmp_path, monkeypatch):
+    from optlab.core.results import store
     info = resolve_device("cpu")
+    monkeypatch.setattr(store, "LIVE_DIR", tmp_path)
+    ceilings.save(pd.DataFrame([{"ceiling": "matmul", "dtype": "fp32", "detail": "4x4x4", "value": 0.02,
+                                 "device": info.name}]))
     assert peaks.precision_of(RunConfig(amp_dtype="bf16"), peaks.has_tf32(info)) == "bf16"
     assert peaks.precision_of(RunConfig(cudnn_tf32=True), peaks.has_tf32(info)) == "fp32"  # no TF32 on a CPU
     assert peaks.precision_of(RunConfig(cudnn_tf32=True), tf32=True) == "tf32"
     peak = peaks.peak_for(RunConfig(), info)
-    assert peak.tflops > 0 and peak.source.startswith("measured")
+    assert peak.tflops == 0.02 and peak.source.startswith("measured MAMF")
 
 
 def test_mfu_is_achieved_over_peak(monkeypatch):

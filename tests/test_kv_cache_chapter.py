@@ -28,7 +28,7 @@ def prompt() -> torch.Tensor:
 
 @pytest.mark.parametrize("name, tbs", [
     ("NVIDIA H200", 4.8), ("NVIDIA H200 NVL", 4.8), ("NVIDIA H100 80GB HBM3", 3.35), ("NVIDIA H100 PCIe", 2.0),
-    ("NVIDIA A100-SXM4-80GB", 2.039), ("NVIDIA A100 80GB PCIe", 1.935), ("NVIDIA A100-SXM4-40GB", 1.555),
+    ("NVIDIA H100 NVL", 3.9), ("NVIDIA A100-SXM4-80GB", 2.039), ("NVIDIA A100 80GB PCIe", 1.935), ("NVIDIA A100-SXM4-40GB", 1.555),
     ("Tesla V100-SXM2-16GB", 0.9),
 ])
 def test_datasheet_peaks(name, tbs):

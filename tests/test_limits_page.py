@@ -19,8 +19,8 @@ from optlab.core.knobs.config import RunConfig  # noqa: E402
 from optlab.core.results import store  # noqa: E402
 from optlab.core.stats.summary import CONTROL  # noqa: E402
 from optlab.core.workload import get_workload  # noqa: E402
-from optlab.studies import roofline  # noqa: E402
-from optlab.studies.ceilings import Roofs  # noqa: E402
+from optlab.studies.limits import roofline  # noqa: E402
+from optlab.studies.limits.ceilings import Roofs  # noqa: E402
 
 ROW = {"model": "resnet18", "phase": "train", "machine": "cpu", "profile": "smoke", "role": "claim"}
 LIVE = pd.DataFrame([

@@ -9,7 +9,7 @@ from optlab.book import limits
 from optlab.core.knobs.config import RunConfig
 from optlab.core.machine.device import resolve_device
 from optlab.core.results import store
-from optlab.studies import peaks
+from optlab.studies.limits import peaks
 from optlab.studies.serving import bandwidth
 
 SLICE = "NVIDIA H100 80GB HBM3 MIG 1g.10gb"

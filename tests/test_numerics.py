@@ -11,7 +11,7 @@ from optlab.core.results import store
 from optlab.core.knobs.config import RunConfig
 from optlab.core.machine.device import DeviceInfo, resolve_device
 from optlab.core.errors import OptlabError
-from optlab.studies.peaks import has_tf32
+from optlab.studies.limits.peaks import has_tf32
 from tests.helpers import TINY
 
 needs_cuda = pytest.mark.cuda

@@ -13,7 +13,8 @@ from optlab.core.techniques.registry import REGISTRY, get_experiment
 from optlab.core.measuring.loops import PhaseResult
 from optlab.core.measuring.samples import sample_row
 from optlab.core.gpt.transformer import GPT, GPT_SIZES
-from optlab.studies import peaks
+from optlab.core.results import store
+from optlab.studies.limits import ceilings, peaks
 
 # NVIDIA's H200 SXM datasheet, dense (TFLOP/s)
 H200 = {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5, "fp8": 1979.0}
@@ -97,5 +98,16 @@ def test_training_mfu_counts_forward_and_backward_flops(monkeypatch):
     assert table["MFU %"].iloc[0] == pytest.approx(100 * per_token * tokens / step_s / 1e12, rel=0.05)
 
 
-def test_a_device_without_a_datasheet_fp8_peak_gets_a_measured_fp8_matmul_rate():
-    assert peaks.fp8_matmul_tflops(torch.device("cpu"), 32) > 0
+def test_a_precision_the_kept_ceilings_lack_is_measured_and_kept_beside_them(tmp_path, monkeypatch):
+    """A device without a datasheet FP8 peak gets its measured FP8 MAMF: the sweep's e4m3 matmuls (here on a small
+    shape), added to the kept ceilings so that the next reader finds the same figure."""
+    info = resolve_device("cpu")
+    monkeypatch.setattr(store, "LIVE_DIR", tmp_path)
+    monkeypatch.setitem(ceilings.MATMUL_SHAPES, "cpu", ((32, 64, 48),))
+    kept = pd.DataFrame([{"ceiling": "matmul", "dtype": "fp32", "detail": "8x8x8", "value": 1.0, "device": info.name}])
+    ceilings.save(kept)
+    tflops, source = ceilings.mamf(info, "fp8")
+    again = ceilings.load()
+    assert tflops > 0 and "fp8" in source and "32x64x48" in source
+    assert list(again["dtype"]) == ["fp32", "fp8"] and again["value"].iloc[1] == tflops
+    assert peaks.measured_peak(info, "fp8").tflops == tflops  # read back, not measured again

@@ -4,7 +4,7 @@ import pytest
 from optlab import resolve_device
 from optlab.studies.kernels import tf32
 from optlab.core.errors import OptlabError
-from optlab.studies.peaks import has_tf32
+from optlab.studies.limits.peaks import has_tf32
 
 needs_cuda = pytest.mark.cuda
 

@@ -14,8 +14,8 @@ from matplotlib.figure import Figure
 
 from ..core.knobs.config import RunConfig
 from ..core.results import store
-from ..studies import ceilings, roofline
-from ..studies.peaks import DATASHEET_TFLOPS, is_mig
+from ..studies.limits import ceilings, roofline
+from ..studies.limits.peaks import DATASHEET_TFLOPS, is_mig
 from ..studies.serving.bandwidth import datasheet_peak as datasheet_bandwidth
 from .report import LIVE, linked_sources
 from .report.roofline import plot_roofline
@@ -86,7 +86,7 @@ def limits_table(found: dict | None = None) -> pd.DataFrame:
 
 
 def published_ceilings() -> pd.DataFrame:
-    """Others' measured MAMF (:func:`optlab.studies.ceilings.published`) as the page shows them: each source a link,
+    """Others' measured MAMF (:func:`optlab.studies.limits.ceilings.published`) as the page shows them: each source a link,
     the shape and the notes in the collapsed "all columns" block."""
     table = linked_sources(ceilings.published())
     table.attrs.update(keys=["accelerator", "dtype"], details=["best_shape", "notes"])

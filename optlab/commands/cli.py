@@ -93,8 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     ceilings = commands.add_parser("ceilings", help="this device's measured ceilings: MAMF, bandwidth, launch")
     ceilings.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     ceilings.add_argument("--dtypes", help="matmul dtypes, comma-separated (default: all the device runs)")
-    ceilings.add_argument("--mib", type=_whole_number, help="MiB copied and read (default: 256 on a CPU, 4096 on a GPU)")
-    ceilings.add_argument("--min-run-time", type=float, metavar="SECONDS", help="timed per figure (default 0.2-0.25)")
+    ceilings.add_argument("--mib", type=_whole_number, help="MiB copied and read (default: 4x all last-level caches, "
+                          "at least 64 on a CPU, 4096 on a GPU)")
+    ceilings.add_argument("--min-run-time", type=float, metavar="SECONDS",
+                          help="timed per figure, over its 6 rounds (default 0.2-0.25)")
     ceilings.add_argument("--out", type=Path, help="a folder to keep ceilings.csv in (default: none is written)")
 
     tune = commands.add_parser("tune", help="the stack of techniques, one step at a time, on your own model")
@@ -278,12 +280,12 @@ def _reference(args: argparse.Namespace) -> None:
 
 
 def _ceilings(args: argparse.Namespace) -> None:
-    from ..studies import ceilings
+    from ..studies.limits import ceilings
 
     dtypes = args.dtypes.split(",") if args.dtypes else None
     table = ceilings.measure(args.device, dtypes, args.mib, args.min_run_time)
     with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(table.drop(columns="device").to_string(index=False))
+        print(table.drop(columns=ceilings.SWEEP_COLUMNS).to_string(index=False))
     print(ceilings.describe(table))
     if args.out is not None:
         print(f"kept in {ceilings.save(table, args.out)}")

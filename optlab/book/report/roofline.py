@@ -10,7 +10,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from ...studies.ceilings import Roofs
+from ...studies.limits.ceilings import Roofs
 
 WIDTH_IN = 7.0  # the article's width
 BOUND_MARKERS = {"compute": "o", "memory": "s", "launch": "X"}

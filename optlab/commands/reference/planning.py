@@ -44,7 +44,7 @@ STUDY_MODULES = {  # the module under optlab.studies of each table's study
     "microbench": "kernels.microbench", "autotune": "kernels.autotune", "numerics": "kernels.numerics",
     "tf32": "kernels.tf32", "cuda_graphs": "kernels.cuda_graphs", "optimizer_bench": "optimizer_bench",
     "pipeline": "pipeline", "profiling": "profiling", "learning": "learning", "serving": "serving.batching",
-    "ceilings": "ceilings",
+    "ceilings": "limits.ceilings",
     "compile_time": "first_step.compile_time", "shapes": "first_step.shapes",
 }
 

@@ -24,9 +24,11 @@ from ...core.errors import OptlabError
 from ...core.gpt.transformer import GPT, GPTConfig
 
 # (name fragments that must all appear in torch.cuda.get_device_name, table name, TB/s, GB of memory or None where
-# the GPU has no MIG): datasheets' HBM bandwidth
+# the GPU has no MIG): datasheets' HBM bandwidth (H100 SXM and NVL: https://www.nvidia.com/en-us/data-center/h100/,
+# "Specifications", GPU memory and GPU memory bandwidth)
 DATASHEET_TBS: tuple[tuple[tuple[str, ...], str, float, "int | None"], ...] = (
     (("H200",), "NVIDIA H200", 4.8, 141),
+    (("H100", "NVL"), "NVIDIA H100 NVL", 3.9, 94),
     (("H100", "PCIe"), "NVIDIA H100 PCIe", 2.0, 80),
     (("H100",), "NVIDIA H100 SXM", 3.35, 80),
     (("A100", "80GB", "PCIe"), "NVIDIA A100 80GB PCIe", 1.935, 80),
@@ -37,6 +39,7 @@ DATASHEET_TBS: tuple[tuple[tuple[str, ...], str, float, "int | None"], ...] = (
 MIG_PROFILE = re.compile(r"\bMIG\s+\d+g\.(\d+)gb\b", re.IGNORECASE)  # "... MIG 1g.10gb": the slice's memory, in GB
 MEMORY_SLICES = 8  # a MIG GPU's memory comes in eighths, each with an eighth of the bandwidth
 CPU_CACHES = Path("/sys/devices/system/cpu/cpu0/cache")
+CPUS = Path("/sys/devices/system/cpu")
 COPY_MIB = 256  # the measured copy: large enough to leave every CPU cache
 MAX_COPY_MIB = 4096
 
@@ -116,18 +119,45 @@ def step_bytes(model: GPT, batch: int, attended: int) -> int:
     return weight_bytes(model) + kv_bytes(model.config, batch, attended, element_size)
 
 
+def _cache_size(text: str) -> int | None:
+    """A sysfs cache size (``32768K``, ``1M``) in bytes, None where it is not one."""
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    return int(text[:-1]) * units[text[-1].upper()] if text[-1:].upper() in units and text[:-1].isdigit() else None
+
+
 def _cpu_cache_bytes(folder: Path) -> int | None:
     """The largest cache of the highest level listed under ``folder`` (sysfs), None where none is listed."""
     levels = []
     for index in sorted(folder.glob("index*")):
         try:
-            level, size = int((index / "level").read_text()), (index / "size").read_text().strip()
+            level, size = int((index / "level").read_text()), _cache_size((index / "size").read_text().strip())
         except (OSError, ValueError):
             continue
-        units = {"K": 2**10, "M": 2**20, "G": 2**30}
-        if size[-1:].upper() in units and size[:-1].isdigit():
-            levels.append((level, int(size[:-1]) * units[size[-1].upper()]))
+        if size is not None:
+            levels.append((level, size))
     return max(levels)[1] if levels else None
+
+
+def all_last_level_caches_bytes(device: "str | torch.device", cpus: Path = CPUS) -> int | None:
+    """Bytes of every last-level cache ``device`` has, summed: a GPU's L2; on a CPU each distinct cache of the highest
+    level under ``cpus`` once (one per socket or chiplet: cpu0's alone would miss the others); None when the machine
+    does not say."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).L2_cache_size) or None
+    if device.type != "cpu":
+        return None
+    caches: dict[tuple[int, str], int] = {}  # (level, the CPUs sharing it) -> bytes
+    for index in cpus.glob("cpu[0-9]*/cache/index[0-9]*"):
+        try:
+            level, shared = int((index / "level").read_text()), (index / "shared_cpu_list").read_text().strip()
+            size = _cache_size((index / "size").read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if size is not None:
+            caches[(level, shared)] = size
+    top = max((level for level, _ in caches), default=None)
+    return sum(size for (level, _), size in caches.items() if level == top) if top is not None else None
 
 
 def last_level_cache_bytes(device: "str | torch.device", folder: Path = CPU_CACHES) -> int | None:

@@ -62,7 +62,7 @@ def shape_table(configs: dict[str, RunConfig], samples: pd.DataFrame | None = No
 def stack_throughput(summary: pd.DataFrame, mfu: pd.DataFrame, labels: "list[str] | tuple[str, ...]",
                      phase: str = "train") -> pd.DataFrame:
     """A stack's steps in order (``labels``), each with its median throughput in the workload's unit, its MFU
-    (rows of ``optlab.studies.peaks.mfu_table``), the precision and peak it is measured against (where each peak comes
+    (rows of ``optlab.studies.limits.peaks.mfu_table``), the precision and peak it is measured against (where each peak comes
     from is said once, by ``peak_sources``) and its peak memory."""
     rows = summary[summary["phase"] == phase].drop_duplicates(["model", "variant"]).set_index(["model", "variant"])
     mfu = mfu.set_index(["model", "variant"])
@@ -83,7 +83,7 @@ def stack_throughput(summary: pd.DataFrame, mfu: pd.DataFrame, labels: "list[str
 
 
 def peak_sources(mfu: pd.DataFrame) -> str:
-    """Where the peaks of an MFU table (rows of ``optlab.studies.peaks.mfu_table``) come from, each source once with
+    """Where the peaks of an MFU table (rows of ``optlab.studies.limits.peaks.mfu_table``) come from, each source once with
     the precisions and peaks it gave: the line a table of many rows states instead of repeating it on each."""
     if mfu.empty:
         raise OptlabError("an empty MFU table has no peaks to name")

@@ -28,18 +28,18 @@ import pandas as pd
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..core.knobs.config import RunConfig
-from ..core.knobs.limits import check_count
-from ..core.machine.device import TORCH_DTYPES, resolve_device
-from ..core.measuring.flops import config_step_flops
-from ..core.measuring.loops import (
+from ...core.knobs.config import RunConfig
+from ...core.knobs.limits import check_count
+from ...core.machine.device import TORCH_DTYPES, resolve_device
+from ...core.measuring.flops import config_step_flops
+from ...core.measuring.loops import (
     backend_flags, call_model, input_tensors, make_optimizer, make_scaler, prepare_model, train_step,
 )
-from ..core.measuring.timing import summarize
-from ..core.workload import get_workload
+from ...core.measuring.timing import summarize
+from ...core.workload import get_workload
 from .ceilings import Roofs
 from .peaks import datasheet_peak, precision_of
-from .serving.bandwidth import datasheet_peak as datasheet_bandwidth
+from ..serving.bandwidth import datasheet_peak as datasheet_bandwidth
 
 COUNT_BATCH = 2  # samples in the counted step; saved activations and the batch scale linearly to the real batch
 BOUNDS = ("compute", "memory", "launch")

@@ -2,8 +2,9 @@
 
 A run's precision is the arithmetic most of its FLOPs ran in: a CNN's convolutions follow ``cudnn_tf32`` (on by
 default), a GPT's matmuls follow ``matmul_tf32`` (off by default) and ``fp8``; autocast sets both. GPU peaks are NVIDIA's datasheet figures for dense tensor-core (or plain fp32) arithmetic, without the 2x of
-structured sparsity. A device missing from the table (every CPU) gets a measured ceiling instead: the median rate of
-a large square matmul in that precision on this device, which is labelled as measured, not as a datasheet peak.
+structured sparsity. A device missing from the table (every CPU) gets the measured ceiling instead: the machine's
+MAMF in that precision (the best over the ceilings sweep's shapes, the one the summary page reads too), labelled as
+measured, not as a datasheet peak.
 """
 from __future__ import annotations
 
@@ -12,21 +13,23 @@ from functools import lru_cache
 
 import pandas as pd
 import torch
-from torch.utils import benchmark
 
-from ..core.results import store
-from ..core.knobs.config import RunConfig
-from ..core.machine.device import DeviceInfo
-from ..core.measuring.flops import forward_flop_counts
-from ..core.gpt.fp8 import ACTIVATION_DTYPE, OUT_DTYPE, column_major
+from ...core.results import store
+from ...core.knobs.config import RunConfig
+from ...core.machine.device import DeviceInfo
+from ...core.measuring.flops import forward_flop_counts
 from . import ceilings
-from .kernels.microbench import matmul_benchmark
 
-# (name fragments that must all appear in torch.cuda.get_device_name, table name, TFLOP/s by precision)
+# (name fragments that must all appear in torch.cuda.get_device_name, table name, TFLOP/s by precision), the first
+# match wins. Hopper rows: NVIDIA's H100 and H200 pages, "Specifications" (https://www.nvidia.com/en-us/data-center/h100/,
+# columns H100 SXM and H100 NVL; https://www.nvidia.com/en-us/data-center/h200/, H200 SXM and H200 NVL), whose
+# tensor-core figures are printed with sparsity and halved here; H100 PCIe: the earlier H100 datasheet's PCIe column.
 DATASHEET_TFLOPS: tuple[tuple[tuple[str, ...], str, dict[str, float]], ...] = (
     (("H200", "NVL"), "NVIDIA H200 NVL",
      {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5, "fp8": 1670.5}),
     (("H200",), "NVIDIA H200 SXM", {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5, "fp8": 1979.0}),
+    (("H100", "NVL"), "NVIDIA H100 NVL",
+     {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5, "fp8": 1670.5}),
     (("H100", "PCIe"), "NVIDIA H100 PCIe",
      {"fp32": 51.0, "tf32": 378.0, "bf16": 756.5, "fp16": 756.5, "fp8": 1513.0}),
     (("H100",), "NVIDIA H100 SXM", {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5, "fp8": 1979.0}),
@@ -35,14 +38,13 @@ DATASHEET_TFLOPS: tuple[tuple[tuple[str, ...], str, dict[str, float]], ...] = (
     (("V100", "PCIE"), "NVIDIA V100 PCIe", {"fp32": 14.0, "fp16": 112.0}),
     (("V100",), "NVIDIA V100 SXM2", {"fp32": 15.7, "fp16": 125.0}),
 )
-MEASURED_SIZE = {"cuda": 8192, "cpu": 512}  # matmul side for a measured ceiling
 
 
 # The whole GPU's streaming multiprocessors, per table name: a device with fewer (a MIG slice, a cut-down part) has
 # that share of the peak (tensor-core rate is per multiprocessor, at the same clocks)
-FULL_MULTIPROCESSORS = {"NVIDIA H200 NVL": 132, "NVIDIA H200 SXM": 132, "NVIDIA H100 PCIe": 114,
-                        "NVIDIA H100 SXM": 132, "NVIDIA A100": 108, "NVIDIA L4": 58, "NVIDIA V100 PCIe": 80,
-                        "NVIDIA V100 SXM2": 80}
+FULL_MULTIPROCESSORS = {"NVIDIA H200 NVL": 132, "NVIDIA H200 SXM": 132, "NVIDIA H100 NVL": 132,
+                        "NVIDIA H100 PCIe": 114, "NVIDIA H100 SXM": 132, "NVIDIA A100": 108, "NVIDIA L4": 58,
+                        "NVIDIA V100 PCIe": 80, "NVIDIA V100 SXM2": 80}
 
 
 def is_mig(device_name: str) -> bool:
@@ -129,25 +131,10 @@ def datasheet_entry(device_name: str) -> tuple[str, dict[str, float]] | None:
 
 
 def measured_peak(info: DeviceInfo, precision: str) -> Peak:
-    """The median rate of one large square matmul in ``precision`` on this device (a ceiling, not a datasheet peak)."""
-    n = MEASURED_SIZE[info.device.type]
-    if precision == "fp8":
-        tflops = fp8_matmul_tflops(info.device, n)
-    else:
-        dtype = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-        tflops = float(matmul_benchmark(info.device, (n,), dtype).iloc[0]["tflops"])
-    return Peak(precision, tflops,
-                f"measured: median {n}x{n} {precision} matmul on {info.name} (no datasheet peak in optlab's table)")
-
-
-def fp8_matmul_tflops(device: torch.device, n: int) -> float:
-    """The median rate of one ``n x n`` e4m3 ``torch._scaled_mm`` on ``device``, in TFLOP/s."""
-    a = torch.randn(n, n, device=device).to(ACTIVATION_DTYPE)
-    b = column_major(torch.randn(n, n, device=device).to(ACTIVATION_DTYPE))
-    one = torch.ones((), device=device)
-    timer = benchmark.Timer("torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=out)",
-                            globals={"torch": torch, "a": a, "b": b, "one": one, "out": OUT_DTYPE})
-    return 2 * n**3 / timer.blocked_autorange(min_run_time=0.2).median / 1e12
+    """The measured MAMF of ``precision`` on this device (:func:`.ceilings.mamf`: the best over the ceilings sweep's
+    shapes, kept with the machine's ceilings): a ceiling, not a datasheet peak, and the same one the summary reads."""
+    tflops, source = ceilings.mamf(info, precision)
+    return Peak(precision, tflops, f"{source} (no datasheet peak in optlab's table)")
 
 
 def peak_for(config: RunConfig, info: DeviceInfo) -> Peak:
