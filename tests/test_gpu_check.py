@@ -166,6 +166,24 @@ def test_a_part_stops_at_its_deadline_and_writes_what_finished(tmp_path):
     assert packed == (out / "gpu-check.csv").read_text()
 
 
+def test_a_test_file_that_cannot_be_collected_is_a_failure_not_the_deadline(tmp_path):
+    """pytest returns INTERRUPTED for a collection error as for our deadline: the broken file is recorded as failed,
+    and the part's chapter after it still runs, well before the deadline."""
+    broken = tmp_path / "test_broken.py"
+    broken.write_text("import pytest\n\n\n@pytest.mark.cuda\ndef test_x():\n    pass\n\n\nraise ImportError('gone')\n")
+    _notebook(tmp_path, "a_after", "x = 1")
+    part = check_parts.CheckPart("trial", "tests and a chapter", 1, 1, chapters=("a_after",), tests=True)
+    report = gpu_check.Report(tmp_path / "out", None, "CPU", "test")
+    began = time.monotonic()
+    assert not gpu_check.run_part(part, report, [broken], ["-q", "-p", "no:cacheprovider", "--noconftest",
+                                                            "--rootdir", str(tmp_path)], 60.0, probe=False,
+                                  folder=tmp_path)
+    assert time.monotonic() - began < 30
+    statuses = [(row["check"], row["status"].split(" (")[0]) for row in report.rows]
+    assert statuses == [("CUDA-only tests", "failed: exit status 2"), ("a_after", "ok")], report.rows
+    assert "not by the deadline" in report.rows[0]["status"]
+
+
 SHARED_STEP = '''
 import torch
 
