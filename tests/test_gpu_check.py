@@ -113,11 +113,25 @@ def test_every_part_fits_one_call_on_an_h200_and_every_chapter_is_in_one_part():
     assert [part.name for part in parts if part.tests] == ["tests"]
 
 
-def test_parts_prints_each_part_with_its_seconds_on_an_h200_and_on_a_cpu():
-    printed = _gpu_check("--parts")
+def test_parts_prints_each_part_with_its_seconds_and_a_deadline_inside_its_command():
+    printed = _gpu_check("--parts", "--deadline", "200")
     assert printed.returncode == 0
     for number, part in enumerate(check_parts.CHECK_PARTS, 1):
-        assert f"{number} {part.name:<13} {part.h200_s:>7.0f} {part.cpu_s:>6.0f}  {part.what}" in printed.stdout
+        assert (f"{number:<2} {part.name:<14} {part.h200_s:>5.0f} {part.cpu_s:>6.0f} {200:>10}  {part.what}"
+                in printed.stdout), printed.stdout
+    assert f"timeout -k {check_parts.KILL_AFTER_S} {check_parts.PART_CALL_S} python3 tools/gpu_check.py" in printed.stdout
+    assert "not checked on a GPU: chapters 19-21" in printed.stdout and "NCCL cannot run two ranks" in printed.stdout
+
+
+def test_every_command_of_the_short_plan_is_killed_after_its_limit_and_names_its_archive_after_the_gpu():
+    from optlab.commands.reference.short_plan import describe_short_plan
+
+    commands = [line for line in describe_short_plan().splitlines() if line.startswith("timeout")]
+    assert commands and all(line.startswith("timeout -k 10 ") for line in commands), commands
+    archives = [line.split("--archive ")[1].split()[0] for line in commands]
+    assert all(name.startswith("$GPU-") for name in archives), archives
+    assert "export GPU=$(python3 -c" in describe_short_plan() and "get_device_name()" in describe_short_plan()
+    assert "# not checked on a GPU: chapters 19-21" in describe_short_plan()
 
 
 PARTS = len(check_parts.CHECK_PARTS)
@@ -136,7 +150,7 @@ def test_a_bad_part_or_deadline_is_refused_in_one_line(arguments, message):
 
 
 def test_a_part_is_chosen_by_number_or_name():
-    assert check_parts.check_part("4") is check_parts.check_part("memory") is check_parts.CHECK_PARTS[3]
+    assert check_parts.check_part("5") is check_parts.check_part("memory") is check_parts.CHECK_PARTS[4]
 
 
 def _notebook(folder: Path, stem: str, *cells: str) -> None:
@@ -271,7 +285,8 @@ def test_a_set_added_to_the_short_plan_is_one_entry(monkeypatch):
 
     added = short_plan.reference_step("beyond", 230, "precision, the data pipeline and the optimizers")
     monkeypatch.setattr(short_plan, "PLAN", (*short_plan.PLAN, added))
-    assert short_plan.describe_short_plan().endswith(f"timeout 240 {added.command}   # {added.what}")
+    lines = [line for line in short_plan.describe_short_plan().splitlines() if line.startswith("timeout")]
+    assert lines[-1] == f"timeout -k 10 240 {added.command}   # {added.what}"
 
 
 @pytest.mark.parametrize("child, caught", [
@@ -301,3 +316,11 @@ def test_without_jupyter_two_chapters_and_their_figures_run_in_one_process():
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "MPLBACKEND": "Agg"})
     assert run.returncode == 0 and run.stdout.strip() == "shown", run.stderr[-2000:]
+
+
+def test_the_gpu_page_names_what_the_gpu_run_checks_and_the_parallelism_chapters_it_does_not():
+    section = (ROOT / "book" / "using" / "gpu.md").read_text().split("## What the GPU run checks")[1].split("\n## ")[0]
+    assert "Chapters 19-21" in section and "not checked on a GPU" in section and "NCCL" in section
+    numbers = {int(chapter[:2]) for chapter in check_parts.chapters()}
+    assert numbers == {11, 14, 15, 22, 23, 24, *range(29, 38)}, numbers  # the page's "11, 14, 15, 22-24 and 29-37"
+    assert not numbers & {19, 20, 21}
