@@ -376,3 +376,9 @@ def test_a_stop_kills_a_fresh_start_in_flight_with_or_without_a_fork_server(monk
         if server is not None:
             server.close()
     assert time.monotonic() - began < 20
+
+
+def test_the_reference_part_of_the_starts_is_bounded_inside_its_estimate():
+    from optlab.commands.reference.costs import TABLE_S
+
+    assert compile_time.REFERENCE_DEADLINE_S < TABLE_S["compile_time"] <= 240
