@@ -43,27 +43,28 @@ class CheckPart:
 # size), then the chapters whose GPU branches hold the most that a CPU cannot check. H200: a guess from the chapters'
 # compiles (GPT-2 small's ~45 s a cold compile) and sizes, until a GPU run measures them; a part guessed past its
 # call is split (chapters 32 and 33, chapters 11-14 and 15), and every part stops at its deadline whatever the guess.
-# CPU: a whole rehearsal's seconds per part on the shared 2-core machine, start-up included.
+# CPU: the seconds of each part's checks in one whole rehearsal (make gpu-rehearsal, 2026-12-06: 1518 s in all, the
+# process's start included) on the shared 2-core machine under other work, so high and noisy.
 CHECK_PARTS = (
-    CheckPart("tests", "the CUDA-only tests (every file with a test marked cuda)", 150, 55, tests=True),
+    CheckPart("tests", "the CUDA-only tests (every file with a test marked cuda)", 150, 27, tests=True),
     CheckPart("serving", "chapters 30-31: the KV cache and quantized decoding (int8/int4 kernels, CUDA graphs)",
-              200, 110, chapters=("30_kv_cache", "31_quantization")),
+              200, 242, chapters=("30_kv_cache", "31_quantization")),
     CheckPart("speculative", "chapter 32: speculative decoding (a draft and a target GPT, compiled, CUDA graphs)",
-              170, 55, chapters=("32_speculative_decoding",)),
-    CheckPart("requests", "chapter 33: serving requests (batching, streams, percentiles)", 120, 40,
+              170, 56, chapters=("32_speculative_decoding",)),
+    CheckPart("requests", "chapter 33: serving requests (batching, streams, percentiles)", 120, 24,
               chapters=("33_serving",)),
     CheckPart("memory", "chapter 29: the allocator's snapshots, the allocator comparison's child processes",
-              90, 60, chapters=("29_memory",)),
-    CheckPart("gpt", "chapters 22-24: attention kernels, checkpointing, GPT precision (FP8 on sm 8.9+)", 150, 105,
+              90, 70, chapters=("29_memory",)),
+    CheckPart("gpt", "chapters 22-24: attention kernels, checkpointing, GPT precision (FP8 on sm 8.9+)", 150, 72,
               chapters=("22_attention", "23_checkpointing", "24_gpt_precision")),
-    CheckPart("cnn", "chapters 11 and 14: CUDA graphs, the data pipeline", 170, 90,
+    CheckPart("cnn", "chapters 11 and 14: CUDA graphs, the data pipeline", 170, 77,
               chapters=("11_cuda_graphs", "14_data_pipeline")),
-    CheckPart("profiler", "chapter 15: the profiler and the machine's ceilings", 180, 60, chapters=("15_profiling",)),
+    CheckPart("profiler", "chapter 15: the profiler and the machine's ceilings", 180, 43, chapters=("15_profiling",)),
     CheckPart("your-model", "chapter 37: tuning your own model (the small models in the smoke profile, compiled)",
-              120, 100, chapters=("37_your_model",)),
+              120, 79, chapters=("37_your_model",)),
     CheckPart("compile-starts", "chapter 34: compile starts in fresh processes (Triton's caches, portable artifacts)",
-              180, 110, chapters=("34_compile_time",)),
-    CheckPart("shapes", "chapters 35-36: graph breaks at GPT-2 small's width, CUDA graphs per bucket", 150, 60,
+              180, 529, chapters=("34_compile_time",)),
+    CheckPart("shapes", "chapters 35-36: graph breaks at GPT-2 small's width, CUDA graphs per bucket", 150, 270,
               chapters=("35_graph_breaks", "36_changing_shapes")),
 )
 
