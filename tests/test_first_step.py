@@ -4,6 +4,9 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import signal
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -203,7 +206,7 @@ def test_rounds_side_by_side_keep_each_round_s_starts_in_order_and_apart(monkeyp
     artifacts go to its own round's portable start, and the rows come back by round."""
     calls = []
 
-    def fake_run(function, kwargs, cache, cold, settings=None, forks=None):
+    def fake_run(function, kwargs, cache, cold, settings=None, forks=None, stop=None):
         calls.append((function, kwargs, str(cache.path)))
         return {"headers_s": 1.0} if function.endswith("build_headers") else {"step_times_s": [0.1, 0.3],
                                                                                  "first_step_s": 1.0}
@@ -229,7 +232,7 @@ def test_starts_that_wrote_into_a_fork_server_s_machine_folder_are_refused(monke
     class Touched:
         probe_s, machine = 2.0, fresh.CacheFolder(tmp_path / "machine")
 
-        def __init__(self, module, settings=None, machine=None):
+        def __init__(self, module, settings=None, machine=None, stop=None):
             self.machine = machine
 
         def machine_untouched(self):
@@ -264,11 +267,13 @@ def test_the_recompile_stance_s_error_names_no_absolute_path():
     assert __file__ not in error and os.path.relpath(__file__) in error, error
 
 
-def test_the_chapters_check_a_gpu_s_path_small_in_the_smoke_profile_and_measure_it_at_gpt_2_small_otherwise(monkeypatch):
+def test_the_chapters_check_a_gpu_s_path_small_and_end_within_minutes_on_a_reader_s_gpu(monkeypatch):
     """gpu-check runs chapters 34 and 36 in the smoke profile on a GPU: a small GPT, two rounds, no ResNet18; a
-    reader's GPU (any other profile) gets GPT-2 small's sizes; a CPU never runs more rounds side by side than cores."""
-    smoke, real = compile_time.chapter_plan(True, "smoke"), compile_time.chapter_plan(True, "quick")
-    assert (smoke.size, smoke.rounds, smoke.cnn) == ("small", 2, False) and (real.size, real.cnn) == ("real", True)
+    reader's GPU (any other profile) gets the small GPT within a deadline of minutes (GPT-2 small's fifty cold starts
+    took tens of minutes); a CPU never runs more rounds side by side than cores."""
+    smoke, quick = compile_time.chapter_plan(True, "smoke"), compile_time.chapter_plan(True, "quick")
+    assert (smoke.size, smoke.rounds, smoke.cnn) == ("small", 2, False) and (quick.size, quick.cnn) == ("small", False)
+    assert all(plan.deadline_s is not None and plan.deadline_s <= 300 for plan in (smoke, quick))
     monkeypatch.setattr(compile_time.os, "cpu_count", lambda: 1)
     cpu = compile_time.chapter_plan(False, "smoke")
     assert (cpu.size, cpu.phase, cpu.at_once) == ("small", "forward", 1) and "GPT only" in cpu.describe()
@@ -292,3 +297,88 @@ def test_a_guard_on_a_python_value_is_named_with_its_source_line_and_whole_file(
     assert guard.endswith(f"(`if scale > 10:` at {os.path.relpath(__file__)}:{line})"), guard
     assert recompiles.first_guard("tensor 'x' size mismatch at index 1. expected 5, actual 8; other") == \
         "tensor 'x' size mismatch at index 1. expected 5, actual 8"
+
+
+# --- the starts end at a deadline or a signal, not after every queued round ---------------------------------------
+
+class _Ended(Exception):
+    """What the test's alarm raises in the main thread, as the reference run's signal handler does."""
+
+
+def _sleepy_run(seconds_by_round):
+    """A stand-in for ``fresh.run_fresh`` whose start sleeps as its round says, ending early, as a killed process
+    does, when its ``stop`` comes."""
+    def run(function, kwargs, cache, cold, settings=None, forks=None, stop=None):
+        if function.endswith("build_headers"):
+            return {"headers_s": 0.0}
+        if stop is not None:
+            stop.check()
+        round_ = int(next(part for part in cache.path.parts if part.startswith("round"))[len("round"):])
+        end = time.monotonic() + seconds_by_round(round_)
+        while time.monotonic() < end:
+            if stop is not None and stop.why:
+                raise fresh.StartsStopped(stop.why)
+            time.sleep(0.02)
+        return {"step_times_s": [0.1, 0.1], "first_step_s": 1.0}
+    return run
+
+
+def test_a_signal_ends_the_starts_at_once_not_after_every_queued_round(monkeypatch, tmp_path):
+    """Four rounds of five 2 s starts are queued; a signal after 0.5 s ends the study within seconds (the round in
+    flight used to run all its starts first: 10 s, minutes on a GPU)."""
+    monkeypatch.setattr(fresh, "run_fresh", _sleepy_run(lambda round_: 2.0))
+    monkeypatch.setattr(fresh, "forks_possible", lambda: False)
+
+    def alarm(signum, frame):
+        raise _Ended()
+
+    before = signal.signal(signal.SIGALRM, alarm)
+    began = time.monotonic()
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        with pytest.raises(_Ended):
+            compile_time.run_starts("gpt", rounds=4, root=tmp_path)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+    assert time.monotonic() - began < 4
+
+
+def test_rounds_past_the_deadline_are_ended_and_the_finished_ones_kept(monkeypatch, tmp_path):
+    monkeypatch.setattr(fresh, "run_fresh", _sleepy_run(lambda round_: 0.01 if round_ < 2 else 60.0))
+    monkeypatch.setattr(fresh, "forks_possible", lambda: False)
+    began = time.monotonic()
+    rows = compile_time.run_starts("gpt", rounds=4, root=tmp_path, deadline_s=3)
+    assert 3 <= time.monotonic() - began < 13
+    assert sorted(set(rows["round"])) == [0, 1] and rows.attrs["stopped"] == "2 of 4 rounds: stopped at its deadline"
+    with pytest.raises(OptlabError, match=r"0 of 2 rounds of gpt's starts finished before its deadline"):
+        monkeypatch.setattr(fresh, "run_fresh", _sleepy_run(lambda round_: 60.0))
+        compile_time.run_starts("gpt", rounds=2, root=tmp_path / "again", deadline_s=1)
+
+
+SLOW_START = "import time\n\ndef start():\n    time.sleep(60)\n    return {}\n"
+
+
+@pytest.mark.parametrize("forked", [False, True])
+def test_a_stop_kills_a_fresh_start_in_flight_with_or_without_a_fork_server(monkeypatch, tmp_path, forked):
+    """A real process that would run 60 s ends within seconds of the stop, whether started on its own or forked."""
+    (tmp_path / "slow_start.py").write_text(SLOW_START)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    stop = fresh.Stop()
+    server = fresh.ForkServer("slow_start", stop=stop) if forked else None
+    threading.Timer(2.0, stop.stop, args=("the test",)).start()
+    began = time.monotonic()
+    try:
+        with pytest.raises(fresh.StartsStopped, match="the test"):
+            fresh.run_fresh("slow_start:start", {}, fresh.CacheFolder(tmp_path / "cache"), cold=True, forks=server,
+                            stop=stop)
+    finally:
+        if server is not None:
+            server.close()
+    assert time.monotonic() - began < 20
+
+
+def test_the_reference_part_of_the_starts_is_bounded_inside_its_estimate():
+    from optlab.commands.reference.costs import TABLE_S
+
+    assert compile_time.REFERENCE_DEADLINE_S < TABLE_S["compile_time"] <= 240

@@ -314,3 +314,53 @@ def test_a_deadline_stops_a_slow_part_at_a_repeat_and_skips_a_part_that_does_not
         assert rows.loc[f"{part} resnet18", "seconds"] == seconds <= share  # ended at a repeat, within its share
         assert rows.loc[f"{part} resnet18", "repeats"] == repeats
     assert "no_grad resnet18" not in rows.index and clock["t"] == 80.0 < 200 - planning.PACK_RESERVE_S
+
+
+class _SlowStudy:
+    """A study whose tables take far past their estimate: one written at once, then a wait of 30 s."""
+
+    @staticmethod
+    def run_reference(out, device):
+        written = Path(out) / "slow-first.csv"
+        written.write_text("a\n1\n")
+        yield written
+        time.sleep(30)
+        yield Path(out) / "slow-never.csv"
+
+
+class _QuickStudy:
+    @staticmethod
+    def run_reference(out, device):
+        written = Path(out) / "quick.csv"
+        written.write_text("a\n1\n")
+        return [written]
+
+
+def test_a_study_past_its_deadline_is_ended_there_and_the_run_goes_on(monkeypatch, tmp_path, capsys):
+    """A study's tables (the ceilings on a GPU, say) estimated at 0.2 s that would run 30 s: its deadline (1.5 x the
+    estimate + 1 s here) ends it within 10 s, what it wrote before is kept, its row says so, and the next part runs."""
+    monkeypatch.setattr(planning, "SHARE_SLACK_S", 1.0)
+    monkeypatch.setattr(running, "plan", lambda set_name, profile, measured=None: [
+        parts_list.Part("seed", f"{name} tables", 0, 0.2, module=name) for name in ("slow", "quick")])
+    monkeypatch.setattr(running, "study", {"slow": _SlowStudy, "quick": _QuickStudy}.get)
+    began = time.monotonic()
+    with pytest.raises(OptlabError, match="ran past their deadline and were ended there, what they wrote before kept: "
+                                          "slow tables"):
+        list(reference.run_reference(tmp_path, profile=SHORT, device="cpu", progress=False))
+    assert time.monotonic() - began < 1.3 + 10
+    rows = pd.read_csv(tmp_path / f"{parts_list.MANIFEST}.csv").set_index("part")
+    assert rows.loc["slow tables", "status"] == "stopped: past its deadline of 1 s" and rows.loc["quick tables",
+                                                                                                   "status"] == "ok"
+    assert rows.loc["slow tables", "seconds"] < 10
+    assert (tmp_path / "slow-first.csv").is_file() and (tmp_path / "quick.csv").is_file()
+    assert "stopped part slow tables: past its deadline of 1 s" in (tmp_path / "reference.log").read_text()
+
+
+def test_the_plan_gives_every_part_a_deadline_inside_its_command(capsys):
+    """Without a budget a part's deadline is at most PART_LIMIT_S (inside a 10-minute command); with one, inside what
+    the budget leaves for parts."""
+    for budget in (None, 230):
+        text = planning.describe_plan("all", device="cpu", budget_s=budget)
+        table = pd.read_fwf(__import__("io").StringIO(text.split("\n\n")[0].split("\n", 1)[1]))
+        limit = planning.PART_LIMIT_S if budget is None else planning.available_s(budget)
+        assert table["deadline_s"].between(1, limit).all() and len(table) > 50, (budget, table["deadline_s"].max())

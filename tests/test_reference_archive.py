@@ -387,7 +387,7 @@ DAMAGES = {  # name: (what it does to the members, who the line names, what it s
     "unknown status": (_edit_parts(_set("status", "done")), PARTS, "has status 'done'"),
     "failed with no reason": (_edit_parts(_set("status", "failed:")), PARTS, "has status 'failed:'"),
     "empty status": (_edit_parts(_set("status", "")), PARTS,
-                     "line 2 has no status (allowed: ok, interrupted or failed: <why>)"),
+                     "line 2 has no status (allowed: ok, interrupted, failed: <why> or stopped: <why>)"),
     "empty device name": (_edit_parts(_set("device_name", "")), PARTS, "has no device_name"),
     "empty commit": (_edit_parts(_set("git_commit", "")), PARTS, "has no git_commit"),
     "finished not a time": (_edit_parts(_set("finished", "yesterday")), PARTS, "has finished 'yesterday'"),

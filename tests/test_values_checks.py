@@ -25,7 +25,7 @@ def test_values_just_inside_are_allowed(key, value):
 
 
 @pytest.mark.parametrize("key, value, said", [
-    ("status", "okay", "has status 'okay' (allowed: ok, interrupted or failed: <why>)"),
+    ("status", "okay", "has status 'okay' (allowed: ok, interrupted, failed: <why> or stopped: <why>)"),
     ("status", "oks", "has status 'oks'"),
     ("status", "interrupted later", "has status 'interrupted later'"),
     ("status", "not ok", "has status 'not ok'"),
@@ -126,7 +126,7 @@ def test_each_refusal_reads_as_written():
     """The exact words, so that a reader sees what is wrong and what is allowed."""
     line = "line 3 "
     assert checks.parts_list_problem(parts_csv(ROW, {**ROW, "part": "b", "status": ""})) == (
-        line + "has no status (allowed: ok, interrupted or failed: <why>)")
+        line + "has no status (allowed: ok, interrupted, failed: <why> or stopped: <why>)")
     assert checks.parts_list_problem(parts_csv(ROW, {**ROW, "part": ""})) == (
         line + "has an empty part (each row names its part)")
     assert checks.parts_list_problem(parts_csv(ROW, {**ROW, "part": "b", "torch": "", "profile": ""})) == (
@@ -144,13 +144,13 @@ def test_each_refusal_reads_as_written():
 def test_a_parts_list_is_checked_by_its_name_and_read_only_when_it_passes(tmp_path):
     bad = parts_csv({**ROW, "status": "okay"})
     assert checks.file_problem(checks.PARTS_LIST, bad) == (
-        "line 2 has status 'okay' (allowed: ok, interrupted or failed: <why>)")
+        "line 2 has status 'okay' (allowed: ok, interrupted, failed: <why> or stopped: <why>)")
     assert checks.file_problem("other.csv", bad) is None  # any other table only has to parse
     path = tmp_path / checks.PARTS_LIST
     path.write_bytes(bad)
     with pytest.raises(checks.OptlabError) as refused:
         checks.read_parts_list(path)
     assert str(refused.value) == (f"{checks.store.display_path(path)} line 2 has status 'okay' (allowed: ok, "
-                                  "interrupted or failed: <why>): fix it, or move it away and run again")
+                                  "interrupted, failed: <why> or stopped: <why>): fix it, or move it away and run again")
     path.write_bytes(parts_csv(ROW, {**ROW, "part": "b", "seconds": "2"}))
     assert checks.read_parts_list(path)[["part", "seconds"]].values.tolist() == [[ROW["part"], "1.5"], ["b", "2"]]

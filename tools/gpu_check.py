@@ -198,15 +198,20 @@ class DeadlineReached(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def deadline(seconds: float):
-    """Raise :class:`DeadlineReached` in this thread ``seconds`` from now, or at SIGTERM, SIGINT or SIGHUP."""
+    """Raise :class:`DeadlineReached` in this thread ``seconds`` from now, or at SIGTERM, SIGINT or SIGHUP; yields the
+    list of the reasons raised so far (empty until one came), so that a caller that sees only an interruption (pytest
+    returns INTERRUPTED for a collection error too) can tell whether it was this one."""
+    reached: list[str] = []
+
     def stop(signum: int, _frame) -> None:
-        raise DeadlineReached("the deadline" if signum == signal.SIGALRM else signal.Signals(signum).name)
+        reached.append("the deadline" if signum == signal.SIGALRM else signal.Signals(signum).name)
+        raise DeadlineReached(reached[-1])
 
     caught = (signal.SIGALRM, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
     before = {number: signal.signal(number, stop) for number in caught}
     signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.01))
     try:
-        yield
+        yield reached
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         for number, handler in before.items():
@@ -258,6 +263,19 @@ def _status(error: BaseException) -> str:
     return f"failed: {type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"[:300]
 
 
+def pytest_reason(code: int) -> str:
+    """What pytest's exit status ``code`` means, in words: INTERRUPTED without our deadline is a collection error (a
+    test file that cannot be imported) or a test that raised KeyboardInterrupt itself."""
+    import pytest
+
+    if code == pytest.ExitCode.INTERRUPTED:
+        return "interrupted, not by the deadline: a collection error or a KeyboardInterrupt in a test"
+    try:
+        return pytest.ExitCode(code).name.lower().replace("_", " ")
+    except ValueError:
+        return "an exit status pytest does not name"
+
+
 def run_part(part: CheckPart, report: Report, files: list[Path], options: list[str], seconds: float, probe: bool,
              folder: Path = NOTEBOOKS) -> bool:
     """Run ``part``'s checks within ``seconds``, a row in ``report`` after each; True if all passed. At the deadline
@@ -268,7 +286,7 @@ def run_part(part: CheckPart, report: Report, files: list[Path], options: list[s
     done: list[str] = []
     passed, began = True, time.monotonic()
     try:
-        with deadline(seconds):
+        with deadline(seconds) as reached:
             for check in checks:
                 began = time.monotonic()
                 try:
@@ -279,10 +297,10 @@ def run_part(part: CheckPart, report: Report, files: list[Path], options: list[s
                     else:
                         plugin = OnlyCuda()
                         code = pytest.main([*options, *map(str, files)], plugins=[plugin])
-                        if code == pytest.ExitCode.INTERRUPTED:
-                            raise DeadlineReached("the deadline")
+                        if code == pytest.ExitCode.INTERRUPTED and reached:  # our deadline or signal, not a test's
+                            raise DeadlineReached(reached[-1])
                         status = "ok" if code in (0, pytest.ExitCode.NO_TESTS_COLLECTED) else \
-                            f"failed: exit status {int(code)} ({len(plugin.kept)} tests)"
+                            f"failed: exit status {int(code)} ({pytest_reason(code)}, {len(plugin.kept)} tests)"
                 except DeadlineReached:
                     raise
                 except Exception as error:  # noqa: BLE001  (recorded, and the part's other checks still run)

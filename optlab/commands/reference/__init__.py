@@ -20,10 +20,15 @@ merges such an archive into ``results/reference/<machine>/``. A disk that fills 
 longer be written, stops the run at once with one line; a part that fails for its own reasons is recorded and the run
 goes on.
 
+Every part runs under its own deadline (``planning.part_limit_s``): a technique stops at the end of a repeat past
+its share, and any part still running at its hard deadline (a study's tables included) is ended there, recorded as
+``stopped``, and the run goes on with what it finished kept.
+
 The package's parts: ``costs`` (the H200 step-time table and the estimates), ``planning`` (the parts in order, the
-plan and what a budget leaves out), ``parts_list`` (what a results folder records), ``outputs`` (the writes, the
-problems that stop a run, the log) and ``running`` (the run itself, and ``--unpack``); ``check_parts`` (gpu-check's
-parts and their seconds) and ``short_plan`` (the order and time limits of a short GPU job).
+plan, each part's deadline and what a budget leaves out), ``parts_list`` (what a results folder records), ``outputs``
+(the writes, the problems that stop a run, the log), ``run_folder`` (the one owner of a run's folder: its parts list,
+log, archive, stop line and each part's deadline) and ``running`` (the run itself, and ``--unpack``); ``check_parts``
+(gpu-check's parts and their seconds) and ``short_plan`` (the order and time limits of a short GPU job).
 """
 from .outputs import PackFailed, check_outputs
 from .planning import describe_plan, plan

@@ -67,6 +67,18 @@ PACK_RESERVE_S = 10.0  # kept free before the deadline: the last part's record, 
 SHARE_FACTOR, SHARE_SLACK_S = 1.5, 10.0  # a part stops at a repeat's end past 1.5 x its estimate + 10 s
 
 
+OVERRUN_GRACE_S = 60.0  # a technique part is ended where it stands this long past its share: a repeat's end
+
+
+def part_limit_s(part: Part) -> tuple[float, float]:
+    """Seconds from ``part``'s start to its soft deadline (a technique's run stops at the end of a repeat past it) and
+    to its hard one (the part is ended where it stands, what it finished kept): :data:`SHARE_FACTOR` x its estimate
+    + :data:`SHARE_SLACK_S`, the hard one :data:`OVERRUN_GRACE_S` later for a technique (a study's tables have no
+    repeats), neither past :data:`PART_LIMIT_S`. A run's deadline may end either sooner."""
+    share = part.estimate_s * SHARE_FACTOR + SHARE_SLACK_S
+    return min(share, PART_LIMIT_S), min(share + (OVERRUN_GRACE_S if part.technique else 0.0), PART_LIMIT_S)
+
+
 RECIPE = ("python3 -m optlab reference --set seed --max-repeats 4 --budget 540 --archive h200.tar.gz",
           "the whole seed set at 4 repeats, the machine's ceilings first: about 8 of the 8.6 minutes --budget 540 leaves "
           "for parts")
@@ -169,7 +181,8 @@ def plan_table(parts: list[Part], done: set[str], budget_s: float | None, cuda: 
         else:
             action, spent = "run", spent + part.estimate_s
         rows.append({"set": part.set_name, "part": part.name, "steps": part.steps,
-                     "est_s": round(part.estimate_s, 1), "estimate from": part.estimate_from, "this run": action})
+                     "est_s": round(part.estimate_s, 1), "deadline_s": math.floor(min(part_limit_s(part)[1], room)),
+                     "estimate from": part.estimate_from, "this run": action})
     return pd.DataFrame(rows)
 
 
@@ -240,7 +253,9 @@ def describe_plan(set_name: str = "all", profile: str | Profile | None = None, d
                      "ones that fit still run")
     lines += cut_lines(parts, table)
     lines.append(f"recipe for one 10-minute command on an {TABLE_GPU}: {RECIPE[0]} ({RECIPE[1]}); a part that runs "
-                 f"past {SHARE_FACTOR:g} x its estimate stops at the end of a repeat, one that would end past the "
+                 f"past {SHARE_FACTOR:g} x its estimate + {SHARE_SLACK_S:g} s stops at the end of a repeat, every "
+                 f"part is ended at its deadline_s (a study's tables there, a technique {OVERRUN_GRACE_S:g} s later; "
+                 f"never past {PART_LIMIT_S} s or the budget) and the run goes on, one that would end past the "
                  "deadline is skipped, and the archive is packed after every part: run the same command again to add "
                  "what was left")
     lines += [f"warning: {part.name} may need more than {PART_LIMIT_S} s" for part in parts

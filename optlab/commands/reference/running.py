@@ -22,16 +22,22 @@ from ...core.knobs.profiles import Profile
 from ...core.process import shutdown
 from ...core.process.shutdown import Interrupted, signals_interrupt
 from .costs import TABLE_GPU
-from .parts_list import Part, note_part, read_manifest, recorded, repeats_run, run_key
-from .planning import (PACK_RESERVE_S, SHARE_FACTOR, SHARE_SLACK_S, STUDY_MODULES, measured_seconds, plan,
-                       reference_folders, reference_profile, set_names, target_gpu)
-from .outputs import PackFailed, RunLog, check_outputs, output_problem, stop_line
+from .outputs import PackFailed
+from .parts_list import Part, repeats_run, run_key
+from .planning import (PACK_RESERVE_S, STUDY_MODULES, measured_seconds, plan, reference_folders, reference_profile,
+                       set_names, target_gpu)
+from .run_folder import PartOverran, RunFolder
+
+
+def study(module: str) -> Any:
+    """The study whose ``run_reference(out, device)`` writes the tables of ``module`` (:data:`STUDY_MODULES`)."""
+    return importlib.import_module(f"optlab.studies.{STUDY_MODULES[module]}")
 
 
 def _run_part(part: Part, folder: Path, prof: Profile, device: str, progress: bool, download: bool,
               deadline: float | None = None) -> ExperimentResult | None:
     if part.module:
-        for path in importlib.import_module(f"optlab.studies.{STUDY_MODULES[part.module]}").run_reference(folder, device):
+        for path in study(part.module).run_reference(folder, device):
             print(f"wrote {store.display_path(path)}")
         return None
     return run_experiment(part.technique, models=[part.model], profile=prof, device=device, out=folder,
@@ -48,8 +54,9 @@ def run_reference(out: str | Path, set_name: str = "seed", profile: str | Profil
     technique part's result.
 
     The set, the device, the profile, the output folder and the archive path are checked first: a bad one is an
-    OptlabError before anything is written. A part that fails, an OptlabError included, is reported and the run goes
-    on; the end names every part that failed or was left. A full disk, an output folder that can no longer be
+    OptlabError before anything is written. A part that fails, an OptlabError included, or that runs past its own
+    deadline (:meth:`RunFolder.part_deadlines`: it is ended there), is reported and the run goes on; the end names
+    every part that failed, stopped or was left. A full disk, an output folder that can no longer be
     written, or an archive that cannot be packed stops the run at once. After every part its lines are appended to
     ``out/reference.log`` and, with ``archive``, the folder is packed into that tar.gz; SIGTERM, SIGINT and SIGHUP
     (to the process or its group) record the part in flight as interrupted, pack, and raise
@@ -61,26 +68,22 @@ def run_reference(out: str | Path, set_name: str = "seed", profile: str | Profil
         set_names(set_name)
         info = resolve_device(device)
         prof = reference_profile(profile, info.is_cuda, repeats)
-        check_outputs(out, archive)
-        parts = plan(set_name, prof, measured_seconds(target_gpu(info), prof, reference_folders(out)))
-        if Path(out).is_dir():
-            read_manifest(Path(out))  # a parts list edited by hand stops the run here, in one line, before any write
         deadline = None if budget_s is None else shutdown.PROCESS_START + budget_s
-        folder = store.writable_dir(out)
-        log = RunLog(folder, archive)
-        yield from _logged_run(log, folder, set_name, parts, prof, info, progress, download, budget_s, deadline)
+        folder = RunFolder(out, archive, run_key(info), prof, deadline)
+        folder.check()  # a folder or archive that cannot be written, or a parts list edited by hand: one line, now
+        parts = plan(set_name, prof, measured_seconds(target_gpu(info), prof, reference_folders(out)))
+        yield from _logged_run(folder.open(), set_name, parts, info, progress, download, budget_s)
 
 
-def _logged_run(log: RunLog, folder: Path, set_name: str, parts: list[Part], prof: Profile, info: DeviceInfo,
-                progress: bool, download: bool, budget_s: float | None,
-                deadline: float | None) -> Iterator[ExperimentResult]:
-    """The parts, with what they print kept in ``log``, and the last pack however the run ends."""
+def _logged_run(folder: RunFolder, set_name: str, parts: list[Part], info: DeviceInfo, progress: bool,
+                download: bool, budget_s: float | None) -> Iterator[ExperimentResult]:
+    """The parts, with what they print kept in the folder's log, and the last pack however the run ends."""
     ended, why = False, None
     try:
-        with contextlib.redirect_stdout(Tee(sys.stdout, log.buffer)):
-            print(f"optlab reference --set {set_name}, into {store.display_path(folder)}, started "
+        with contextlib.redirect_stdout(Tee(sys.stdout, folder.log.buffer)):
+            print(f"optlab reference --set {set_name}, into {folder.name}, started "
                   f"{dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}")
-            yield from _run_parts(folder, parts, prof, info, progress, download, budget_s, deadline, log)
+            yield from _run_parts(folder, parts, info, progress, download, budget_s)
         ended = True
     except PackFailed:
         raise  # the last pack would fail the same way
@@ -102,21 +105,13 @@ def _logged_run(log: RunLog, folder: Path, set_name: str, parts: list[Part], pro
         if why is not None or ended:
             with shutdown.held(then_raise=False):
                 if why is not None:
-                    log.buffer.write(f"stopped: {why}; every part finished before it is kept\n")
+                    folder.log.buffer.write(f"stopped: {why}; every part finished before it is kept\n")
                 try:
-                    log.save(final=True)
+                    folder.save(final=True)
                 except PackFailed as problem:
                     if ended:
                         raise
                     print(f"optlab: error: {problem}", file=sys.stderr)
-
-
-def part_deadline(part: Part, deadline: float | None) -> float | None:
-    """When a running ``part`` stops at the end of its repeat: past its share (:data:`SHARE_FACTOR` x its estimate
-    and :data:`SHARE_SLACK_S`), and never later than the run's deadline less the reserve to pack."""
-    if deadline is None:
-        return None
-    return min(shutdown.now() + part.estimate_s * SHARE_FACTOR + SHARE_SLACK_S, deadline - PACK_RESERVE_S)
 
 
 def _signalled_run_part(part: Part, folder: Path, prof: Profile, device: str, progress: bool, download: bool,
@@ -132,12 +127,11 @@ def _signalled_run_part(part: Part, folder: Path, prof: Profile, device: str, pr
         raise
 
 
-def _run_parts(folder: Path, parts: list[Part], prof: Profile, info: DeviceInfo, progress: bool, download: bool,
-               budget_s: float | None, deadline: float | None, log: RunLog) -> Iterator[ExperimentResult]:
-    device = str(info.device)
-    key = run_key(info)
-    done = recorded(parts, folder, key, prof)
-    failures, left, skipped, finished = [], [], [], 0
+def _run_parts(folder: RunFolder, parts: list[Part], info: DeviceInfo, progress: bool, download: bool,
+               budget_s: float | None) -> Iterator[ExperimentResult]:
+    device, prof, deadline = str(info.device), folder.profile, folder.deadline
+    done = folder.recorded(parts)
+    failures, stopped, left, skipped, finished = [], [], [], [], 0
     for part in parts:
         shutdown.check()  # a signal whose raise was swallowed ends the run here at the latest
         if part.name in done:
@@ -155,46 +149,53 @@ def _run_parts(folder: Path, parts: list[Part], prof: Profile, info: DeviceInfo,
         source = "measured" if part.estimate_from != "table" else f"on an {TABLE_GPU}"
         part_start, watch = shutdown.now(), PartWatch(info.device)
         try:  # from the part's first line on, a signal records it as interrupted
-            print(f"part {part.name} ({part.set_name}; about {part.estimate_s:.0f} s, {source})")
+            print(f"part {part.name} ({part.set_name}; about {part.estimate_s:.0f} s, {source}; ended at "
+                  f"{folder.part_deadlines(part, part_start)[1] - part_start:.0f} s)")
             watch.start()
-            result = _signalled_run_part(part, folder, prof, device, progress, download,
-                                         part_deadline(part, deadline))
+            with folder.within(part, part_start) as soft:
+                result = _signalled_run_part(part, folder.path, prof, device, progress, download, soft)
             status = "ok"
         except Interrupted:
             with shutdown.held(then_raise=False), contextlib.suppress(OSError):
-                note_part(folder, part, key, prof, "interrupted", shutdown.now() - part_start, watch.stop(), None)
+                folder.note(part, "interrupted", shutdown.now() - part_start, watch.stop(), None)
                 print(f"interrupted in part {part.name}: recorded as interrupted; {finished} part(s) finished this "
                       "run")
             raise
+        except PartOverran as overran:  # ended where it stood; what it wrote before is kept, and the run goes on
+            result, status = None, f"stopped: {overran}"
+            stopped.append(part.name)
+            print(f"stopped part {part.name}: {overran}; what it wrote before is kept, and the run goes on")
         except Exception as error:  # noqa: BLE001  (an OptlabError too: this part failed, the others go on)
-            problem = output_problem(error, folder)
+            problem = folder.problem(error)
             if problem is not None:
                 watch.stop()
-                raise OptlabError(stop_line(problem, folder, part, finished)) from error
+                raise OptlabError(folder.stop_line(problem, part, finished)) from error
             result, status = None, f"failed: {type(error).__name__}: {error}".splitlines()[0][:200]
             failures.append(part.name)
             traceback.print_exc()
-            log.buffer.write(traceback.format_exc())
+            folder.log.buffer.write(traceback.format_exc())
         try:
             with shutdown.held():  # the part's row is written whole; a signal meanwhile is raised right after
-                note_part(folder, part, key, prof, status, shutdown.now() - part_start, watch.stop(),
-                           repeats_run(result, part, prof))
+                folder.note(part, status, shutdown.now() - part_start, watch.stop(), repeats_run(result, part, prof))
         except OSError as error:
-            problem = output_problem(error, folder)
+            problem = folder.problem(error)
             if problem is None:
                 raise
-            raise OptlabError(stop_line(problem, folder, part, finished)) from error
+            raise OptlabError(folder.stop_line(problem, part, finished)) from error
         finished += status == "ok"
-        log.save()
+        folder.save()
         if result is not None:
             yield result
     print(f"reference: {shutdown.now() - shutdown.PROCESS_START:.0f} s since the process start; skipped "
-          f"{len(skipped)} part(s) already recorded under {store.display_path(folder)}")
+          f"{len(skipped)} part(s) already recorded under {folder.name}")
     if left:
         print(f"left for a later run (over --budget {budget_s:g} s): {', '.join(p.name for p in left)} "
               f"(about {sum(p.estimate_s for p in left) / 60:.1f} min)")
-    if failures:
-        raise OptlabError(f"these parts failed and have no new results: {', '.join(failures)}")
+    if failures or stopped:
+        raise OptlabError("; ".join(
+            [f"these parts failed and have no new results: {', '.join(failures)}"] * bool(failures)
+            + [f"these parts ran past their deadline and were ended there, what they wrote before kept: "
+               f"{', '.join(stopped)}"] * bool(stopped)))
 
 
 def unpack(path: str | Path, out: str | Path | None = None) -> str:

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .check_parts import CHECK_PARTS, PART_CALL_S, check_part
+from .check_parts import CHECK_PARTS, KILL_AFTER_S, NOT_CHECKED, PART_CALL_S, check_part
 
 JOB_S = 900  # one short job: 15 minutes in all
 COMMAND_S = 600  # the longest one command may run
 MACHINE_START_S = 150  # a cloud instance or a job's node takes minutes to start, out of the job's time
 LIMIT_SLACK_S = 10  # a reference command's limit over its --budget: its last pack and the interpreter's exit
-OUT, NAME = "results/reference/gpu", "gpu"  # name the folder and archives after the GPU (h200, a100-80gb, ...)
+GPU_VARIABLE = ("GPU=$(python3 -c \"import torch; print(torch.cuda.get_device_name().removeprefix('NVIDIA ')"
+                ".split()[0].lower())\" || echo gpu)")  # h200, h100, a100-sxm4-80gb: the GPU at hand names the folder and archives
+OUT, NAME = "results/reference/$GPU", "$GPU"
 PACKAGES = ("torch", "torchvision", "numpy", "pandas", "matplotlib", "seaborn", "tqdm", "pytest")
 OPTIONAL = {"pynvml": "nvidia-ml-py", "yaml": "PyYAML"}  # module: the package that brings it (NVML; conftest)
 
@@ -53,11 +55,13 @@ PLAN = (  # by value: what the book lacks most, and what would crash a longer ru
     reference_step("seed", 230, "the nine seed techniques on ResNet18 first, their cheap tables, then deeper"),
     check_step("tests"),
     check_step("serving"),
-    check_step("decoding"),
+    check_step("speculative"),
+    check_step("requests"),
     check_step("memory"),
     check_step("gpt"),
     reference_step("transformer", 530, "GPT-2 small's techniques, the headline comparison first"),
     check_step("cnn"),
+    check_step("profiler"),
     check_step("your-model"),
     reference_step("serving", 230, "serving GPT-2 small: the tables"),
     check_step("compile-starts"),
@@ -77,8 +81,9 @@ def first_job(plan: tuple[Step, ...] = PLAN) -> int:
 
 
 def describe_short_plan() -> str:
-    """The plan as shell lines: the packages it needs and how to bring them, then each command under ``timeout``
-    with its limit, the first job's steps apart from the next job's."""
+    """The plan as shell lines: the packages it needs and how to bring them, then each command under ``timeout -k``
+    with its limit (killed :data:`KILL_AFTER_S` after its SIGTERM if it is still running), the first job's steps apart
+    from the next job's, and what the plan does not check."""
     fitted = first_job()
     lines = [f"# A short GPU job: {JOB_S // 60} minutes in all (about {MACHINE_START_S / 60:.1f} of them the "
              f"machine's start), each command within {COMMAND_S // 60} minutes.",
@@ -90,11 +95,13 @@ def describe_short_plan() -> str:
              "-d wheels seaborn tqdm",
              "#   then copy wheels/ over; on the GPU machine: pip install --no-index --find-links wheels seaborn tqdm",
              "export PYTHONPATH=.",
+             f"export {GPU_VARIABLE}   # every archive and the results folder are named after the GPU they ran on",
              f"# the first job: {fitted} commands, {sum(s.limit_s for s in PLAN[:fitted]) / 60:.0f} minutes of limits"]
     for index, step in enumerate(PLAN):
         if index == fitted:
             lines.append("# the next job, in this order (a reference command skips the parts already recorded):")
-        lines.append(f"timeout {step.limit_s} {step.command}   # {step.what}")
+        lines.append(f"timeout -k {KILL_AFTER_S} {step.limit_s} {step.command}   # {step.what}")
+    lines += [f"# not checked on a GPU: {line}" for line in NOT_CHECKED]
     return "\n".join(lines)
 
 

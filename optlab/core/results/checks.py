@@ -2,10 +2,10 @@
 list whose rows the reference run can use. Each check returns what is wrong and what is allowed, or None.
 
 The parts list (``reference-parts.csv``) must have the columns the reference run's readers index: ``part`` (a
-non-empty name, once per list), ``status`` (``ok``, ``interrupted`` or ``failed: <why>``), ``seconds`` (a number from
-0), the machine, torch version and commit a part is skipped by (``device_name``, ``torch``, ``git_commit``), ``profile``
-and ``finished`` (an ISO time). Other columns (``set``, ``estimate_s``, ``repeats``, the GPU's state) are optional;
-``repeats``, where a row has it, is a number from 0.
+non-empty name, once per list), ``status`` (``ok``, ``interrupted``, ``failed: <why>`` or ``stopped: <why>``, a part
+ended at its deadline), ``seconds`` (a number from 0), the machine, torch version and commit a part is skipped by
+(``device_name``, ``torch``, ``git_commit``), ``profile`` and ``finished`` (an ISO time). Other columns (``set``,
+``estimate_s``, ``repeats``, the GPU's state) are optional; ``repeats``, where a row has it, is a number from 0.
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from ..errors import OptlabError
 
 PARTS_LIST = "reference-parts.csv"
 PARTS_COLUMNS = ("part", "status", "seconds", "device_name", "torch", "git_commit", "profile", "finished")
-STATUS = re.compile(r"ok|interrupted|failed: .+")
-STATUSES = "ok, interrupted or failed: <why>"
+STATUS = re.compile(r"ok|interrupted|failed: .+|stopped: .+")
+STATUSES = "ok, interrupted, failed: <why> or stopped: <why>"
 RECORD_FIELDS = {"technique": str, "profile": dict, "environment": dict, "samples": list, "summary": list}
 OPTIONAL_FIELDS = {"title": str, "section": str, "baseline": str, "variants": dict, "references": dict, "phases": list,
                    "configs": dict, "effective_configs": dict, "notes": list, "memory_kind": str, "rounds": dict}

@@ -20,7 +20,8 @@ import math
 import os
 import queue
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
+import time
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,28 +56,37 @@ class StartPlan:
     phase: str
     at_once: int
     cnn: bool
+    deadline_s: "float | None" = None  # the rounds still running then are ended; the finished ones are kept
 
     def describe(self) -> str:
-        """One line: rounds, starts, steps and sizes."""
+        """One line: rounds, starts, steps, sizes and the deadline."""
         return (f"{self.rounds} rounds ({self.at_once} at once) of {len(STARTS)} fresh processes, {self.phase} steps, "
-                f"{self.size} sizes (starts.build){'' if self.cnn else ', the GPT only'}")
+                f"{self.size} sizes (starts.build){'' if self.cnn else ', the GPT only'}"
+                + ("" if self.deadline_s is None else f", within {self.deadline_s:.0f} s (a model's starts)"))
+
+
+REFERENCE_DEADLINE_S = 200  # the reference run's part: inside its 240 s limit, with time to write the tables
+
+
+GPU_DEADLINE_S = 240  # a reader's GPU: the chapter's starts end within four minutes, whatever the GPU's compile speed
 
 
 def chapter_plan(cuda: bool, profile: str) -> StartPlan:
-    """A GPU: GPT-2 small's training step and ResNet18's, five rounds one at a time; in the ``smoke`` profile (a
-    check of the GPU's code path, not a measurement) the CPU's small GPT, two rounds. A CPU: a 4-block 16-wide GPT's
-    forward pass (half the kernels to build), four rounds, two side by side (a round's starts still run one after
-    another)."""
+    """A GPU: the small GPT's training step, up to five rounds one at a time within :data:`GPU_DEADLINE_S` (GPT-2
+    small's cold compiles take about a minute a start, 50 starts with ResNet18's: the reference run measures it in
+    parts of their own); in the ``smoke`` profile (a check of the GPU's code path, not a measurement) two rounds. A
+    CPU: a 4-block 16-wide GPT's forward pass (half the kernels to build), four rounds, two side by side (a round's
+    starts still run one after another)."""
     if cuda and profile == "smoke":
-        return StartPlan("small", 2, "train", 1, cnn=False)
+        return StartPlan("small", 2, "train", 1, cnn=False, deadline_s=GPU_DEADLINE_S)
     if cuda:
-        return StartPlan("real", 5, "train", 1, cnn=True)
+        return StartPlan("small", 5, "train", 1, cnn=False, deadline_s=GPU_DEADLINE_S)
     return StartPlan("small", 4, "forward", min(2, os.cpu_count() or 1), cnn=False)
 
 
 def run_starts(model: str, rounds: int = 3, size: str = "small", steps: int = 10, phase: str = "train",
                root: "Path | None" = None, compile_threads: "int | None" = None,
-               rounds_at_once: int = 1) -> pd.DataFrame:
+               rounds_at_once: int = 1, deadline_s: "float | None" = None) -> pd.DataFrame:
     """Every start of ``STARTS`` in each of ``rounds`` rounds of ``model``'s ``phase`` (``starts.PHASES``): one row
     per process, with its first-step seconds, median steady step, graphs compiled, cache hits and misses and its
     cache folder's files before and after. ``root`` holds the rounds' cache folders (a new temporary folder if not
@@ -87,7 +97,10 @@ def run_starts(model: str, rounds: int = 3, size: str = "small", steps: int = 10
     five starts still run one after another, so every comparison is between starts of one round, which share
     whatever the other rounds were doing. Where ``fresh.forks_possible``, each sequence forks its processes from a
     ``fresh.ForkServer`` (column ``forked``), which probes the CPU's vector instructions once for its children
-    (``probe_s``); a start in a process of its own probes inside its first step where it compiles from cold."""
+    (``probe_s``); a start in a process of its own probes inside its first step where it compiles from cold.
+    ``deadline_s``: seconds from the call after which the starts in flight are killed and no round starts; the rounds
+    that finished come back (``rows.attrs["stopped"]`` says why the others did not), and fewer than two is an
+    OptlabError. A signal, or a round's error, ends every start at once the same way, queued rounds included."""
     if model not in MODELS:
         raise choice_error("model", model, MODELS)
     check_count("rounds", rounds, 2, MAX_ROUNDS, "each round compiles the model from cold twice")
@@ -96,42 +109,80 @@ def run_starts(model: str, rounds: int = 3, size: str = "small", steps: int = 10
                 "rounds side by side: at most one a core, and no more than the rounds")
     if phase not in PHASES:
         raise choice_error("phase", phase, PHASES)
+    if deadline_s is not None and not deadline_s > 0:
+        raise OptlabError(f"deadline_s must be a positive number of seconds (or None: no deadline), got {deadline_s}")
     root = Path(root or tempfile.mkdtemp(prefix="optlab-first-step-"))
     settings = {} if compile_threads is None else {"TORCHINDUCTOR_COMPILE_THREADS": str(compile_threads)}
     headers = root / "precompiled-headers"  # the machine's, built once: see ``fresh``
+    stop = fresh.Stop(None if deadline_s is None else time.monotonic() + deadline_s)
     lanes: queue.SimpleQueue = queue.SimpleQueue()  # each side-by-side sequence of rounds and its fork server
-    servers = [fresh.ForkServer(START_MODULE, settings, fresh.CacheFolder(root / f"machine{lane}", headers))
+    servers = [fresh.ForkServer(START_MODULE, settings, fresh.CacheFolder(root / f"machine{lane}", headers), stop)
                for lane in range(rounds_at_once)] if fresh.forks_possible() else [None] * rounds_at_once
     for server in servers:
         lanes.put(server)
 
     def one_round(round_: int) -> list[dict[str, Any]]:
         artifacts, rows, server = root / f"round{round_}-artifacts.bin", [], lanes.get()
-        for label, (how, folder, cold) in STARTS.items():
-            kwargs = {"model": model, "how": how, "size": size, "steps": steps, "phase": phase,
-                      "save_to": str(artifacts) if label == COLD else None,
-                      "artifacts": str(artifacts) if how == "portable" else None}
-            cache = fresh.CacheFolder(root / f"round{round_}" / folder, headers)
-            answer = fresh.run_fresh(f"{START_MODULE}:start", kwargs, cache, cold, settings, forks=server)
-            rows.append({"round": round_, "start": label, "cache_folder": str(cache.path),
-                         "step_s": float(np.median(answer["step_times_s"])), "headers_s": built["headers_s"],
-                         "probe_s": server.probe_s if server else math.nan, "forked": server is not None, **answer})
-        lanes.put(server)
+        try:
+            for label, (how, folder, cold) in STARTS.items():
+                kwargs = {"model": model, "how": how, "size": size, "steps": steps, "phase": phase,
+                          "save_to": str(artifacts) if label == COLD else None,
+                          "artifacts": str(artifacts) if how == "portable" else None}
+                cache = fresh.CacheFolder(root / f"round{round_}" / folder, headers)
+                answer = fresh.run_fresh(f"{START_MODULE}:start", kwargs, cache, cold, settings, forks=server,
+                                         stop=stop)
+                rows.append({"round": round_, "start": label, "cache_folder": str(cache.path),
+                             "step_s": float(np.median(answer["step_times_s"])), "headers_s": built["headers_s"],
+                             "probe_s": server.probe_s if server else math.nan, "forked": server is not None,
+                             **answer})
+        finally:
+            lanes.put(server)
         return rows
 
     try:
         built = fresh.run_fresh(f"{START_MODULE}:build_headers", {}, fresh.CacheFolder(root / "headers-build", headers),
-                                cold=True, settings=settings, forks=servers[0])
-        with ThreadPoolExecutor(max_workers=rounds_at_once) as pool:
-            rows = [row for round_rows in pool.map(one_round, range(rounds)) for row in round_rows]
+                                cold=True, settings=settings, forks=servers[0], stop=stop)
+        rows = _rounds_until(stop, rounds_at_once, [lambda r=r: one_round(r) for r in range(rounds)])
         for server in filter(None, servers):
             if not server.machine_untouched():
                 raise OptlabError(f"a start wrote into the fork server's machine folder {server.machine.path}: the "
                                   "starts shared a cache, so none was cold")
     finally:
+        stop.stop(stop.why or "the study ended")  # nothing it started outlives it
         for server in filter(None, servers):
             server.close()
-    return pd.DataFrame(rows)
+    finished = len({row["round"] for row in rows})
+    if finished < 2:
+        raise OptlabError(f"{finished} of {rounds} rounds of {model}'s starts finished before {stop.why} "
+                          f"(deadline_s {deadline_s}): the tables need two; give a longer deadline_s or a smaller size")
+    frame = pd.DataFrame(rows)
+    if finished < rounds:
+        frame.attrs["stopped"] = f"{finished} of {rounds} rounds: stopped at {stop.why}"
+    return frame
+
+
+def _rounds_until(stop: "fresh.Stop", at_once: int, rounds: list) -> list[dict[str, Any]]:
+    """The rows of the ``rounds`` (each a call that returns its rows) run ``at_once`` side by side, in order, until
+    ``stop``'s deadline: the rounds that finished. A round's own error, or a signal here, stops the others first
+    (queued rounds never start, the starts in flight are killed) and is raised."""
+    pool = ThreadPoolExecutor(max_workers=at_once)
+    futures = [pool.submit(one) for one in rounds]
+    try:
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=stop.remaining(), return_when=FIRST_EXCEPTION)
+            if not done:  # the deadline
+                stop.check()
+            for future in done:
+                if future.exception() is not None and not isinstance(future.exception(), fresh.StartsStopped):
+                    raise future.exception()
+    except fresh.StartsStopped:
+        pass  # the deadline: keep the rounds that finished
+    finally:
+        stop.stop(stop.why or "a round's error or a signal")
+        pool.shutdown(wait=True, cancel_futures=True)
+    return [row for future in futures if future.done() and not future.cancelled() and future.exception() is None
+            for row in future.result()]
 
 
 def break_even(extra_s: np.ndarray, eager_step_s: np.ndarray, step_s: np.ndarray,
@@ -227,11 +278,11 @@ def speedup_points(table: pd.DataFrame, claims: pd.DataFrame, model: str) -> pd.
 
 
 def run_reference(out: "str | Path", device: str = "cuda") -> list[Path]:
-    """The chapter's GPU measurement: three rounds of every start of GPT-2 small (ResNet18's would not fit one part
-    of the reference run: its page measures it live), saved under ``out`` as ``compile-time-gpt-*.csv`` (the starts,
-    the table and the verdicts)."""
+    """The chapter's GPU measurement: up to three rounds of every start of GPT-2 small within
+    :data:`REFERENCE_DEADLINE_S` (the rounds that finished by then; ResNet18's would not fit one part of the reference
+    run), saved under ``out`` as ``compile-time-gpt-*.csv`` (the starts, the table and the verdicts)."""
     folder, paths = store.writable_dir(out), []
-    rows = run_starts("gpt", rounds=3, size="real")
+    rows = run_starts("gpt", rounds=3, size="real", deadline_s=REFERENCE_DEADLINE_S)
     for name, table in (("starts", rows.drop(columns=["step_times_s"])), ("table", start_table(rows).reset_index()),
                         ("verdicts", start_verdicts(rows))):
         paths.append(folder / f"compile-time-gpt-{name}.csv")

@@ -27,9 +27,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -43,6 +45,53 @@ CACHE_SWITCHES = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_C
                   "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE": "0",
                   "TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE": "0"}
 TIMEOUT_S = 1800
+
+
+class StartsStopped(OptlabError):
+    """A start was ended, or refused, because its study's :class:`Stop` came: its deadline, a signal, or an error."""
+
+
+class Stop:
+    """The end of a study's fresh starts: at ``deadline`` (a ``time.monotonic()`` time; None: none) or when
+    :meth:`stop` is called, every process group registered with it is killed and every start asked for after is
+    refused, so that a deadline or a signal ends the study at once, not after the starts already queued."""
+
+    def __init__(self, deadline: "float | None" = None) -> None:
+        self.deadline, self.why = deadline, ""
+        self._lock, self._groups = threading.Lock(), set()
+
+    def remaining(self) -> "float | None":
+        """Seconds to the deadline (0 when past it or stopped; None without a deadline)."""
+        if self.why:
+            return 0.0
+        return None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
+
+    def check(self) -> None:
+        """Raise :class:`StartsStopped` if the study is stopped or past its deadline."""
+        if not self.why and self.remaining() == 0.0:
+            self.stop("its deadline")
+        if self.why:
+            raise StartsStopped(f"the starts were stopped: {self.why}")
+
+    def register(self, group: int) -> None:
+        """A process group to kill at the stop (one already stopped is killed at once)."""
+        with self._lock:
+            self._groups.add(group)
+        if self.why:
+            self.stop(self.why)
+
+    def unregister(self, group: int) -> None:
+        with self._lock:
+            self._groups.discard(group)
+
+    def stop(self, why: str) -> None:
+        """Stop the study: kill every registered process group now."""
+        self.why = self.why or why
+        with self._lock:
+            groups = list(self._groups)
+        for group in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGKILL)
 
 
 @dataclass(frozen=True)
@@ -109,10 +158,12 @@ class ForkServer:
     (Inductor reads its switches when it is imported); each child's own cache folders are set after the fork.
     ``machine``: a folder of the parent's own, whose ``headers`` are the children's, where it runs
     :func:`probe_machine` before its first fork (:attr:`probe_s`); no child may write there
-    (:meth:`machine_untouched`). One start at a time; close it (or use it as a context manager) to end the parent."""
+    (:meth:`machine_untouched`). One start at a time; close it (or use it as a context manager) to end the parent.
+    The parent and its children are a process group of their own, which ``stop`` (a :class:`Stop`) kills when it
+    comes."""
 
     def __init__(self, module: str, settings: "dict[str, str] | None" = None,
-                 machine: "CacheFolder | None" = None) -> None:
+                 machine: "CacheFolder | None" = None, stop: "Stop | None" = None) -> None:
         if machine is not None and machine.headers is None:
             raise OptlabError(f"the fork server's machine folder {machine.path} names no shared headers folder: the "
                               "parent's imports would fix its own as every child's")
@@ -126,10 +177,16 @@ class ForkServer:
         self.errors = self.folder / "server.err"  # a file, not a pipe: nothing the parent writes can fill it and stall
         with self.errors.open("w") as errors:
             self.process = subprocess.Popen([sys.executable, "-m", __name__, "--serve", json.dumps(config)], env=env,
-                                            text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors)
+                                            text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
+                                            start_new_session=True)
+        self.stop = stop
+        if stop is not None:
+            stop.register(self.process.pid)
 
     def _reply(self, waiting_for: str) -> dict[str, Any]:
         reply = self.process.stdout.readline()
+        if not reply and self.stop is not None:
+            self.stop.check()  # a stop killed the parent: say so, not that it ended
         if not reply:
             why = (self.errors.read_text().strip().splitlines() or ["no message"])[-1]
             raise OptlabError(f"the fork server for {waiting_for} ended (exit {self.process.wait()}): {why}")
@@ -170,6 +227,8 @@ class ForkServer:
             self.process.stdin.close()
         self.process.wait(timeout=TIMEOUT_S)
         self.process.stdout.close()
+        if self.stop is not None:
+            self.stop.unregister(self.process.pid)
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def __enter__(self) -> "ForkServer":
@@ -180,14 +239,18 @@ class ForkServer:
 
 
 def run_fresh(function: str, kwargs: dict[str, Any], cache: CacheFolder, cold: bool,
-              settings: "dict[str, str] | None" = None, forks: "ForkServer | None" = None) -> dict[str, Any]:
+              settings: "dict[str, str] | None" = None, forks: "ForkServer | None" = None,
+              stop: "Stop | None" = None) -> dict[str, Any]:
     """``function`` ("module:name") called with ``kwargs`` in a new process using ``cache``; its JSON answer, with
     ``cache_files_before``, ``cache_files_after`` and ``process_s`` (the whole process: the interpreter's start
     included, or the fork where ``forks`` starts it).
 
     ``cold`` requires the folder to be empty first: a start that finds files there is refused, not measured.
     ``settings``: more environment variables for the process (``TORCHINDUCTOR_COMPILE_THREADS``, say; a fork
-    server's own must be the same)."""
+    server's own must be the same). ``stop``: where it comes first, the process is killed (its group: a process
+    of its own, with its children) and :class:`StartsStopped` raised."""
+    if stop is not None:
+        stop.check()
     before = cache.files()
     if cold and before:
         raise OptlabError(f"a cold start needs an empty cache folder; {cache.path} holds {before} files")
@@ -195,9 +258,8 @@ def run_fresh(function: str, kwargs: dict[str, Any], cache: CacheFolder, cold: b
     env = {**os.environ, **(settings or {}), **cache.environment(), "PYTHONPATH": _import_path()}
     started = time.perf_counter()
     if forks is None:
-        command = [sys.executable, "-m", __name__, function, json.dumps(kwargs)]
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-        returncode, stdout, stderr = done.returncode, done.stdout, done.stderr
+        returncode, stdout, stderr = _run_process([sys.executable, "-m", __name__, function, json.dumps(kwargs)], env,
+                                                  stop or Stop())
     else:
         returncode, stdout, stderr = forks.run(function, kwargs, env)
     elapsed = time.perf_counter() - started
@@ -207,6 +269,27 @@ def run_fresh(function: str, kwargs: dict[str, Any], cache: CacheFolder, cold: b
         raise OptlabError(f"the fresh process for {function} failed (exit {returncode}): {last}")
     answer = json.loads(answers[-1][len(ANSWER):])
     return {**answer, "cache_files_before": before, "cache_files_after": cache.files(), "process_s": elapsed}
+
+
+def _run_process(command: list[str], env: dict[str, str], stop: Stop) -> tuple[int, str, str]:
+    """``command`` in a process group of its own, killed by ``stop`` (or at its deadline, or after
+    :data:`TIMEOUT_S`): its exit status, output and error output."""
+    with subprocess.Popen(command, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          start_new_session=True) as process:
+        stop.register(process.pid)
+        try:
+            remaining = stop.remaining()
+            stdout, stderr = process.communicate(timeout=TIMEOUT_S if remaining is None else min(remaining, TIMEOUT_S))
+        except BaseException:  # the deadline, or a signal in this thread: the process goes with it
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            stop.check()
+            raise
+        finally:
+            stop.unregister(process.pid)
+    stop.check()  # killed by the stop: say so, not that it failed
+    return process.returncode, stdout, stderr
 
 
 def main(argv: list[str]) -> None:
