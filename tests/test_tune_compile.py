@@ -44,6 +44,32 @@ def test_the_breaks_change_nothing_but_the_graphs():
     torch.testing.assert_close(model(TOKENS), clean(TOKENS), rtol=1e-4, atol=1e-5)
 
 
+class CudaLike(torch.Tensor):
+    """A CPU tensor that refuses NumPy as a CUDA tensor does (``Tensor.__array__`` calls ``numpy()``, which raises for
+    a tensor off the host); ``.cpu()`` gives a plain host tensor."""
+
+    def numpy(self, *args, **kwargs):
+        raise TypeError("can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor to "
+                        "host memory first.")
+
+    def __array__(self, dtype=None, copy=None):
+        return self.numpy()
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_function__(func, types, args, kwargs or {})
+        return out.as_subclass(torch.Tensor) if func is torch.Tensor.cpu else out
+
+
+def test_the_numpy_break_runs_in_eager_on_a_device_tensor():
+    model = breaks.TokenModel(64, 16, 2, breaks=("numpy",))
+    clean = breaks.TokenModel(64, 16, 2, breaks=())
+    clean.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS.as_subclass(CudaLike)).as_subclass(torch.Tensor), clean(TOKENS),
+                                   rtol=1e-4, atol=1e-5)
+
+
 def test_a_graph_break_message_gives_its_line_and_reason():
     message = ("Graph break in user code at /a/model.py:42\nGraph Break Reason: Encountered graph break when "
                "attempting to trace CALL: a function call, e.g. f(x, y):\n\nData dependent operator\n  Explanation: ..")
