@@ -290,5 +290,5 @@ def test_a_guard_on_a_python_value_is_named_with_its_source_line_and_whole_file(
     guard = recompiles.first_guard(seen.reasons[-1])
     line = _rescaled.__code__.co_firstlineno + 2
     assert guard.endswith(f"(`if scale > 10:` at {os.path.relpath(__file__)}:{line})"), guard
-    assert recompiles.first_guard("tensor 'x' size mismatch at index 1. expected 5, actual 8; other") == \
+    assert recompiles.first_guard("0/2: tensor 'x' size mismatch at index 1. expected 5, actual 8; other") == \
         "tensor 'x' size mismatch at index 1. expected 5, actual 8"

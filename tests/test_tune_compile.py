@@ -82,11 +82,14 @@ def test_past_the_limit_every_recompile_is_reported_and_the_fall_back_named():
     lengths = list(range(5, 5 + 3 * (limit + 3), 3))
     stream = recompiles.sequence_lengths(lengths, batch=2, vocab=64)
     static = recompiles.watch(breaks.TokenModel(64, 16, 1, breaks=()), stream, dynamic=False)
-    assert static.count == limit and static.fell_back, static.calls
+    assert static.count == limit - 1 and static.fell_back, static.calls  # 8 graphs: the first and 7 recompiles
     assert static.calls["graphs so far"].tolist() == [*range(1, limit + 1), *[limit] * (len(lengths) - limit)]
-    for before, now, guard in zip(lengths, lengths[1:limit], static.calls["guard that failed"][1:limit]):
-        assert f"expected {before}, actual {now}" in guard, guard
-    assert static.calls["ran"].tolist()[limit:] == ["in eager: the limit was reached"] * (len(lengths) - limit)
+    assert static.calls["recompiled"].tolist() == [False, *[True] * (limit - 1), *[False] * (len(lengths) - limit)]
+    for before, now, guard in zip(lengths, lengths[1:limit + 1], static.calls["guard that failed"][1:limit + 1]):
+        assert f"expected {before}, actual {now}" in guard and not guard.startswith("0/"), guard
+    assert static.calls["ran"].tolist()[limit - 1:] == ["compiled", recompiles.REFUSED,
+                                                        *[recompiles.EAGER_PAST] * (len(lengths) - limit - 1)]
+    assert f"{limit} graphs compiled, {limit - 1} recompiles; call {limit} failed" in static.describe()
     automatic = recompiles.watch(breaks.TokenModel(64, 16, 1, breaks=()), stream)
     assert (automatic.count, automatic.fell_back) == (1, False), automatic.calls
 
@@ -130,6 +133,15 @@ def test_bad_input_untraceable_models_and_the_limit_are_one_line(argv, message, 
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("optlab: error: ") and "\n" not in err and message in err, err
+
+
+def test_the_recompile_error_names_the_guard_its_line_and_whole_file_without_dynamo_s_hint(capsys):
+    assert main([*COMPILE, f"{SUBJECTS}Counting"]) == 2
+    err = capsys.readouterr().err.strip()
+    lines = open(compile_subjects.__file__).read().splitlines()
+    line = next(number for number, text in enumerate(lines, 1) if "self.calls += 1" in text)
+    assert f"self.calls == 3 (`self.calls += 1` at {os.path.relpath(compile_subjects.__file__)}:{line})" in err, err
+    assert "HINT" not in err and "0/1" not in err and "allow_unspec_int_on_nn_module" not in err, err
 
 
 def item_line() -> int:

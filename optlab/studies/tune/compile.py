@@ -197,8 +197,9 @@ def tune_compile(model_fn: ModelFn, *, input_shape: Any = None, num_classes: int
     again = watch(model, [example] * 3)
     if again.count:
         raise OptlabError(f"{name} recompiles at every call on the same batch (seen by Dynamo alone, before any "
-                          f"kernel was built), so it would reach the recompile limit ({again.limit}) and run in eager: "
-                          f"{first_guard(again.reasons[-1])}; make that value a tensor or keep it out of forward")
+                          f"kernel was built), so it would reach the recompile limit ({again.limit}) and run in eager; the guard "
+                          f"that fails: {first_guard(again.reasons[-1])}; make that value a tensor or keep it out of "
+                          "forward")
     watched, varying = _watch_shapes(model, example, shapes, data, info.device)
     run = _make_step(batch, loss_fn, info.device, inference)
     with dynamo_log.caught() as log:
@@ -206,7 +207,7 @@ def tune_compile(model_fn: ModelFn, *, input_shape: Any = None, num_classes: int
     if log.limits:
         limit = torch._dynamo.config.recompile_limit
         raise OptlabError(f"{name} recompiles at every call on the same batch and reached the recompile limit "
-                          f"({limit}), so it ran in eager: {first_guard(log.recompiles[-1])}" if log.recompiles else
+                          f"({limit}), so it ran in eager; the guard that fails: {first_guard(log.recompiles[-1])}" if log.recompiles else
                           f"{name} reached the recompile limit: {log.limits[0]}")
     return CompileResult(name, info.device, step, description, found, watched, varying, cold, warm, timings,
                          log.recompiles)
