@@ -163,8 +163,10 @@ def test_tune_compile_names_the_break_times_cold_and_warm_and_gives_the_break_ev
     saving = float(np.median(result.timings.seconds["eager"])) * (1 - 1 / gain.ratio)
     assert steps == pytest.approx(result.cold.compile_s / saving if saving > 0 else float("inf"))
     text = result.report()
-    assert f"compile_subjects.py:{item_line()}" in text and "torch._dynamo.mark_dynamic(inputs, 1)" in text
-    assert "break-even" in text and gain.verdict in text
+    assert f"compile_subjects.py:{item_line()}" in text and "break-even" in text and gain.verdict in text
+    assert ("torch._dynamo.mark_dynamic(inputs, 1)" in text) == ("model = torch.compile(model)" in text) == \
+        (gain.verdict == "faster"), text  # the lines to add follow the verdict
+    assert result.setup.first_compile_s > 0 and "the machine's setup, paid before" in text
 
 
 def test_tune_compile_times_a_training_step_of_a_torchvision_model():
@@ -176,3 +178,57 @@ def test_tune_compile_times_a_training_step_of_a_torchvision_model():
     assert result.step == "training step" and result.breaks.count == 0, result.breaks.table
     assert result.cold.cache_misses > 0 and result.warm.cache_hits > 0 and result.cold.compile_s > 0
     assert set(result.timings.seconds) == {"eager", "compiled"} and result.speed_up().ratio > 0
+
+
+def test_a_start_kept_in_this_process_points_every_compile_cache_into_its_folder_and_back(tmp_path):
+    import tempfile
+
+    from optlab.studies.first_step import fresh
+    from torch._inductor.runtime.cache_dir_utils import cache_dir, default_cache_dir
+
+    names = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TMPDIR")
+    before = ({name: os.environ.get(name) for name in names}, tempfile.gettempdir())
+    cache = fresh.CacheFolder(tmp_path / "cold")
+    with fresh.redirected(cache):
+        seen = [cache_dir(), os.environ["TRITON_CACHE_DIR"], tempfile.gettempdir(), default_cache_dir()]
+    assert all(folder.startswith(str(cache.path)) for folder in seen), seen
+    assert ({name: os.environ.get(name) for name in names}, tempfile.gettempdir()) == before
+
+
+def _result(eager_ms: float, compiled_ms: float, spread: float, breaks_found: int = 0) -> CompileResult:
+    """A CompileResult over made-up rounds: eager and compiled steps around the given times, ``spread`` apart."""
+    import pandas as pd
+
+    from optlab.studies.tune.compile import FirstStep, MachineSetup
+
+    noise = np.random.default_rng(0).normal(0, spread, 8)
+    timings = breaks.Timings(seconds={"eager": list(eager_ms * 1e-3 * np.exp(noise)),
+                                      "compiled": list(compiled_ms * 1e-3 * np.exp(noise[::-1]))},
+                             shifts={"eager": [0, 1] * 4, "compiled": [1, 0] * 4},
+                             first_call_s={"eager": 0.01, "compiled": 2.0})
+    table = pd.DataFrame([{"break": "item", "reason": "r", "where": "m.py:3", "line": "x.item()"}] * breaks_found,
+                         columns=breaks.BREAK_COLUMNS)
+    return CompileResult("m", torch.device("cpu"), "training step", "a batch", breaks.Breaks(1, table, 5), None, [],
+                         MachineSetup(4.0, 9.0), FirstStep(2.5, 2.0, 0, 12), FirstStep(0.6, 0.1, 12, 0), timings, [])
+
+
+def test_the_break_even_is_the_model_s_own_cold_compile_over_the_saving_the_setup_left_out():
+    result = _result(10.0, 5.0, 0.02)
+    saving = float(np.median(result.timings.seconds["eager"])) * (1 - 1 / result.speed_up().ratio)
+    assert result.speed_up().verdict == "faster"
+    assert result.break_even()[0] == pytest.approx(2.0 / saving)  # 2.0 s the model's; the setup's 13 s apart
+    text = result.describe()
+    assert f"{2.0 / saving:,.0f} steps of the model's cold compile" in text and "13.0 s (" in text, text
+    assert result.code_lines()[0] == "model = torch.compile(model)"
+
+
+@pytest.mark.parametrize("compiled_ms, spread, words", [(20.0, 0.02, "never: the compiled training step is slower"),
+                                                        (10.0, 0.002, "never: the compiled training step is no faster"),
+                                                        (9.0, 0.6, "can't tell yet: the interval holds 1")])
+def test_the_lines_to_add_follow_the_verdict(compiled_ms, spread, words):
+    result = _result(10.0, compiled_ms, spread, breaks_found=2)
+    text = result.describe()
+    assert f"break-even: {words}" in text, text
+    assert "torch.compile(model)" not in text and "set_stance" not in text, text
+    assert ("never" in text) != ("can't tell yet" in text), text  # the verdict's own words, not both
+    assert "remove the 2 graph break(s)" in text and result.code_lines()[0].startswith("#"), result.code_lines()
