@@ -195,7 +195,8 @@ def test_a_start_kept_in_this_process_points_every_compile_cache_into_its_folder
     assert ({name: os.environ.get(name) for name in names}, tempfile.gettempdir()) == before
 
 
-def _result(eager_ms: float, compiled_ms: float, spread: float, breaks_found: int = 0) -> CompileResult:
+def _result(eager_ms: float, compiled_ms: float, spread: float, breaks_found: int = 0,
+            warm_s: float = 0.1) -> CompileResult:
     """A CompileResult over made-up rounds: eager and compiled steps around the given times, ``spread`` apart."""
     import pandas as pd
 
@@ -209,7 +210,7 @@ def _result(eager_ms: float, compiled_ms: float, spread: float, breaks_found: in
     table = pd.DataFrame([{"break": "item", "reason": "r", "where": "m.py:3", "line": "x.item()"}] * breaks_found,
                          columns=breaks.BREAK_COLUMNS)
     return CompileResult("m", torch.device("cpu"), "training step", "a batch", breaks.Breaks(1, table, 5), None, [],
-                         MachineSetup(4.0, 9.0), FirstStep(2.5, 2.0, 0, 12), FirstStep(0.6, 0.1, 12, 0), timings, [])
+                         MachineSetup(4.0, 9.0), FirstStep(2.5, 2.0, 0, 12), FirstStep(0.5 + warm_s, warm_s, 12, 0), timings, [])
 
 
 def test_the_break_even_is_the_model_s_own_cold_compile_over_the_saving_the_setup_left_out():
@@ -232,3 +233,9 @@ def test_the_lines_to_add_follow_the_verdict(compiled_ms, spread, words):
     assert "torch.compile(model)" not in text and "set_stance" not in text, text
     assert ("never" in text) != ("can't tell yet" in text), text  # the verdict's own words, not both
     assert "remove the 2 graph break(s)" in text and result.code_lines()[0].startswith("#"), result.code_lines()
+
+
+@pytest.mark.parametrize("warm_s, kept", [(0.999, True), (1.0, False), (1.5, False)])
+def test_keeping_the_caches_is_advised_where_the_warm_compile_is_under_half_the_cold_one(warm_s, kept):
+    lines = _result(10.0, 5.0, 0.02, warm_s=warm_s).code_lines()  # the cold compile: 2.0 s
+    assert any("TORCHINDUCTOR_CACHE_DIR" in line for line in lines) == kept, lines
