@@ -169,13 +169,13 @@ def test_the_cuda_graph_strategy_keeps_each_answer_though_each_replay_reuses_the
     each call is marked as a new step. Emulated here on the CPU with a model that answers into one buffer a shape."""
     steps = []
 
-    def replaying(model, dynamic=None, mode=None):
+    def replaying(forward, dynamic=None, mode=None):
         assert mode == "reduce-overhead" and dynamic is False
         outputs = {}
 
         def replay(x):
             out = outputs.setdefault(tuple(x.shape), torch.empty(*x.shape, model.config.vocab_size))
-            return out.copy_(model(x))
+            return out.copy_(forward(x))
         return replay
 
     monkeypatch.setattr(shapes.torch, "compile", replaying)
@@ -185,6 +185,32 @@ def test_the_cuda_graph_strategy_keeps_each_answer_though_each_replay_reuses_the
     model = GPT(GPTConfig(vocab_size=stream.vocab_size, block_size=16, n_layer=1, n_head=1, n_embd=8)).eval()
     row = shapes.stream_run(model, shapes.GRAPHS, stream, passes=2)
     assert row["max_logit_diff"] < 1e-5 and len(steps) == 3 * stream.batches, (row["max_logit_diff"], len(steps))
+
+
+def test_the_timed_passes_run_in_rounds_each_timing_every_strategy_after_all_have_compiled(monkeypatch):
+    visits = []
+
+    class Visited:
+        def __init__(self, model, strategy, setup):
+            self.strategy = strategy
+
+        def first_pass(self):
+            visits.append(("first", self.strategy))
+
+        def timed_pass(self):
+            visits.append(("timed", self.strategy))
+
+        def row(self):
+            return {"strategy": self.strategy, "status": "ok"}
+
+    monkeypatch.setattr(shapes, "StreamRun", Visited)
+    rows = shapes.run_shapes(shapes.Stream(batches=2, n_layer=1, n_embd=8), passes=4)
+    ran = [name for name in shapes.STRATEGIES if name not in shapes.NEEDS_CUDA or torch.cuda.is_available()]
+    k = len(ran)
+    assert visits[:k] == [("first", name) for name in ran] and rows["strategy"].tolist() == list(shapes.STRATEGIES)
+    timed = [name for kind, name in visits[k:]]
+    assert len(timed) == 4 * k and all(sorted(timed[i * k:(i + 1) * k]) == sorted(ran) for i in range(4)), timed
+    assert timed[:k] != timed[k:2 * k], timed  # the order turns from round to round
 
 
 def test_the_shape_table_reads_compile_seconds_waste_and_rate_from_the_runs():
@@ -295,7 +321,7 @@ def test_a_guard_on_a_python_value_is_named_with_its_source_line_and_whole_file(
     guard = recompiles.first_guard(seen.reasons[-1])
     line = _rescaled.__code__.co_firstlineno + 2
     assert guard.endswith(f"(`if scale > 10:` at {os.path.relpath(__file__)}:{line})"), guard
-    assert recompiles.first_guard("tensor 'x' size mismatch at index 1. expected 5, actual 8; other") == \
+    assert recompiles.first_guard("0/2: tensor 'x' size mismatch at index 1. expected 5, actual 8; other") == \
         "tensor 'x' size mismatch at index 1. expected 5, actual 8"
 
 

@@ -130,8 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "measured, and the largest batch that fits (on a GPU)")
     tune.add_argument("--compile", action="store_true",
                       help="whether torch.compile pays instead: graph breaks with their lines, recompiles over "
-                           "--shapes, compile seconds cold and warm, the speed-up and the break-even (the training "
-                           "step; the forward with --inference)")
+                           "--shapes, the model's own compile seconds cold and warm beside the machine's setup, the speed-up "
+                           "and the break-even (the training step; the forward with --inference)")
     tune.add_argument("--shapes", nargs="+", metavar="D1,D2,...",
                       help="with --compile, the per-sample shapes your data has, such as 3,224,224 3,160,160 or, for "
                            "token ids, 128 200 512: the recompiles over them")

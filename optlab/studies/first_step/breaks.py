@@ -82,7 +82,7 @@ class TokenModel(nn.Module):
         else:
             x = torch.where(x.mean() > 0, x - x.mean(), x)
         if "numpy" in self.breaks:
-            x = x * float(np.tanh(np.asarray(x.detach()).std()))
+            x = x * float(np.tanh(np.asarray(x.detach().cpu()).std()))  # NumPy reads host memory only
         else:
             x = x * torch.tanh(x.detach().std(correction=0))
         if "builtin" in self.breaks:

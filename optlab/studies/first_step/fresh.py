@@ -36,7 +36,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from ...core.errors import OptlabError
 
@@ -122,6 +122,31 @@ class CacheFolder:
     def files(self) -> int:
         """How many files the folder holds now (0 if it does not exist), the shared headers not counted."""
         return sum(len(names) for _, _, names in os.walk(self.path))  # os.walk does not follow the headers' link
+
+
+@contextlib.contextmanager
+def redirected(cache: CacheFolder) -> Iterator[None]:
+    """Inside the block, this process's compile caches point at ``cache``, as a fresh process's would: its variables
+    set (Inductor's, Triton's and the temporary folder), the temporary folder read again, and Inductor's in-memory
+    caches cleared on the way in and out; the variables as they were after. For a start that must stay in this
+    process (a model only the caller can build); a start that needs nothing compiled in memory runs in a fork."""
+    from torch._inductor.utils import clear_caches
+
+    cache.prepare()
+    saved = {name: os.environ.get(name) for name in cache.environment()}
+    os.environ.update(cache.environment())
+    tempfile.tempdir = None  # read TMPDIR again
+    clear_caches()
+    try:
+        yield
+    finally:
+        clear_caches()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        tempfile.tempdir = None
 
 
 IMPORT_FIXED = ("torch._inductor.codecache",)  # modules that fix a cache folder when imported: a fork server must not

@@ -24,13 +24,17 @@ from . import dynamo_log
 
 MAX_CALLS = 1_000
 GUARD_COMMENT = re.compile(r"\s+#\s*(?P<source>.*?)\s+#\s+(?P<where>\S+:\d+) in \S+$")  # "  # if x > 1:  # f.py:9 in fn"
+GRAPH_NUMBER = re.compile(r"^\d+/\d+:\s*")  # "0/3: ": the frame's and the graph's numbers
+HINT = re.compile(r"\s*\(HINT:.*$", re.DOTALL)  # Dynamo's advice after a guard: the report gives its own
 USER_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
+REFUSED, EAGER_PAST = "in eager: refused at the limit", "in eager: the limit was reached"
 CALL_COLUMNS = ["call", "input", "graphs so far", "recompiled", "guard that failed", "ran"]
 
 
 @dataclass
 class Recompiles:
-    """What :func:`watch` saw: one row per call, each recompile's failed guards, and the limit warning if any."""
+    """What :func:`watch` saw: one row per call, each recompile's failed guards (a recompile refused at the limit
+    included), and the limit warning if any."""
 
     calls: pd.DataFrame
     reasons: list[str]
@@ -39,7 +43,9 @@ class Recompiles:
 
     @property
     def count(self) -> int:
-        return len(self.reasons)
+        """Recompiles as Dynamo counts them: the calls that compiled again (a call refused at the limit compiled
+        nothing)."""
+        return int(self.calls["recompiled"].sum())
 
     @property
     def fell_back(self) -> bool:
@@ -52,8 +58,11 @@ class Recompiles:
         line = (f"{len(self.calls)} calls: {graphs} graph{'s' * (graphs != 1)} compiled, {self.count} "
                 f"recompile{'s' * (self.count != 1)}")
         if self.fell_back:
-            line += (f"; the recompile limit ({self.limit}) was reached, and from there the function ran in eager "
-                     "without compiling: " + self.limit_warnings[0])
+            refused = self.calls.index[self.calls["ran"] == REFUSED]
+            which = f"call {self.calls['call'][refused[0]]}" if len(refused) else "a call"
+            line += (f"; {which} failed every graph's guards, and at the recompile limit ({self.limit}) Dynamo "
+                     "refused to compile it: that call and every later one ran in eager. Dynamo's warning: "
+                     + self.limit_warnings[0])
         return line
 
 
@@ -67,10 +76,11 @@ def describe_input(value: Any) -> str:
 
 
 def first_guard(failures: str) -> str:
-    """The guard that failed against the newest cached graph (the first of a recompile's failures). Where Dynamo
-    comments it with the source line it guards, that line and the user's file and line are put after the check: the
-    file from the failure's stack (Dynamo's comment cuts a long path to its last characters)."""
-    first = failures.split("; ")[0]
+    """The guard that failed against the newest cached graph (the first of a recompile's failures), without Dynamo's
+    graph number and advice (its ``HINT``). Where Dynamo comments it with the source line it guards, that line and the
+    user's file and line are put after the check: the file from the failure's stack, whole (Dynamo's comment cuts a
+    long path to its last characters)."""
+    first = HINT.sub("", GRAPH_NUMBER.sub("", failures.split("; ")[0].strip(), count=1))
     comment = GUARD_COMMENT.search(first)
     if comment is None:
         return first
@@ -92,13 +102,14 @@ def watch(fn: Callable, inputs: Sequence[Any], **compile_options: Any) -> Recomp
     start, rows = counters["stats"]["unique_graphs"], []
     with dynamo_log.caught() as log, torch.no_grad():
         for index, value in enumerate(inputs):
-            seen = len(log.recompiles)
+            seen, limits = len(log.recompiles), len(log.limits)
             call_model(compiled, value)
-            new = log.recompiles[seen:]
+            new, refused = log.recompiles[seen:], len(log.limits) > limits  # refused: Dynamo logged why, built none
             rows.append({"call": index, "input": describe_input(value),
-                         "graphs so far": counters["stats"]["unique_graphs"] - start, "recompiled": bool(new),
+                         "graphs so far": counters["stats"]["unique_graphs"] - start,
+                         "recompiled": bool(new) and not refused,
                          "guard that failed": first_guard(new[0]) if new else "",
-                         "ran": "in eager: the limit was reached" if log.limits else "compiled"})
+                         "ran": REFUSED if refused else EAGER_PAST if log.limits else "compiled"})
     torch._dynamo.reset()
     return Recompiles(pd.DataFrame(rows, columns=CALL_COLUMNS), log.recompiles, log.limits,
                       torch._dynamo.config.recompile_limit)

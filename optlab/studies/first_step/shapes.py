@@ -1,9 +1,10 @@
 """Shapes that change: one stream of batches of varying length and size through each way of running it.
 
-The ways (``STRATEGIES``), forward passes (serving) only, each from empty compile caches (Dynamo reset, and
-Inductor's ``fresh_cache``: a new cache folder and its in-memory caches cleared), so that none reuses another's
-kernels; Inductor's precompiled C++ headers, which it keeps for the machine on purpose, are built once before the
-first (``starts.build_headers``):
+The ways (``STRATEGIES``), forward passes (serving) only, each compiled from empty compile caches (Inductor's
+``fresh_cache``: a new cache folder and its in-memory caches cleared; each strategy's graphs on an entry point of its
+own), so that none reuses another's kernels, then timed in rounds, each round one pass of every strategy; Inductor's
+precompiled C++ headers, which it keeps for the machine on purpose, are built once before the first
+(``starts.build_headers``):
 
 - ``eager``;
 - ``automatic dynamic``: ``torch.compile`` as it comes; the first shape compiles a static graph, the first change
@@ -20,9 +21,10 @@ eager's (the page checks it).
 from __future__ import annotations
 
 import time
+import types
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -36,6 +38,7 @@ from ...core.results import store
 from ...core.machine import compiler
 from ...core.machine.device import resolve_device
 from ...core.measuring.timing import CONFIDENCE, INTERVAL, interval_text, speed_up
+from ...core.stats.sequential import visit_order
 
 EAGER, AUTOMATIC, MARKED, BUCKETS, GRAPHS = ("eager", "automatic dynamic", "mark_dynamic", "buckets, dynamic=False",
                                              "CUDA graphs per bucket")
@@ -92,72 +95,123 @@ def chapter_stream(cuda: bool, profile: str) -> tuple[Stream, int]:
     return CPU_STREAM, 5
 
 
-def stream_run(model: GPT, strategy: str, setup: Stream, passes: int = 5) -> dict[str, Any]:
-    """Run the stream through ``model`` once (where the compiles happen) and then ``passes`` more, timed, from empty
-    compile caches; the graphs compiled, the cache hits and misses, the tokens and padded tokens, and the largest
-    difference of the real tokens' logits from eager's."""
-    if strategy not in STRATEGIES:
-        raise choice_error("strategy", strategy, STRATEGIES)
-    device = next(model.parameters()).device
-    generator = torch.Generator().manual_seed(setup.seed)
-    batches = [torch.randint(0, setup.vocab_size, shape, generator=generator).to(device) for shape in setup.shapes()]
-    padded = strategy in (BUCKETS, GRAPHS)
-    torch._dynamo.reset()
-    graphs_before, counts_before = compiler.compiled_graphs(), compiler.cache_counts()
-    run = model if strategy == EAGER else torch.compile(
-        model, dynamic=False if padded else None, mode="reduce-overhead" if strategy == GRAPHS else None)
+def own_entry(model: GPT, strategy: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A function that calls ``model``, with a code object of its own for ``strategy``. Dynamo keeps its graphs, their
+    guards, the recompile count and what automatic dynamic shapes learned by the code object it compiles, so
+    strategies compiled side by side in one process neither find nor check one another's graphs."""
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return model(x)
 
-    def one_pass() -> list[torch.Tensor]:
+    code = forward.__code__.replace(co_name=f"forward_{STRATEGIES.index(strategy)}")
+    return types.FunctionType(code, forward.__globals__, code.co_name, None, forward.__closure__)
+
+
+class StreamRun:
+    """One strategy over the stream: :meth:`first_pass` compiles it from empty compile caches (where its graphs are
+    built), :meth:`timed_pass` runs the stream once more, timed; :meth:`row` says what happened. The strategies share
+    one process, so their passes can be timed in rounds."""
+
+    def __init__(self, model: GPT, strategy: str, setup: Stream) -> None:
+        if strategy not in STRATEGIES:
+            raise choice_error("strategy", strategy, STRATEGIES)
+        self.model, self.strategy, self.setup = model, strategy, setup
+        self.device = next(model.parameters()).device
+        generator = torch.Generator().manual_seed(setup.seed)
+        self.batches = [torch.randint(0, setup.vocab_size, shape, generator=generator).to(self.device)
+                        for shape in setup.shapes()]
+        self.padded = strategy in (BUCKETS, GRAPHS)
+        self.run = model if strategy == EAGER else torch.compile(
+            own_entry(model, strategy), dynamic=False if self.padded else None,
+            mode="reduce-overhead" if strategy == GRAPHS else None)
+        self.times: list[float] = []
+        self.late_graphs, self.found = 0, {}
+
+    def one_pass(self) -> list[torch.Tensor]:
+        """Every batch of the stream through the strategy, prepared as the strategy says; each answer's real tokens
+        kept."""
         outs = []
-        for x in batches:
+        for x in self.batches:
             n, t = x.shape
-            if padded:
-                x = torch.nn.functional.pad(x, (0, setup.bucket(t) - t, 0, setup.max_batch - n))
-            elif strategy == MARKED:
+            if self.padded:
+                x = torch.nn.functional.pad(x, (0, self.setup.bucket(t) - t, 0, self.setup.max_batch - n))
+            elif self.strategy == MARKED:
                 torch._dynamo.mark_dynamic(x, 0)
                 torch._dynamo.mark_dynamic(x, 1)
-            if strategy == GRAPHS:  # a new step: the graph's replay may reuse the memory of its last outputs
+            if self.strategy == GRAPHS:  # a new step: the graph's replay may reuse the memory of its last outputs
                 torch.compiler.cudagraph_mark_step_begin()
-            outs.append(run(x)[:n, :t].clone())  # kept apart, as a server copies each answer out
-        if device.type == "cuda":
+            outs.append(self.run(x)[:n, :t].clone())  # kept apart, as a server copies each answer out
+        if self.device.type == "cuda":
             torch.cuda.synchronize()
         return outs
 
-    with torch.no_grad(), fresh_cache():
-        started = time.perf_counter()
-        outs = one_pass()
-        first = time.perf_counter() - started
-        graphs = compiler.compiled_graphs() - graphs_before
-        times = []
-        for _ in range(passes):
+    def first_pass(self) -> None:
+        """The stream once, from empty compile caches (Inductor's ``fresh_cache``): the compiles happen here; its
+        seconds, graphs, cache hits and misses, and the largest difference of the real tokens' logits from eager's."""
+        graphs, counts = compiler.compiled_graphs(), compiler.cache_counts()
+        with torch.no_grad(), fresh_cache():
             started = time.perf_counter()
-            one_pass()
-            times.append(time.perf_counter() - started)
-        difference = max(float((out.float() - model(x).float()).abs().max()) for out, x in zip(outs, batches))
-    counts = {name: value - counts_before[name] for name, value in compiler.cache_counts().items()}
-    real = sum(n * t for n, t in setup.shapes())
-    padded_tokens = sum(setup.max_batch * setup.bucket(t) for _, t in setup.shapes()) if padded else real
-    return {"strategy": strategy, "status": "ok", "first_pass_s": first, "pass_times_s": times, "graphs": graphs,
-            "graphs_after": compiler.compiled_graphs() - graphs_before, "cache_hits": counts["cache hits"],
-            "cache_misses": counts["cache misses"], "tokens": real, "padded_tokens": padded_tokens - real,
-            "max_logit_diff": difference}
+            outs = self.one_pass()
+            first = time.perf_counter() - started
+            difference = max(float((out.float() - self.model(x).float()).abs().max())
+                             for out, x in zip(outs, self.batches))
+        self.found = {"first_pass_s": first, "graphs": compiler.compiled_graphs() - graphs, "max_logit_diff": difference,
+                      **{key.replace(" ", "_"): value - counts[key] for key, value in compiler.cache_counts().items()
+                         if key in ("cache hits", "cache misses")}}
+
+    def timed_pass(self) -> None:
+        """The stream once more, timed; any graph compiled meanwhile is counted (there should be none)."""
+        graphs = compiler.compiled_graphs()
+        with torch.no_grad():
+            started = time.perf_counter()
+            self.one_pass()
+            self.times.append(time.perf_counter() - started)
+        self.late_graphs += compiler.compiled_graphs() - graphs
+
+    def row(self) -> dict[str, Any]:
+        """The graphs compiled (first pass, and after it with the timed passes), the cache hits and misses, the
+        tokens and padded tokens, the passes' seconds."""
+        real = sum(n * t for n, t in self.setup.shapes())
+        padded = sum(self.setup.max_batch * self.setup.bucket(t) for _, t in self.setup.shapes()) if self.padded \
+            else real
+        return {"strategy": self.strategy, "status": "ok", **self.found, "pass_times_s": self.times,
+                "graphs_after": self.found["graphs"] + self.late_graphs, "tokens": real, "padded_tokens": padded - real}
+
+
+def stream_run(model: GPT, strategy: str, setup: Stream, passes: int = 5) -> dict[str, Any]:
+    """One strategy alone: the stream through ``model`` once (where the compiles happen, from empty compile caches)
+    and then ``passes`` more, timed (:class:`StreamRun`'s row)."""
+    torch._dynamo.reset()
+    run = StreamRun(model, strategy, setup)
+    run.first_pass()
+    for _ in range(passes):
+        run.timed_pass()
+    return run.row()
 
 
 def run_shapes(stream: Stream, passes: int = 5) -> pd.DataFrame:
-    """Every strategy this device can run, in this process, from empty compile caches: one row each (a strategy
-    that needs a CUDA GPU, on a CPU, is a row that says "not run")."""
+    """Every strategy this device can run, in this process: each compiled from empty compile caches in its first
+    pass, then the timed passes in rounds, each round one pass of every strategy (the order turned round by round,
+    ``visit_order``), so that a pass is paired with eager's of the same round. One row each (a strategy that needs a
+    CUDA GPU, on a CPU, is a row that says "not run"). Each strategy compiles its own entry point (:func:`own_entry`),
+    so their graphs stay apart."""
     check_count("passes", passes, 2, MAX_PASSES, "timed passes of the stream per strategy")
     info = resolve_device()
     torch.manual_seed(stream.seed)
     model = GPT(GPTConfig(vocab_size=stream.vocab_size, block_size=stream.buckets[-1], n_layer=stream.n_layer,
                           n_head=stream.n_head, n_embd=stream.n_embd)).to(info.device).eval()
-    rows = []
+    runs, skipped = {}, []
+    torch._dynamo.reset()
     for strategy in STRATEGIES:
         if strategy in NEEDS_CUDA and not info.is_cuda:
-            rows.append({"strategy": strategy, "status": "not run: CUDA graphs need a CUDA GPU"})
-        else:
-            rows.append(stream_run(model, strategy, stream, passes))
-    return pd.DataFrame(rows)
+            skipped.append({"strategy": strategy, "status": "not run: CUDA graphs need a CUDA GPU"})
+            continue
+        runs[strategy] = StreamRun(model, strategy, stream)
+        runs[strategy].first_pass()
+    for round_index in range(passes):
+        for strategy in visit_order(list(runs), round_index):
+            runs[strategy].timed_pass()
+    torch._dynamo.reset()
+    return pd.DataFrame([run.row() for run in runs.values()] + skipped)
 
 
 def shape_table(rows: pd.DataFrame, confidence: float = CONFIDENCE) -> pd.DataFrame:

@@ -51,15 +51,19 @@ def build(model: str, size: str) -> tuple[nn.Module, list[nn.Module], torch.Tens
     raise choice_error("model", model, MODELS)
 
 
-def build_headers() -> dict[str, float]:
+def build_headers(device: str = "auto", train: bool = False) -> dict[str, float]:
     """Compile one tiny function from empty caches, so that Inductor's precompiled headers exist before anything is
-    timed; its seconds (most of them the headers, where the machine had none)."""
+    timed, and a process's first compile has paid its setup (its imports, the compiler's checks); its seconds (most
+    of them the headers, where the machine had none). ``train``: its backward is compiled too, as a training step's."""
     from torch._inductor.utils import fresh_cache
 
-    device = resolve_device().device
+    on = resolve_device(device).device
     started = time.perf_counter()
     with fresh_cache():
-        torch.compile(lambda x: torch.sin(x) + 1)(torch.ones(3, device=device))
+        x = torch.ones(3, device=on, requires_grad=train)
+        out = torch.compile(lambda x: torch.sin(x) + 1)(x)
+        if train:
+            out.sum().backward()
     torch._dynamo.reset()
     return {"headers_s": time.perf_counter() - started}
 

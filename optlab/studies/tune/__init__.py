@@ -32,8 +32,9 @@ tune.__doc__ += ("\n    ``memory=True`` breaks one training step's memory down i
                  "moves it,\n    measures each fix that applies, and finds the largest batch that fits on a GPU: "
                  "``tune_memory`` returns a\n    ``MemoryResult``; the inputs are given as above.\n"
                  "    ``compile=True`` asks whether torch.compile pays instead: the graph breaks with their lines, the "
-                 "recompiles over\n    ``shapes=`` (or a DataLoader's batches), compile seconds cold and warm, the "
-                 "speed-up and the break-even:\n    ``tune_compile`` returns a ``CompileResult``.\n")
+                 "recompiles over\n    ``shapes=`` (or a DataLoader's batches), the model's own compile seconds cold and "
+                 "warm beside the machine's\n    setup, the speed-up and the break-even: ``tune_compile`` returns a "
+                 "``CompileResult``.\n")
 tune.__signature__ = inspect.signature(training.tune).replace(parameters=[
     *inspect.signature(training.tune).parameters.values(),
     inspect.Parameter("memory", inspect.Parameter.KEYWORD_ONLY, default=False, annotation="bool"),

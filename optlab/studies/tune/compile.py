@@ -7,16 +7,22 @@ Four answers, each from a run, not a rule:
 2. **Recompiles** over the shapes the reader's data has (a list of shapes, or their DataLoader's batches): the guard
    that failed at each new shape (``first_step.recompiles.watch``); past the recompile limit the model would run in
    eager, which is one error line with what to do.
-3. **Compile seconds, cold and warm**: the first step in a fresh, empty Inductor cache folder (its cache counters
-   show only misses), then again with that folder's caches on disk (hits). Both are the first step minus the
-   compiled model's median step, as in chapter 10.
+3. **Compile seconds, the model's own, cold and warm**: first the machine's setup, which a process's first compile
+   pays whatever the model (Inductor's probe of the CPU's vector instructions, ``first_step.fresh.probe_machine``,
+   and a first tiny compile, ``first_step.starts.build_headers``: imports, the compiler's checks, the precompiled
+   headers), timed and reported beside; then the model's first step with every compile cache in a fresh, empty
+   folder (``first_step.fresh.redirected``: Inductor's, Triton's and the temporary folder; its cache counters show
+   only misses), then again with that folder's caches on disk (hits). Both are the first step minus the compiled
+   model's median step, as in chapter 10.
 4. **The steady state**: eager and compiled steps in paired, mirrored rounds, the speed-up with the book's interval
-   and verdict, and the break-even: the cold compile seconds over the time a step saves, with the interval's range.
+   and verdict, and the break-even: the model's own cold compile seconds over the time a step saves, with the
+   interval's range. The lines to add follow the verdict: ``torch.compile`` only where the compiled step is faster.
 """
 from __future__ import annotations
 
 import math
 import tempfile
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -34,8 +40,8 @@ from ...core.machine.compiler import require_compiler
 from ...core.knobs.config import RunConfig
 from ...core.machine.device import DeviceInfo, resolve_device
 from ...core.measuring import loops
-from ...core.measuring.timing import SpeedUp, interval_text
-from ..first_step import dynamo_log
+from ...core.measuring.timing import FASTER, SLOWER, UNCLEAR, SpeedUp, interval_text
+from ..first_step import dynamo_log, fresh, starts
 from ..first_step.breaks import Breaks, Timings, find_breaks, time_variants
 from ..first_step.recompiles import Recompiles, first_guard, watch
 from ..kernels.compile_cost import inductor_counters
@@ -67,10 +73,31 @@ class FirstStep:
         return f"{self.cache_misses} cache misses, {self.cache_hits} hits"
 
 
+@dataclass(frozen=True)
+class MachineSetup:
+    """What a process's first compile pays whatever the model, measured before the model's cold compile so that it
+    stays out of the model's cost: Inductor's probe of the CPU's vector instructions (not run for a GPU), then a first
+    tiny compile (Inductor's imports, its compilers' checks, its precompiled headers). Either is near 0 where this
+    process paid it already."""
+
+    probe_s: float
+    first_compile_s: float
+
+    @property
+    def seconds(self) -> float:
+        return self.probe_s + self.first_compile_s
+
+    def describe(self) -> str:
+        probe = f"Inductor's probe of the CPU's vector instructions {self.probe_s:.1f} s, " if self.probe_s else ""
+        return (f"{self.seconds:.1f} s ({probe}a first tiny compile {self.first_compile_s:.1f} s: imports, the "
+                "compiler's checks, precompiled headers), paid by a process's first compile whatever the model")
+
+
 @dataclass
 class CompileResult:
     """What ``tune(..., compile=True)`` returns: the breaks, the recompiles over the data's shapes (None where only
-    one shape was given), the cold and warm compiles, and the eager and compiled steps' timings."""
+    one shape was given), the machine's setup, the model's cold and warm compiles, and the eager and compiled steps'
+    timings."""
 
     model: str
     device: torch.device
@@ -79,6 +106,7 @@ class CompileResult:
     breaks: Breaks
     recompiles: Recompiles | None
     varying_dims: list[int]
+    setup: MachineSetup
     cold: FirstStep
     warm: FirstStep
     timings: Timings
@@ -92,8 +120,8 @@ class CompileResult:
         return float(np.median(self.timings.seconds["eager"])) * (1 - 1 / ratio) if ratio > 0 else -math.inf
 
     def break_even(self) -> tuple[float, float, float]:
-        """Steps after which the cold compile has paid: at the speed-up, and at its interval's high and low ends
-        (infinite where that end saves nothing)."""
+        """Steps after which the model's own cold compile has paid (the machine's setup left out): at the speed-up,
+        and at its interval's high and low ends (infinite where that end saves nothing)."""
         gain = self.speed_up()
         return tuple(self.cold.compile_s / saving if saving > 0 else math.inf
                      for saving in (self.saving_s(r) for r in (gain.ratio, gain.high, gain.low)))
@@ -109,7 +137,7 @@ class CompileResult:
 
     def describe(self) -> str:
         """The answers in words, then the lines of code to add."""
-        gain, (steps, fewest, most) = self.speed_up(), self.break_even()
+        gain = self.speed_up()
         lines = [f"graph breaks: {self.breaks.describe()}"]
         lines += [f"  {row.where}: {row.reason}\n      {row.line}" for row in self.breaks.table.itertuples()]
         if self.recompiles is not None:
@@ -118,20 +146,40 @@ class CompileResult:
         if self.same_batch:
             lines.append(f"recompiles on the same batch, call after call: {len(self.same_batch)}, such as "
                          f"{first_guard(self.same_batch[-1])}")
-        lines.append(f"compile: {self.cold.compile_s:.1f} s cold (a fresh, empty cache folder: {self.cold.caches}), "
-                     f"{self.warm.compile_s:.1f} s warm (its caches on disk: {self.warm.caches})")
+        lines.append(f"compile, the model's own: {self.cold.compile_s:.1f} s cold (every compile cache in a fresh, "
+                     f"empty folder: {self.cold.caches}), {self.warm.compile_s:.1f} s warm (its caches on disk: "
+                     f"{self.warm.caches})")
+        lines.append(f"  beside it, the machine's setup, paid before: {self.setup.describe()}")
         lines.append(f"steady state: {gain.ratio:.2f}x ({interval_text(gain.low, gain.high)}), {gain.verdict}")
-        lines.append("break-even: " + (f"never: the compiled {self.step} is not faster here" if math.isinf(steps) else
-                                       f"{steps:,.0f} steps of the cold compile ({_steps(fewest)} to {_steps(most)} "
-                                       "over the interval)"))
+        lines.append("break-even: " + self.break_even_text())
         return "\n".join([*lines, "the lines to add:", *(f"    {line}" for line in self.code_lines())])
 
+    def break_even_text(self) -> str:
+        """The break-even in the verdict's words: steps where the compiled step is faster, "never" where it is
+        slower or the same, the verdict itself where it cannot tell yet."""
+        gain, (steps, fewest, most) = self.speed_up(), self.break_even()
+        if gain.verdict == FASTER:
+            return (f"{steps:,.0f} steps of the model's cold compile ({_steps(fewest)} to {_steps(most)} over the "
+                    "interval)")
+        if gain.verdict == UNCLEAR:
+            return f"{UNCLEAR}: the interval holds 1, so whether a step saves anything is not known"
+        return f"never: the compiled {self.step} is {'slower' if gain.verdict == SLOWER else 'no faster'} here"
+
     def code_lines(self) -> list[str]:
-        """The lines of code this model needs: compile it, fix each break, keep shapes from recompiling, and a test
-        that fails on a recompile."""
+        """The lines of code the verdict calls for: where the compiled step is faster, compile the model, fix each
+        break, keep shapes from recompiling, and a test that fails on a recompile; else no ``torch.compile`` line,
+        and what to do first."""
+        gain = self.speed_up()
+        fix = [f"# remove the {self.breaks.count} graph break(s) listed above, each at its line"] if self.breaks.count \
+            else []
+        if gain.verdict == UNCLEAR:
+            return [f"# {UNCLEAR} whether torch.compile pays: time more steps (--steps) on a quieter machine", *fix]
+        if gain.verdict != FASTER:
+            return [f"# keep the model in eager: compiled, its {self.step} ran {gain.ratio:.2f}x of eager's speed here",
+                    *fix]
         lines = ["model = torch.compile(model)"]
-        if self.breaks.count:
-            lines.append(f"# then remove the {self.breaks.count} graph break(s) listed above, each at its line")
+        if fix:
+            lines.append(f"# then {fix[0][2:]}")
         if self.recompiles is not None and self.recompiles.count and self.varying_dims:
             lines += [f"torch._dynamo.mark_dynamic(inputs, {dim})  # before the first call: this dimension varies"
                       for dim in self.varying_dims]
@@ -197,18 +245,19 @@ def tune_compile(model_fn: ModelFn, *, input_shape: Any = None, num_classes: int
     again = watch(model, [example] * 3)
     if again.count:
         raise OptlabError(f"{name} recompiles at every call on the same batch (seen by Dynamo alone, before any "
-                          f"kernel was built), so it would reach the recompile limit ({again.limit}) and run in eager: "
-                          f"{first_guard(again.reasons[-1])}; make that value a tensor or keep it out of forward")
+                          f"kernel was built), so it would reach the recompile limit ({again.limit}) and run in eager; the guard "
+                          f"that fails: {first_guard(again.reasons[-1])}; make that value a tensor or keep it out of "
+                          "forward")
     watched, varying = _watch_shapes(model, example, shapes, data, info.device)
     run = _make_step(batch, loss_fn, info.device, inference)
     with dynamo_log.caught() as log:
-        cold, warm, timings = _compile_and_time(model_fn, info, seed, inference, run, calls, progress)
+        setup, cold, warm, timings = _compile_and_time(model_fn, info, seed, inference, run, calls, progress)
     if log.limits:
         limit = torch._dynamo.config.recompile_limit
         raise OptlabError(f"{name} recompiles at every call on the same batch and reached the recompile limit "
-                          f"({limit}), so it ran in eager: {first_guard(log.recompiles[-1])}" if log.recompiles else
+                          f"({limit}), so it ran in eager; the guard that fails: {first_guard(log.recompiles[-1])}" if log.recompiles else
                           f"{name} reached the recompile limit: {log.limits[0]}")
-    return CompileResult(name, info.device, step, description, found, watched, varying, cold, warm, timings,
+    return CompileResult(name, info.device, step, description, found, watched, varying, setup, cold, warm, timings,
                          log.recompiles)
 
 
@@ -273,16 +322,20 @@ def _make_step(batch: tuple[Any, Any], loss_fn: LossFn, device: torch.device,
 
 
 def _compile_and_time(model_fn: ModelFn, info: DeviceInfo, seed: int, inference: bool, make_step: Callable,
-                      calls: int, progress: bool) -> tuple[FirstStep, FirstStep, Timings]:
-    """The cold compile (a fresh, empty cache folder), the warm one (the same folder, its caches on disk, the
-    process's own caches cleared), then eager against the warm compiled model in paired rounds."""
-    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
-
+                      calls: int, progress: bool) -> tuple[MachineSetup, FirstStep, FirstStep, Timings]:
+    """The machine's setup first (so that the model's compile does not pay it), the model's cold compile (every compile
+    cache in a fresh, empty folder, the process's own caches cleared), the warm one (the same folder, its caches on
+    disk, the process's own caches cleared), then eager against the warm compiled model in paired rounds."""
+    if progress:
+        print("the machine's setup (paid by a process's first compile, whatever the model) ...", flush=True)
+    setup = MachineSetup(fresh.probe_machine() if info.device.type == "cpu" else 0.0,
+                         starts.build_headers(str(info.device), train=not inference)["headers_s"])
     eager = build_model(model_fn, seed).to(info.device).train(not inference)
     firsts = []
-    with tempfile.TemporaryDirectory(prefix="optlab-inductor-cold-") as folder:
+    with tempfile.TemporaryDirectory(prefix="optlab-tune-cold-") as folder:
+        cache = fresh.CacheFolder(Path(folder))
         for which in ("cold", "warm"):
-            with temporary_cache_dir(folder):  # clears the process's in-memory caches on the way in and out
+            with fresh.redirected(cache):
                 torch._dynamo.reset()
                 compiled = torch.compile(build_model(model_fn, seed).to(info.device).train(not inference))
                 before = inductor_counters()
@@ -295,7 +348,7 @@ def _compile_and_time(model_fn: ModelFn, info: DeviceInfo, seed: int, inference:
     median = float(np.median(timings.seconds["compiled"]))
     cold, warm = (FirstStep(seconds, seconds - median, _delta(after, before, "hits"), _delta(after, before, "misses"))
                   for seconds, before, after in firsts)
-    return cold, warm, timings
+    return setup, cold, warm, timings
 
 
 def _delta(after: dict[str, int], before: dict[str, int], kind: str) -> int:
