@@ -30,6 +30,7 @@ os.environ["OPTLAB_DATA"] = str(NO_DATA)
 os.environ.pop("OPTLAB_LIVE_DIR", None)  # the chapters write their records where the book's summary page reads them
 SMOKE_ENV = {**os.environ, "OPTLAB_PROFILE": "smoke"}  # the CI size, whatever the machine
 RUNNER = pytest.StashKey[subprocess.Popen]()
+CPU_SECONDS = pytest.StashKey[dict]()  # each test's CPU seconds, its children's with it (tests/slowest.py)
 CHAPTER_TEST = "test_notebook_runs_under_nbval"
 BESIDE_BUILD = "beside_the_book_build"  # the marker of slow tests that fill the wait for the book's build
 SLOW = "slow"  # the full tier's own tests, left out of `make check` (`-m "not slow"`)
@@ -96,6 +97,16 @@ def pytest_sessionfinish(session):
         runner.wait()
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Note each test's CPU seconds (setup, call and teardown, and the children it waited for)."""
+    started = slowest.cpu_seconds()
+    try:
+        return (yield)
+    finally:
+        item.config.stash.setdefault(CPU_SECONDS, {})[item.nodeid] = slowest.cpu_seconds() - started
+
+
 def pytest_terminal_summary(terminalreporter):
     """Where the run's time went, at its end: the ten slowest chapters under nbval and the worker's steps after them
     (the book's build, the browser), and the ten slowest other tests, each with its seconds."""
@@ -106,8 +117,9 @@ def pytest_terminal_summary(terminalreporter):
         for line in slowest.lines(list(chapter_runs.step_seconds().items())):
             terminalreporter.write_line(line)
     reports = [report for reports in terminalreporter.stats.values() for report in reports]
-    terminalreporter.write_sep("=", f"the {slowest.COUNT} slowest tests (setup, call and teardown)")
-    for line in slowest.lines(slowest.slowest_tests(reports, leave_out=CHAPTER_TEST)):
+    terminalreporter.write_sep("=", f"the {slowest.COUNT} slowest tests (setup, call and teardown; wall clock and CPU)")
+    cpu = terminalreporter.config.stash.get(CPU_SECONDS, {})
+    for line in slowest.lines(slowest.slowest_tests(reports, leave_out=CHAPTER_TEST), cpu):
         terminalreporter.write_line(line)
 
 

@@ -1,4 +1,5 @@
 """The slowest chapters and tests of a run, printed at its end (tests/conftest.py): where the wait for a run goes."""
+import resource
 from collections import defaultdict
 from collections.abc import Iterable
 
@@ -22,6 +23,16 @@ def slowest_chapters(runs: Iterable, count: int = COUNT) -> list[tuple[str, floa
     return sorted(((run.stem, run.seconds) for run in runs), key=lambda pair: -pair[1])[:count]
 
 
-def lines(pairs: list[tuple[str, float]]) -> list[str]:
-    """One line a chapter or test: its seconds, right-aligned, then its name."""
-    return [f"{took:8.1f} s  {name}" for name, took in pairs]
+def cpu_seconds() -> float:
+    """The CPU seconds (user and system) of this process and of the children it has waited for, so far: on a machine
+    shared with other work, what a test costs, where its wall-clock seconds also count the others' work."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def lines(pairs: list[tuple[str, float]], cpu: "dict[str, float] | None" = None) -> list[str]:
+    """One line a chapter or test: its seconds, right-aligned, then (where ``cpu`` has it) its CPU seconds, then its
+    name."""
+    cpu = cpu or {}
+    return [f"{took:8.1f} s" + (f" {cpu[name]:8.1f} s CPU" if name in cpu else "") + f"  {name}"
+            for name, took in pairs]
