@@ -87,6 +87,7 @@ def main() -> int:
     arguments = parser.parse_args()
     if arguments.count < 1 or arguments.batch < 1:
         parser.error(f"--count and --batch must be 1 or more, got {arguments.count} and {arguments.batch}")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: the chapters' worker is stopped with it
     OUT.mkdir(parents=True, exist_ok=True)
     tests = json.loads(arguments.tests.read_text()) if arguments.tests else audit(arguments.paths)
     ids = sorted(tests)
