@@ -1,10 +1,10 @@
-# optlab: `make book` builds the book, `make test` runs every test. Both create .venv on first use.
+# optlab: `make book` builds the book, `make test` runs every test, `make check` the fast tier. All create .venv on first use.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test book serve bench lab ddp-check shard-check gpu-check gpu-rehearsal mutants clean
+.PHONY: install test check repeat book serve bench lab ddp-check shard-check gpu-check gpu-rehearsal mutants clean
 
 install: $(STAMP)
 
@@ -21,6 +21,12 @@ $(STAMP): requirements.txt pyproject.toml
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+check: $(STAMP)  # the fast tier: every test but the chapters, the book, the browser and processes of their own
+	$(PY) -m pytest -m "not slow"
+
+repeat: $(STAMP)  # every test that starts processes, signals, forks or sleeps, 20 times in a row beside the chapters' runs
+	$(PY) tools/repeat_tests.py $(TESTS)
 
 book: $(STAMP)
 	rm -rf _build/.doctrees _build/html _build/jupyter_execute results/live  # start clean: every page from this build

@@ -31,6 +31,7 @@ BUILD_STATUS = RUNS / "build-status"  # the build's exit status, written when it
 VISITS = RUNS / "site-visits.json"  # what the browser found on every page of the build (tests/site_visits.py)
 VISITS_LOG = RUNS / "site-visits.log"
 RUNNER_LOG = RUNS / "worker.log"
+STEP_SECONDS = RUNS / "step-seconds.json"  # the seconds of the book's build and of the browser's visits
 BUILD_CONFIG = RUNS / "book-config.yml"
 BOOK_LIVE = ROOT / "results" / "live"  # the chapters write their records here and the summary page reads them
 NOTEBOOKS = ROOT / "notebooks"
@@ -217,11 +218,25 @@ def main(stems: list[str], book: bool) -> int:
     if failed:
         BUILD_LOG.write_text(f"the book is built from the chapters' runs, and these failed under nbval: {failed}\n")
         return 1
-    status = build_book(env)
+    status = timed("the book's build", build_book, env)
     written = BUILD_STATUS.with_suffix(".tmp")
     written.write_text(str(status))
     written.replace(BUILD_STATUS)  # whole or absent, for the session that waits on it
-    return status or visit_site(env)
+    return status or timed("the browser's visits to every page", visit_site, env)
+
+
+def timed(step: str, run, env: dict[str, str]) -> int:
+    """``run(env)``'s exit status; its seconds are added to ``STEP_SECONDS`` under ``step``."""
+    started = time.monotonic()
+    status = run(env)
+    seconds = json.loads(STEP_SECONDS.read_text()) if STEP_SECONDS.exists() else {}
+    STEP_SECONDS.write_text(json.dumps({**seconds, step: time.monotonic() - started}))
+    return status
+
+
+def step_seconds() -> dict[str, float]:
+    """The seconds of each step the worker took after the chapters, so far."""
+    return json.loads(STEP_SECONDS.read_text()) if STEP_SECONDS.exists() else {}
 
 
 if __name__ == "__main__":

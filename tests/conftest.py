@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import chapter_runs
+import slowest
 
 # One torch thread per process (set before any test imports torch; subprocesses inherit it): the background runs
 # and the tests share the cores, and oversubscribed threads spin (training steps ten times slower, measured here).
@@ -29,8 +30,11 @@ os.environ["OPTLAB_DATA"] = str(NO_DATA)
 os.environ.pop("OPTLAB_LIVE_DIR", None)  # the chapters write their records where the book's summary page reads them
 SMOKE_ENV = {**os.environ, "OPTLAB_PROFILE": "smoke"}  # the CI size, whatever the machine
 RUNNER = pytest.StashKey[subprocess.Popen]()
+CPU_SECONDS = pytest.StashKey[dict]()  # each test's CPU seconds, its children's with it (tests/slowest.py)
 CHAPTER_TEST = "test_notebook_runs_under_nbval"
 BESIDE_BUILD = "beside_the_book_build"  # the marker of slow tests that fill the wait for the book's build
+SLOW = "slow"  # the full tier's own tests, left out of `make check` (`-m "not slow"`)
+BOOK_FIXTURES = {"book", "book_worker"}  # a test that reads the build, or the browser's visits to it
 
 
 def start_runner(stems: list[str], book: bool) -> subprocess.Popen:
@@ -51,6 +55,20 @@ def run_order(items: list) -> tuple[list, list, list]:
     beside_build = [item for item in items if needs_book and item.get_closest_marker(BESIDE_BUILD)]
     moved = chapters + beside_build + needs_book
     return [item for item in items if item not in moved] + moved, chapters, needs_book
+
+
+def is_slow(item) -> bool:
+    """A test of the full tier only: a chapter's run, a test that reads the book (the browser's among them), one
+    marked ``beside_the_book_build`` (processes of its own) or one marked ``slow``. Every other test is fast."""
+    return (getattr(item, "originalname", "") == CHAPTER_TEST or bool(BOOK_FIXTURES & set(item.fixturenames))
+            or any(item.get_closest_marker(name) for name in (BESIDE_BUILD, SLOW)))
+
+
+def pytest_itemcollected(item):
+    """Mark the full tier's tests ``slow`` as they are collected, before ``-m`` selects: a new test is fast unless it
+    runs a chapter, needs the book or is marked, so ``make check`` (``-m "not slow"``) never starts the chapters."""
+    if is_slow(item):
+        item.add_marker(SLOW)
 
 
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected
@@ -79,12 +97,30 @@ def pytest_sessionfinish(session):
         runner.wait()
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Note each test's CPU seconds (setup, call and teardown, and the children it waited for)."""
+    started = slowest.cpu_seconds()
+    try:
+        return (yield)
+    finally:
+        item.config.stash.setdefault(CPU_SECONDS, {})[item.nodeid] = slowest.cpu_seconds() - started
+
+
 def pytest_terminal_summary(terminalreporter):
-    """Each chapter's time under nbval, slowest first: the figure the one-minute target is read from."""
-    runs = sorted(chapter_runs.finished_runs(), key=lambda run: -run.seconds)
-    if runs and terminalreporter.config.stash.get(RUNNER, None):
-        terminalreporter.write_sep("=", "chapters under nbval, slowest first (s)")
-        terminalreporter.write_line(", ".join(f"{run.stem} {run.seconds:.0f}" for run in runs))
+    """Where the run's time went, at its end: the ten slowest chapters under nbval and the worker's steps after them
+    (the book's build, the browser), and the ten slowest other tests, each with its seconds."""
+    if terminalreporter.config.stash.get(RUNNER, None):
+        terminalreporter.write_sep("=", f"the {slowest.COUNT} slowest chapters under nbval")
+        for line in slowest.lines(slowest.slowest_chapters(chapter_runs.finished_runs())):
+            terminalreporter.write_line(line)
+        for line in slowest.lines(list(chapter_runs.step_seconds().items())):
+            terminalreporter.write_line(line)
+    reports = [report for reports in terminalreporter.stats.values() for report in reports]
+    terminalreporter.write_sep("=", f"the {slowest.COUNT} slowest tests (setup, call and teardown; wall clock and CPU)")
+    cpu = terminalreporter.config.stash.get(CPU_SECONDS, {})
+    for line in slowest.lines(slowest.slowest_tests(reports, leave_out=CHAPTER_TEST), cpu):
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

@@ -50,6 +50,7 @@ def test_a_fork_server_refuses_a_module_that_fixes_its_cache_folders_on_import()
         server.run("tests.fresh_probe:where", {}, dict(os.environ))
 
 
+@pytest.mark.slow  # among the suite's slowest (processes of its own or a long simulation): not in make check
 def test_a_probing_fork_server_s_children_know_the_cpu_and_share_its_headers_and_leave_its_folder_alone(tmp_path):
     """The parent probes the CPU's vector instructions once, in its own folder: each child starts knowing them (it
     builds no probe of its own), puts its caches in its own folder and its headers in the shared one; a child that

@@ -69,6 +69,7 @@ def test_no_test_writes_its_own_cuda_skip_so_the_marker_is_the_one_condition():
     assert own == []
 
 
+@pytest.mark.slow  # among the suite's slowest (processes of its own or a long simulation): not in make check
 def test_gpu_check_lists_every_cuda_test_and_the_chapters_cuda_checks():
     listed = _gpu_check("--list").stdout.splitlines()
     tests = [line.split(" ", 1)[1] for line in listed if line.startswith("test ")]

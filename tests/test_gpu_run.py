@@ -121,6 +121,7 @@ def test_records_are_cleaned_inside_lists_and_dicts(tmp_path):
     assert store.load_record(path)["nested"] == {"a": [1.0, None, 2.5, [None, None]], "b": [0, 1]}
 
 
+@pytest.mark.slow  # among the suite's slowest (processes of its own or a long simulation): not in make check
 def test_cudnn_benchmark_runs_each_variant_in_a_fresh_process_of_its_own():
     """Two copies of one configuration (on the CPU the flag does nothing, so its variant is not timed there): the
     isolated run must compute exactly what the in-process run computes; what differs is where: one new process per

@@ -77,6 +77,7 @@ def outside(tmp_path, monkeypatch) -> Path:
     return venv
 
 
+@pytest.mark.slow  # among the suite's slowest (processes of its own or a long simulation): not in make check
 def test_a_chapter_copied_out_of_the_repository_installs_optlab_in_its_first_cell(outside, tmp_path):
     folder = tmp_path / "downloads"
     folder.mkdir()

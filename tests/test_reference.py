@@ -251,6 +251,7 @@ def test_resume_keeps_the_recorded_models_and_runs_the_others(tmp_path, capsys):
     assert again.samples["step_times_s"].tolist() == both.samples["step_times_s"].tolist()  # nothing ran
 
 
+@pytest.mark.slow  # among the suite's slowest (processes of its own or a long simulation): not in make check
 def test_a_run_killed_midway_leaves_valid_records(tmp_path):
     """Kill the command once its first record is on disk: every file left must read back."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

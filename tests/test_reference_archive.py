@@ -37,6 +37,7 @@ def _members(path):
         return {member.name: tar.extractfile(member).read() for member in tar.getmembers()}
 
 
+@pytest.mark.slow  # among the suite's slowest (processes of its own or a long simulation): not in make check
 def test_an_archived_seed_run_unpacks_and_a_second_run_skips_every_part(monkeypatch, tmp_path, capsys):
     """The done-when check: the seed set in the smoke profile (its MobileNetV2 parts of three techniques, to stay
     short; the tables need CUDA and are skipped), archived, unpacked into an empty folder, then resumed there."""

@@ -62,12 +62,14 @@ class FixedLevelEveryRepeat(StoppingRule):
         return look if look is None else dataclasses.replace(look, confidence=timing.CONFIDENCE)
 
 
+@pytest.mark.slow  # among the suite's slowest (processes of its own or a long simulation): not in make check
 @pytest.mark.parametrize("broken", [WholeLevelEveryLook, FixedLevelEveryRepeat])
 def test_the_same_simulation_catches_a_rule_without_the_split(broken):
     """The A/A check above has the power to fail: these rules, built beside the real one, break it."""
     assert a_a_rate(rule_for(None, broken, look_every=1)) > A_A_ALLOWED
 
 
+@pytest.mark.slow  # among the suite's slowest (processes of its own or a long simulation): not in make check
 def test_looking_after_every_repeat_keeps_the_rate_when_the_error_is_spent():
     """Error spending holds for any number of looks: the real rule looking after every repeat stays within it."""
     assert a_a_rate(rule_for(None, look_every=1)) <= A_A_ALLOWED
@@ -85,6 +87,7 @@ def test_a_page_of_seven_a_a_variants_stays_within_the_page_bound(budget):
     assert page <= timing.page_bound(7)
 
 
+@pytest.mark.slow  # among the suite's slowest (processes of its own or a long simulation): not in make check
 @pytest.mark.parametrize("budget", [12, None], ids=["12 rounds", "cap"])
 def test_an_a_a_comparison_beside_one_answered_early_keeps_the_stated_rate(budget):
     """Comparisons are answered one by one: a clear 1.3 is answered at an early look while an A/A copy of the

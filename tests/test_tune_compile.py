@@ -150,6 +150,7 @@ def item_line() -> int:
     return next(number for number, line in enumerate(lines, 1) if ".item()" in line and "longest" in line)
 
 
+@pytest.mark.slow  # among the suite's slowest (processes of its own or a long simulation): not in make check
 def test_tune_compile_names_the_break_times_cold_and_warm_and_gives_the_break_even():
     result = tune(compile_subjects.TrimmedTagger, inputs="tokens:64:16", inference=True, compile=True,
                   shapes=[(16,), (11,), (7,)], profile="smoke", progress=False)

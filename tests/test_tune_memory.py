@@ -193,6 +193,7 @@ def test_a_fix_that_does_not_apply_says_why():
     assert "a batch of 2 cannot be cut into 4 micro-batches" in accumulation["note"]
 
 
+@pytest.mark.slow  # among the suite's slowest (processes of its own or a long simulation): not in make check
 def test_the_batch_search_finds_where_memory_runs_out():
     """On a CPU, with a loss that runs out of memory above 40 samples as a GPU would: 1, 2, ..., 64, then bisected."""
     def loss(output, targets):

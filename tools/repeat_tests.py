@@ -1,0 +1,114 @@
+"""Every test that starts a process or a thread, forks, sends or handles a signal, or sleeps, run twenty times in a
+row where ``make test`` runs it: inside a pytest session among the other such tests (their threads and children
+around it), while a background worker runs the chapters as ``make test``'s does. A test that fails once here is
+flaky: fix its cause, never retry it.
+
+    python tools/repeat_tests.py                        # find such tests (one audited run), then repeat each
+    python tools/repeat_tests.py tests/test_signals.py  # only those of these files or test ids
+    python tools/repeat_tests.py --tests _build/repeat/tests.json --batch 20 --count 20
+
+The tests are found by running them once with ``tests/process_audit.py``, which notes what each test did; the
+repeats use pytest-repeat (``--count N --repeat-scope function``: each test N times in a row) in batches of tests,
+one pytest session a batch, each batch's result in ``_build/repeat/``. The last lines name every test with its runs
+and failures.
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+import chapter_runs  # noqa: E402  (tests/ is not a package on the path)
+
+OUT = ROOT / "_build" / "repeat"
+SELECT = "not slow or beside_the_book_build"  # every test but the chapters' and those that read the book
+ENV = {**os.environ, "OPTLAB_PROFILE": "smoke", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
+def pytest(*arguments: str, env: dict[str, str] = ENV) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *arguments]
+    return subprocess.run(command, cwd=ROOT, env=env)
+
+
+def audit(paths: list[str]) -> dict[str, list[str]]:
+    """Each test among ``paths`` that starts a process or thread, forks, signals or sleeps, with what it did."""
+    record = OUT / "tests.json"
+    pytest("-m", SELECT, "-p", "tests.process_audit", *(paths or ["tests"]),
+           env={**ENV, "OPTLAB_PROCESS_AUDIT": str(record)})
+    return json.loads(record.read_text())
+
+
+def background_chapters() -> subprocess.Popen:
+    """The chapters under nbval in the background, as ``make test``'s worker runs them (tests/chapter_runs.py)."""
+    chapter_runs.start_afresh()
+    return subprocess.Popen([sys.executable, chapter_runs.__file__, *chapter_runs.all_chapters()], cwd=ROOT, env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def repeat(batch: list[str], count: int, report: Path) -> tuple[Counter, Counter]:
+    """Run each test of ``batch`` ``count`` times in a row in one session: the runs and the failures of each test id.
+    A parametrized test is named by its function, so every parameter of it runs (pytest-repeat renames the ids)."""
+    functions = sorted({nodeid.split("[")[0] for nodeid in batch})
+    ended = pytest(f"--count={count}", "--repeat-scope=function", f"--junit-xml={report}", *functions)
+    if ended.returncode not in (0, 1):  # 1: some tests failed; anything else: the session itself went wrong
+        raise SystemExit(f"the repeat session of {functions} ended with status {ended.returncode}")
+    suffix = re.compile(rf"-?\d+-{count}\]$")  # pytest-repeat's "[3-20]" or "[param-3-20]"
+    by_name = {dotted(nodeid): nodeid for nodeid in batch}
+    runs: Counter = Counter()
+    failed: Counter = Counter()
+    for case in ET.parse(report).getroot().iter("testcase"):
+        name = suffix.sub("]", f"{case.get('classname')}.{case.get('name')}").replace("[]", "")
+        if case.find("skipped") is None:
+            runs[by_name.get(name, name)] += 1
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed[by_name.get(name, name)] += 1
+    return runs, failed
+
+
+def dotted(nodeid: str) -> str:
+    """A test id as JUnit XML names it: ``tests/test_a.py::Case::test_b[x]`` -> ``tests.test_a.Case.test_b[x]``."""
+    path, _, rest = nodeid.partition("::")
+    return f"{path.removesuffix('.py').replace('/', '.')}.{rest.replace('::', '.')}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="*", help="test files or ids to audit (default: every test file)")
+    parser.add_argument("--tests", type=Path, help="an audit written before (skips the audited run)")
+    parser.add_argument("--count", type=int, default=20, help="runs of each test in a row (default 20)")
+    parser.add_argument("--batch", type=int, default=25, help="tests a pytest session (default 25)")
+    arguments = parser.parse_args()
+    if arguments.count < 1 or arguments.batch < 1:
+        parser.error(f"--count and --batch must be 1 or more, got {arguments.count} and {arguments.batch}")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: the chapters' worker is stopped with it
+    OUT.mkdir(parents=True, exist_ok=True)
+    tests = json.loads(arguments.tests.read_text()) if arguments.tests else audit(arguments.paths)
+    ids = sorted(tests)
+    worker, runs, failed = background_chapters(), Counter(), Counter()
+    try:
+        for start in range(0, len(ids), arguments.batch):
+            if worker.poll() is not None:
+                worker = background_chapters()
+            batch = ids[start:start + arguments.batch]
+            ran, failures = repeat(batch, arguments.count, OUT / f"batch-{start // arguments.batch:03d}.xml")
+            runs, failed = runs + ran, failed + failures
+            print(f"repeated {start + len(batch)} of {len(ids)} tests; failures so far: {sum(failed.values())}",
+                  flush=True)
+    finally:
+        if worker.poll() is None:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait()
+    for name in sorted(runs | failed):
+        did = ", ".join(tests.get(name, ["a parameter of an audited test"]))
+        print(f"{runs[name]:3d} runs, {failed[name]:2d} failed  {name}  ({did})")
+    return 1 if failed or any(runs[name] < arguments.count for name in ids) else 0
+
+if __name__ == "__main__":
+    sys.exit(main())
