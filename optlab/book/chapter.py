@@ -18,7 +18,7 @@ from ..core.knobs.config import RunConfig, changed_knobs
 from ..core.machine.device import resolve_device
 from ..core.techniques.registry import Experiment, get_experiment
 from ..core.run.experiments import ExperimentResult, run_experiment
-from ..core.knobs.profiles import Profile, get_profile
+from ..core.knobs.profiles import Profile, choice, choose, chosen_sizes, get_profile
 from ..core.workload import get_workload
 from . import report
 from .downloads import Downloads, downloads
@@ -30,12 +30,20 @@ SUMMARY_PAGE = "../book/summary.html"  # from a chapter's page (notebooks/NN.htm
 LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")  # [text](url)
 
 
+def use(models: "list[str] | None" = None, profile: str | None = None, batch_size: int | None = None,
+        time_budget_s: float | None = None) -> None:
+    """Apply a chapter's parameter cell to every run below it (``None``: this device's default); the chapter's
+    :func:`setup_line` then names what is used."""
+    choose(profile, models, batch_size, time_budget_s)
+
+
 def setup_line(profile: "str | Profile | None" = None, device: str = "auto", workload: str = "cifar") -> str:
-    """One line naming the profile (with the models and sizes ``workload`` runs under it) and the device a chapter
-    runs on."""
+    """One line naming the profile (with the models and sizes ``workload`` runs under it, the reader's choice from
+    :func:`use` applied) and the device a chapter runs on."""
     info = resolve_device(device)
     chosen, spec = get_profile(profile, info.is_cuda), get_workload(workload)
-    line = chosen.describe(spec.profile_models.get(chosen.name), spec.profile_knobs.get(chosen.name))
+    models = tuple(m for m in chosen.models if m in spec.model_names) or spec.profile_models.get(chosen.name)
+    line = chosen.describe(models, {**spec.profile_knobs.get(chosen.name, {}), **chosen_sizes()})
     return f"{line}\ndevice: {info.describe()}"
 
 
@@ -96,9 +104,10 @@ def run(experiment: "str | Experiment", cpu_budget_s: float | None = None, **opt
     """Run a chapter's comparison and keep its record in ``results/live/`` for the book's summary page.
 
     ``cpu_budget_s``: the time budget a model in the ``smoke`` profile (a CPU's), for a page with time to spare
-    beyond the profile's own; more rounds narrow the intervals. Other profiles keep their budget."""
+    beyond the profile's own; more rounds narrow the intervals. Other profiles, and a budget the reader set
+    (:func:`use`), keep theirs."""
     experiment = get_experiment(experiment)
-    if cpu_budget_s is not None:
+    if cpu_budget_s is not None and choice().time_budget_s is None:  # the reader's budget wins
         profile = get_profile(options.get("profile"), resolve_device(options.get("device", "auto")).is_cuda)
         if profile.name == "smoke":
             options["profile"] = profile.with_sizes(time_budget_s=cpu_budget_s)
