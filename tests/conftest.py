@@ -27,9 +27,9 @@ NO_DATA = BUILD / "test-data"
 NO_DATA.mkdir(parents=True, exist_ok=True)
 os.environ["OPTLAB_DATA"] = str(NO_DATA)
 os.environ.pop("OPTLAB_LIVE_DIR", None)  # the chapters write their records where the book's summary page reads them
-# The CI size, whatever the machine; progress as text (stderr), as the book's build has it: the chapters' runs are
-# the book's pages (tests/chapter_runs.py), where a widget would stay as a stale picture of a bar.
-SMOKE_ENV = {**os.environ, "OPTLAB_PROFILE": "smoke", "OPTLAB_PROGRESS": "text"}
+# The CI size, whatever the machine; the chapters' runs are the book's pages (tests/chapter_runs.py), so they run as
+# the book's build runs them (book/_ext/book_pages.py): progress as text, links to the site's pages and records.
+SMOKE_ENV = {**os.environ, "OPTLAB_PROFILE": "smoke", "OPTLAB_BOOK": "1"}
 RUNNER = pytest.StashKey[subprocess.Popen]()
 CHAPTER_TEST = "test_notebook_runs_under_nbval"
 BESIDE_BUILD = "beside_the_book_build"  # the marker of slow tests that fill the wait for the book's build

@@ -4,6 +4,8 @@ from __future__ import annotations
 import ast
 import html
 import inspect
+import os
+import posixpath
 import re
 import textwrap
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ from ..core.techniques.registry import Experiment, get_experiment
 from ..core.run.experiments import ExperimentResult, run_experiment
 from ..core.knobs.profiles import Profile, choice, choose, chosen_sizes, get_profile
 from ..core.workload import get_workload
+from ..core.run.progress import BOOK_ENV
 from . import report
 from .downloads import Downloads, downloads
 
@@ -27,6 +30,7 @@ CODE_FUNCTIONS = (loops.make_optimizer, loops.backend_flags, loops.to_device, lo
                   loops.train_pass, loops.eval_pass, data.make_loader, variants.build_state,
                   RunConfig.samples_per_step.fget)
 SUMMARY_PAGE = "../book/summary.html"  # from a chapter's page (notebooks/NN.html)
+SITE = "https://optlab.github.io/optlab/"  # the published book, for its pages that a notebook has no copy of
 LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")  # [text](url)
 
 
@@ -114,6 +118,14 @@ def run(experiment: "str | Experiment", cpu_budget_s: float | None = None, **opt
     return run_experiment(experiment, out=store.LIVE_DIR, filename=f"{experiment.name}.json", **options)
 
 
+def page_href(link: str) -> str:
+    """``link`` as written for a chapter's page in the built book; in a notebook opened from the checkout, a page of
+    the book (``../book/summary.html``) is the published book's, since the checkout holds only its source."""
+    if os.environ.get(BOOK_ENV) == "1" or "://" in link or not link.endswith(".html"):
+        return link
+    return SITE + posixpath.normpath(posixpath.join("notebooks", link))
+
+
 @dataclass(frozen=True)
 class Note:
     """One line for a page, with `code` and [links](url): HTML in a notebook, plain text anywhere else."""
@@ -122,7 +134,8 @@ class Note:
 
     def _repr_html_(self) -> str:
         line = re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(self.text, quote=False))
-        return '<p class="optlab-note">' + LINK.sub(r'<a href="\2">\1</a>', line) + "</p>"
+        linked = LINK.sub(lambda match: f'<a href="{page_href(match[2])}">{match[1]}</a>', line)
+        return f'<p class="optlab-note">{linked}</p>'
 
     def __repr__(self) -> str:
         return LINK.sub(r"\1", self.text)
