@@ -69,7 +69,7 @@ def test_a_chapter_run_all_in_lab_reads_cleanly(lab):
             page.locator(".jp-Dialog button", has_text="Select").first.click(timeout=20_000)
         except PlaywrightTimeout:
             pass
-        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']:visible", timeout=120_000)
         page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()  # Lab's menu bar: Run > Run All Cells
         page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
         try:
