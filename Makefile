@@ -4,9 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test check repeat book serve bench lab ddp-check shard-check gpu-check gpu-rehearsal mutants clean
+.PHONY: install notebook-filter test check repeat book serve bench lab ddp-check shard-check gpu-check gpu-rehearsal mutants clean
 
-install: $(STAMP)
+install: $(STAMP) notebook-filter
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,7 +17,17 @@ $(STAMP): requirements.txt pyproject.toml
 # out (a fifth of the files). A few files are written for newer Pythons and cannot compile here; pip skips those the
 # same way.
 	$(PY) -m compileall -q -j 0 -x "/tests/|/testing/_internal/" $(VENV)/lib >/dev/null || true
+	$(MAKE) --no-print-directory notebook-filter
 	touch $(STAMP)
+
+# Outputs and run metadata never reach a commit, whatever was saved: git passes every notebook it stages through
+# tools/notebook_strip.py (nbstripout; .gitattributes names the filter), in the checkout's top folder, where .venv is.
+# Outside a git checkout (an unpacked archive) there is nothing to set.
+notebook-filter:
+	if git rev-parse --git-dir >/dev/null 2>&1; then \
+	  git config filter.nbstripout.clean '$(PY) tools/notebook_strip.py' && \
+	  git config filter.nbstripout.smudge cat && \
+	  git config filter.nbstripout.required true; fi
 
 test: $(STAMP)
 	$(PY) -m pytest
@@ -54,8 +64,8 @@ gpu-check:  # the CUDA-only tests and the chapters' CUDA checks; the venv's Pyth
 gpu-rehearsal: $(STAMP)  # gpu-check on the CPU as a GPU machine runs it: its processes, order and folders, clean env
 	$(PY) tools/gpu_check.py --rehearse
 
-lab: $(STAMP)  # the chapters in JupyterLab; --allow-root: containers (and CI) often run as root, where Jupyter refuses
-	$(VENV)/bin/jupyter lab --allow-root notebooks/
+lab: $(STAMP) notebook-filter  # the chapters in JupyterLab (tools/lab_config.py); --allow-root: containers often run as root
+	$(VENV)/bin/jupyter lab --allow-root --config tools/lab_config.py
 
 clean:
 	rm -rf _build results/runs

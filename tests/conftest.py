@@ -28,7 +28,9 @@ NO_DATA = BUILD / "test-data"
 NO_DATA.mkdir(parents=True, exist_ok=True)
 os.environ["OPTLAB_DATA"] = str(NO_DATA)
 os.environ.pop("OPTLAB_LIVE_DIR", None)  # the chapters write their records where the book's summary page reads them
-SMOKE_ENV = {**os.environ, "OPTLAB_PROFILE": "smoke"}  # the CI size, whatever the machine
+# The CI size, whatever the machine; the chapters' runs are the book's pages (tests/chapter_runs.py), so they run as
+# the book's build runs them (book/_ext/book_pages.py): progress as text, links to the site's pages and records.
+SMOKE_ENV = {**os.environ, "OPTLAB_PROFILE": "smoke", "OPTLAB_BOOK": "1"}
 RUNNER = pytest.StashKey[subprocess.Popen]()
 CPU_SECONDS = pytest.StashKey[dict]()  # each test's CPU seconds, its children's with it (tests/slowest.py)
 CHAPTER_TEST = "test_notebook_runs_under_nbval"

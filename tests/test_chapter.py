@@ -21,6 +21,7 @@ def result():
 
 
 def test_without_a_reference_the_page_says_so_once_and_how_to_make_one(result, tmp_path, monkeypatch):
+    monkeypatch.setenv("OPTLAB_BOOK", "1")  # the page's links as the book's build writes them
     monkeypatch.setattr(store, "REFERENCE_DIR", tmp_path)
     line = chapter.built_on(result)
     assert "(CPU), tiny profile" in repr(line) and "none yet (`python -m optlab reference --set beyond`" in repr(line)

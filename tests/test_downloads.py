@@ -17,6 +17,12 @@ def record(technique: str, machine: str, gpu: "str | None" = None) -> dict:
             "summary": []}
 
 
+@pytest.fixture(autouse=True)
+def as_the_book_builds_it(monkeypatch):
+    """The pages' links as the book's build writes them (a notebook in Lab links elsewhere: tests/test_lab_links.py)."""
+    monkeypatch.setenv("OPTLAB_BOOK", "1")
+
+
 @pytest.fixture
 def folders(tmp_path, monkeypatch):
     """Empty live, reference and distributed folders in place of the repository's."""

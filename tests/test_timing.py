@@ -136,6 +136,15 @@ def test_a_chapter_line_says_the_noise_what_it_lets_the_rule_tell_and_the_page_b
     assert report.noise_line(summary.iloc[[0, 3]]).startswith("No comparison")
 
 
+def test_intervals_too_wide_to_mean_anything_read_as_a_disturbed_machine_not_a_percentage():
+    from optlab.book import report
+    summary = pd.DataFrame({"verdict": ["can't tell yet", "can't tell yet", "faster"], "noise": [2.5, 3.0, 0.04],
+                            "n": [4, 4, 8], "ci_low": [0.01, 0.02, 1.05], "ci_high": [200.0, 90.0, 1.15]})
+    line = report.noise_line(summary)
+    assert "disturbed by other work: re-run on a quiet machine" in line and "±" not in line, line
+    assert "±" in report.noise_line(summary.iloc[[2]])  # one clear interval still says how far it reaches
+
+
 def test_from_ten_rounds_a_round_hit_by_other_work_does_not_decide_the_answer(monkeypatch):
     """One round of twelve 60 % off (another job took the core): the trimmed interval keeps the clean rounds' answer
     and about their speed-up, while the recorded noise still shows the hit; the plain mean could not tell."""

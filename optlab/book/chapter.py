@@ -4,6 +4,8 @@ from __future__ import annotations
 import ast
 import html
 import inspect
+import os
+import posixpath
 import re
 import textwrap
 from dataclasses import dataclass
@@ -18,8 +20,9 @@ from ..core.knobs.config import RunConfig, changed_knobs
 from ..core.machine.device import resolve_device
 from ..core.techniques.registry import Experiment, get_experiment
 from ..core.run.experiments import ExperimentResult, run_experiment
-from ..core.knobs.profiles import Profile, get_profile
+from ..core.knobs.profiles import Profile, choice, choose, chosen_sizes, get_profile
 from ..core.workload import get_workload
+from ..core.run.progress import BOOK_ENV
 from . import report
 from .downloads import Downloads, downloads
 
@@ -27,15 +30,24 @@ CODE_FUNCTIONS = (loops.make_optimizer, loops.backend_flags, loops.to_device, lo
                   loops.train_pass, loops.eval_pass, data.make_loader, variants.build_state,
                   RunConfig.samples_per_step.fget)
 SUMMARY_PAGE = "../book/summary.html"  # from a chapter's page (notebooks/NN.html)
+SITE = "https://optlab.github.io/optlab/"  # the published book, for its pages that a notebook has no copy of
 LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")  # [text](url)
 
 
+def use(models: "list[str] | None" = None, profile: str | None = None, batch_size: int | None = None,
+        time_budget_s: float | None = None) -> None:
+    """Apply a chapter's parameter cell to every run below it (``None``: this device's default); the chapter's
+    :func:`setup_line` then names what is used."""
+    choose(profile, models, batch_size, time_budget_s)
+
+
 def setup_line(profile: "str | Profile | None" = None, device: str = "auto", workload: str = "cifar") -> str:
-    """One line naming the profile (with the models and sizes ``workload`` runs under it) and the device a chapter
-    runs on."""
+    """One line naming the profile (with the models and sizes ``workload`` runs under it, the reader's choice from
+    :func:`use` applied) and the device a chapter runs on."""
     info = resolve_device(device)
     chosen, spec = get_profile(profile, info.is_cuda), get_workload(workload)
-    line = chosen.describe(spec.profile_models.get(chosen.name), spec.profile_knobs.get(chosen.name))
+    models = tuple(m for m in chosen.models if m in spec.model_names) or spec.profile_models.get(chosen.name)
+    line = chosen.describe(models, {**spec.profile_knobs.get(chosen.name, {}), **chosen_sizes()})
     return f"{line}\ndevice: {info.describe()}"
 
 
@@ -96,13 +108,22 @@ def run(experiment: "str | Experiment", cpu_budget_s: float | None = None, **opt
     """Run a chapter's comparison and keep its record in ``results/live/`` for the book's summary page.
 
     ``cpu_budget_s``: the time budget a model in the ``smoke`` profile (a CPU's), for a page with time to spare
-    beyond the profile's own; more rounds narrow the intervals. Other profiles keep their budget."""
+    beyond the profile's own; more rounds narrow the intervals. Other profiles, and a budget the reader set
+    (:func:`use`), keep theirs."""
     experiment = get_experiment(experiment)
-    if cpu_budget_s is not None:
+    if cpu_budget_s is not None and choice().time_budget_s is None:  # the reader's budget wins
         profile = get_profile(options.get("profile"), resolve_device(options.get("device", "auto")).is_cuda)
         if profile.name == "smoke":
             options["profile"] = profile.with_sizes(time_budget_s=cpu_budget_s)
     return run_experiment(experiment, out=store.LIVE_DIR, filename=f"{experiment.name}.json", **options)
+
+
+def page_href(link: str) -> str:
+    """``link`` as written for a chapter's page in the built book; in a notebook opened from the checkout, a page of
+    the book (``../book/summary.html``) is the published book's, since the checkout holds only its source."""
+    if os.environ.get(BOOK_ENV) == "1" or "://" in link or not link.endswith(".html"):
+        return link
+    return SITE + posixpath.normpath(posixpath.join("notebooks", link))
 
 
 @dataclass(frozen=True)
@@ -113,7 +134,8 @@ class Note:
 
     def _repr_html_(self) -> str:
         line = re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(self.text, quote=False))
-        return '<p class="optlab-note">' + LINK.sub(r'<a href="\2">\1</a>', line) + "</p>"
+        linked = LINK.sub(lambda match: f'<a href="{page_href(match[2])}">{match[1]}</a>', line)
+        return f'<p class="optlab-note">{linked}</p>'
 
     def __repr__(self) -> str:
         return LINK.sub(r"\1", self.text)

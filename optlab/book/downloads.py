@@ -4,10 +4,13 @@ tables it measured, and one archive of them all for the summary page.
 A page links its files under ``records/`` at the root of the built site, relative to the page, so the links work
 wherever the site is served (``https://<owner>.github.io/optlab/`` included). The files themselves stay where the runs
 wrote them; :func:`publish`, which the book calls once its pages are written, copies them there and builds the archive.
+A chapter opened from the checkout (JupyterLab, whose root is the checkout) links the files where they are, relative to
+the notebook's folder, which Lab serves; only the book's build (``$OPTLAB_BOOK``) links the site's copies.
 """
 from __future__ import annotations
 
 import html
+import os
 import re
 import shutil
 import tempfile
@@ -21,6 +24,7 @@ import pandas as pd
 
 from ..core.results import store
 from ..core.errors import OptlabError
+from ..core.run.progress import BOOK_ENV
 from ..studies.distributed import STORED_DIR
 
 SITE_FOLDER = "records"  # at the root of the built site
@@ -55,7 +59,11 @@ class Download:
 
     @property
     def href(self) -> str:
-        return f"{FROM_PAGE}/{SITE_FOLDER}/{self.name}"
+        """The site's copy in the built book; elsewhere the file itself, relative to the notebook's folder."""
+        if os.environ.get(BOOK_ENV) == "1":
+            return f"{FROM_PAGE}/{SITE_FOLDER}/{self.name}"
+        folder, name = self.name.split("/", 1)
+        return Path(os.path.relpath(sources()[folder] / name)).as_posix()
 
 
 @dataclass(frozen=True)

@@ -65,10 +65,14 @@ def noise_line(summary: pd.DataFrame) -> str:
     half = 100 * (np.exp((np.log(compared["ci_high"].astype(float)) - np.log(compared["ci_low"].astype(float))) / 2)
                   - 1)
     count = len(compared)
+    wide = [too_wide(low, high) for low, high in zip(compared["ci_low"].astype(float), compared["ci_high"].astype(float))]
+    reach = ("most intervals are too wide to tell anything, as on a machine disturbed by other work: re-run on a quiet "
+             "machine" if sum(wide) * 2 >= count else
+             f"an interval reaches about ±{half.median():.1f} % around its speed-up: differences beyond that are told, "
+             f"and \"{SAME}\" needs it under 2 %")
     return (f"Measured: {count} comparisons, a round's noise (standard deviation of its log speed-up) "
             f"{noise.median():.1f} % median ({noise.min():.1f}-{noise.max():.1f} %), {compared['n'].median():.0f} rounds median. At that, "
-            f"an interval reaches about ±{half.median():.1f} % around its speed-up: differences beyond that are told, "
-            f"and \"{SAME}\" needs it under 2 %. Each is a {INTERVAL} (at most {percent(ERROR_RATE)} of comparisons "
+            f"{reach}. Each is a {INTERVAL} (at most {percent(ERROR_RATE)} of comparisons "
             f"of a configuration with itself say faster or slower); with {count} on this page, the chance that any of "
             f"them does is at most {percent(page_bound(count))}.")
 

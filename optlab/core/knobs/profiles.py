@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, replace
+from typing import Iterable
 
 from ..errors import OptlabError, choice_error
 from .limits import MAX_REPEATS, MAX_STEPS, MAX_TIME_BUDGET_S, check_count
@@ -113,13 +114,59 @@ PROFILES = {
 PROFILE_CHOICES = ("auto",) + tuple(PROFILES)
 
 
+@dataclass(frozen=True)
+class Choice:
+    """What a reader set in a chapter's parameter cell; ``None``: the device's default."""
+
+    profile: str | None = None
+    models: tuple[str, ...] | None = None
+    batch_size: int | None = None
+    time_budget_s: float | None = None
+
+
+_choice = Choice()
+
+
+def choose(profile: str | None = None, models: "Iterable[str] | None" = None, batch_size: int | None = None,
+           time_budget_s: float | None = None) -> Choice:
+    """Set the reader's choice for this process: every later :func:`get_profile` without a name, and every run's
+    configs (:func:`chosen_sizes`), use it. All ``None`` restores the defaults. Checked like a typed profile."""
+    global _choice
+    if profile is not None and profile not in PROFILE_CHOICES:
+        raise choice_error("profile", profile, PROFILE_CHOICES)
+    if isinstance(models, str):
+        raise OptlabError(f"models must be a list of model names, got the string {models!r}: write [{models!r}]")
+    choice = Choice(profile, tuple(models) if models is not None else None, batch_size, time_budget_s)
+    _apply(choice, PROFILES["smoke"])  # a bad batch size or budget is told now, not at the first run
+    _choice = choice
+    return choice
+
+
+def choice() -> Choice:
+    """The reader's choice now in force (:func:`choose`)."""
+    return _choice
+
+
+def chosen_sizes() -> dict[str, int]:
+    """The sizes the reader chose that win over a workload's own per profile: ``{"batch_size": n}`` or nothing."""
+    return {} if _choice.batch_size is None else {"batch_size": _choice.batch_size}
+
+
+def _apply(choice: Choice, profile: Profile) -> Profile:
+    changes = {"models": choice.models, "batch_size": choice.batch_size, "time_budget_s": choice.time_budget_s}
+    return replace(profile, **{k: v for k, v in changes.items() if v is not None})
+
+
 def get_profile(name: "str | Profile | None" = None, cuda: bool = False) -> Profile:
-    """The profile ``name``, else ``$OPTLAB_PROFILE``, else ``auto``: ``quick`` on CUDA and ``smoke`` on the CPU.
+    """The profile ``name``, else the reader's (:func:`choose`), else ``$OPTLAB_PROFILE``, else ``auto``: ``quick``
+    on CUDA and ``smoke`` on the CPU. Without a name, the reader's models, batch size and time budget apply too.
 
     A :class:`~optlab.core.knobs.profiles.Profile` object is returned as it is (custom sizes for tests and chapters)."""
     if isinstance(name, Profile):
         return name
-    chosen = name or os.environ.get(PROFILE_ENV) or "auto"
+    if name is None:
+        return _apply(_choice, get_profile(_choice.profile or os.environ.get(PROFILE_ENV) or "auto", cuda))
+    chosen = name
     if chosen == "auto":
         chosen = "quick" if cuda else "smoke"
     if chosen not in PROFILES:

@@ -20,7 +20,6 @@ import math
 import multiprocessing
 import os
 import signal
-import sys
 import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor
@@ -44,7 +43,8 @@ from ..knobs.limits import check_overrides, check_phase_sizes
 from ..measuring.loops import Pass, PhaseResult, backend_flags, drive, eval_pass, train_pass
 from ..measuring.memory import is_out_of_memory, memory_kind
 from ..techniques.no_effect import no_effect_variants
-from ..knobs.profiles import Profile, get_profile
+from ..knobs.profiles import Profile, chosen_sizes, get_profile
+from .progress import finish, progress_bar
 from ..techniques.registry import Experiment, get_experiment
 from ..measuring.samples import failed_row, sample_row
 from ..stats.sequential import OUT_OF_REACH, StoppingRule, visit_order
@@ -138,7 +138,7 @@ def run_experiment(
     out_dir = store.writable_dir(out) if out is not None else None
     filename = filename or store.record_filename(experiment.name)
     source = workload.find_source(download)
-    sizes = {**(workload.profile_knobs.get(prof.name) or {}), **(overrides or {})}  # what the user typed wins
+    sizes = {**(workload.profile_knobs.get(prof.name) or {}), **chosen_sizes(), **(overrides or {})}  # typed wins
     print(f"optlab {experiment.name}: {prof.describe(chosen, sizes)}")
     threads = quiet.fix_threads(info.is_cuda)
     print(f"device: {info.describe()}; {threads} torch thread{'s' if threads != 1 else ''}")
@@ -176,9 +176,9 @@ def run_experiment(
     path = None
     to_run = [m for m in chosen if m not in done]
     rounds: dict[str, dict[str, Any]] = {}
-    total = (sum(len(effective[m]) - len(untimed[m]) for m in to_run) * (prof.warmup_repeats + prof.repeats)
-             * len(experiment.phases))
-    bar = tqdm(total=total, desc=experiment.name, disable=not progress, file=sys.stderr, leave=False)
+    total = (sum(len(effective[m]) - len(untimed[m]) for m in to_run) * (prof.warmup_repeats + prof.max_repeats)
+             * len(experiment.phases))  # every round to the cap: a run that stops early says so on the bar
+    bar = progress_bar(total, experiment.name, progress)
     for model_name in to_run:
         before = machine_load.snapshot()
         ran = _run_model(experiment, model_name, effective[model_name], prof, info, datasets, source, download,
@@ -410,6 +410,7 @@ def interleave(runners: dict[str, PhaseRunner], configs: dict[str, RunConfig], p
     phases = tuple(phases)
     rule.start()
     round_index, kept = 0, 0
+    started_at = bar.n
 
     def record(label: str, slot: int, phase: str, outcome: "PhaseResult | Exception") -> None:
         if isinstance(outcome, Exception):
@@ -469,13 +470,13 @@ def interleave(runners: dict[str, PhaseRunner], configs: dict[str, RunConfig], p
             gone.update(dict.fromkeys(leaving, kept + 1))
             if leaving:
                 rule.variants_left()
-        if bar.total is not None:
-            bar.total += (len(runners) - len(gone)) * len(phases)
     repeats = kept + 1
     for row in rows:
         row.update(answer_columns(rule, model, row))
-    return Rounds(rows, repeats, stop_reason(rule, repeats, rows), rule.record(),
-                  prof.lockstep_steps if passes else None, gone)
+    why = stop_reason(rule, repeats, rows)
+    finish(bar, len(runners) * len(phases) * (prof.warmup_repeats + prof.max_repeats), bar.n - started_at,
+           f"{model}: {repeats} of {prof.max_repeats} rounds, {why}" if repeats < prof.max_repeats else None)
+    return Rounds(rows, repeats, why, rule.record(), prof.lockstep_steps if passes else None, gone)
 
 
 def answer_columns(rule: StoppingRule, model: str, row: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..knobs.config import PHASE_KNOBS, RunConfig, apply_changes, changed_knobs
 from ..errors import OptlabError, choice_error
-from ..knobs.profiles import Profile
+from ..knobs.profiles import Profile, chosen_sizes
 from ..workload import get_workload
 
 PHASES = ("train", "test")
@@ -91,6 +91,7 @@ class Experiment:
         common = RunConfig(workload=self.workload, model=model, batch_size=profile.batch_size, width=profile.width,
                            num_workers=profile.num_workers)
         sized = get_workload(self.workload).profile_knobs.get(profile.name, {})  # a workload's own sizes per profile
+        sized = {**sized, **chosen_sizes()}  # the reader's, from a chapter's parameter cell, win
         common = apply_changes(apply_changes(apply_changes(common, sized), self.base), overrides or {})
         return {label: apply_changes(common, changes) for label, changes in self.variants
                 if model in self.variant_models.get(label, (model,))}

@@ -17,7 +17,6 @@ import gc
 import itertools
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
@@ -40,6 +39,7 @@ from ...core.machine.device import (
 from ...core.machine.environment import capture
 from ...core.errors import OptlabError, choice_error
 from ...core.run.experiments import failure_status, interleave, stopping_rule
+from ...core.run.progress import progress_bar
 from ...core.knobs.limits import MAX_STEPS, check_count
 from ...core.measuring.memory import memory_kind
 from ...core.knobs.profiles import Profile, get_profile
@@ -606,8 +606,8 @@ def tune_inference(
              if techniques is None or label in techniques else "not among the techniques asked for")
             for label, changes in stack_changes(dtype)]
     measured = sum(1 for _, _, reason in plan if reason is None)
-    bar = tqdm(total=2 * (prof.warmup_repeats + prof.repeats) * (measured + 1), desc=f"tune --inference {name}",
-               disable=not progress, file=sys.stderr, leave=False)
+    bar = progress_bar(2 * (prof.warmup_repeats + prof.max_repeats) * (measured + 1), f"tune --inference {name}",
+                       progress)
     run = _Run(name, model_fn, output_fn, pool, prof, info, int(facts.forward_flops_per_sample * batch), seed, bar)
     description = f"{examples.description}: {len(pool)} batches of {batch}, made once"
     _print_header(run, facts, description, max_batch, request_batches, request_seconds)
@@ -626,7 +626,7 @@ def tune_inference(
                          "compiles every new batch size again (sweep_compile=True, --sweep-compile, includes it)")
         else:
             swept[FINAL] = recommended
-    sweep_bar = tqdm(desc="batch sizes", disable=not progress, file=sys.stderr, leave=False)
+    sweep_bar = progress_bar(None, "batch sizes", progress, keep=False)  # doubled until memory or latency ends it
     calls = max(SWEEP_CALLS, 5 * timed)
     try:
         sweep_rows, ends, latency = sweep(_sweep_targets(run, swept, examples), info.device, max_batch, calls,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gc
 import math
-import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -28,6 +27,7 @@ from ...core.machine.device import DeviceInfo, effective_config, native_bf16, re
 from ...core.machine.environment import capture
 from ...core.errors import OptlabError, choice_error
 from ...core.run.experiments import failure_status, interleave, stopping_rule
+from ...core.run.progress import progress_bar
 from ...core.measuring.flops import TRAIN_TO_FORWARD
 from ...core.knobs.limits import MAX_STEPS, check_count, cpu_cores
 from ...core.measuring.memory import is_out_of_memory, memory_kind
@@ -502,8 +502,7 @@ def tune(
         plan.append((label, changes, reason))
 
     measured = sum(1 for _, _, reason in plan if reason is None)
-    bar = tqdm(total=2 * (prof.warmup_repeats + prof.repeats) * (measured + 1), desc=f"tune {name}",
-               disable=not progress, file=sys.stderr, leave=False)
+    bar = progress_bar(2 * (prof.warmup_repeats + prof.max_repeats) * (measured + 1), f"tune {name}", progress)
     run = _Run(name, model_fn, loss_fn, batches, prof, info,
                int(facts.forward_flops_per_image * batches.batch_size * TRAIN_TO_FORWARD), seed, bar)
     _print_header(run, facts, loss_tolerance)

@@ -1,0 +1,25 @@
+"""A notebook as the project commits it: nbstripout without outputs, counts or run metadata, cell ids kept (a diff
+shows only what a person changed) and the language details Lab adds dropped. Git's clean filter for notebooks (the
+Makefile's ``notebook-filter``: stdin to stdout) and Lab's save hook (``tools/lab_config.py``) both call :func:`clean`,
+so a chapter run and saved in Lab reads as unchanged."""
+import sys
+
+import nbformat
+from nbstripout import strip_output
+
+# nbstripout's command line's own defaults (its function strips none of these), then the language details
+EXTRA_KEYS = (["metadata.signature", "metadata.widgets"]
+              + [f"cell.metadata.{key}" for key in ("collapsed", "ExecuteTime", "execution", "heading_collapsed",
+                                                     "hidden", "scrolled")]
+              + [f"metadata.language_info.{key}" for key in ("codemirror_mode", "file_extension", "mimetype",
+                                                             "nbconvert_exporter", "pygments_lexer", "version")])
+
+
+def clean(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """``notebook`` without what a run or a front end adds."""
+    return strip_output(notebook, keep_output=False, keep_count=False, keep_id=True, extra_keys=EXTRA_KEYS)
+
+
+if __name__ == "__main__":
+    notebook = nbformat.read(sys.stdin, as_version=nbformat.NO_CONVERT)
+    nbformat.write(clean(notebook), sys.stdout)
