@@ -7,12 +7,12 @@ import sys
 import nbformat
 from nbstripout import strip_output
 
-# nbstripout's command line's own defaults (its function strips none of these), then the language details
+# nbstripout's command line's own defaults (its function strips none of these), then the language details Lab
+# writes on a save (kernelspec stays: it names the kernel)
 EXTRA_KEYS = (["metadata.signature", "metadata.widgets"]
               + [f"cell.metadata.{key}" for key in ("collapsed", "ExecuteTime", "execution", "heading_collapsed",
                                                      "hidden", "scrolled")]
-              + [f"metadata.language_info.{key}" for key in ("codemirror_mode", "file_extension", "mimetype",
-                                                             "nbconvert_exporter", "pygments_lexer", "version")])
+              + ["metadata.language_info"])
 
 
 def clean(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
