@@ -47,8 +47,8 @@ def as_lab_saves_it(path: Path) -> None:
         cell["execution_count"] = count + 1
         cell["outputs"] = [{"output_type": "stream", "name": "stderr", "text": ["  0%|  | 0/32\n"]}]
         cell["metadata"]["execution"] = {"iopub.execute_input": "2026-12-06T02:00:00.000Z"}
-    notebook["metadata"]["language_info"] |= {"version": "3.11.2", "mimetype": "text/x-python",
-                                              "codemirror_mode": {"name": "ipython", "version": 3}}
+    notebook["metadata"]["language_info"] = {"name": "python", "version": "3.11.2", "mimetype": "text/x-python",
+                                             "codemirror_mode": {"name": "ipython", "version": 3}}
     notebook["metadata"]["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
     path.write_text(json.dumps(notebook, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
 
