@@ -100,7 +100,7 @@ def _text(value: object, wide: bool) -> str:
     return html.escape(" ".join(map(breakable, str(value).split(" ")))).replace(mark, "<wbr>")
 
 
-LINK = re.compile(r"\[([^\]]+)\]\((https?://[^)\s]+)\)")  # a table cell's [text](url): a link on the page
+LINK = re.compile(r"\[((?:[^\[\]]|\[[^\[\]]*\])+)\]\((https?://[^)\s]+)\)")  # a cell's [text](url), text with [brackets] too
 
 
 def linked_sources(frame: pd.DataFrame, text: str = "source", url: str = "url") -> pd.DataFrame:
