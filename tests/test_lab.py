@@ -27,14 +27,15 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def lab(smoke_env):
+def lab(smoke_env, tmp_path):
     if reason := why_no_browser():
         pytest.fail(reason) if os.environ.get("CI") else pytest.skip(reason)
     port = free_port()
     env = {k: v for k, v in smoke_env.items() if k != "OPTLAB_BOOK"} | {"PYTHONPATH": str(ROOT)}
     command = [str(Path(sys.executable).parent / "jupyter"), "lab", "--allow-root", "--no-browser",
                "--config", str(ROOT / "tools/lab_config.py"), f"--port={port}", "--ip=127.0.0.1",
-               f"--IdentityProvider.token={TOKEN}"]
+               f"--IdentityProvider.token={TOKEN}",
+               f"--LabApp.workspaces_dir={tmp_path}"]  # a reader's first open: no tabs restored from an earlier Lab
     server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -83,7 +84,6 @@ def test_a_chapter_run_all_in_lab_reads_cleanly(lab):
         errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.error']").all_inner_texts()
         bars = page.locator(".jp-OutputArea-output .widget-hprogress").count()
         hrefs = page.locator(".jp-OutputArea-output a[href]").evaluate_all("links => links.map(a => a.href)")
-        page.screenshot(path="/tmp/lab.png", full_page=True)
         page.keyboard.press("Control+s")
         page.wait_for_timeout(2000)
         browser.close()
