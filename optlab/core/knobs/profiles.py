@@ -78,7 +78,8 @@ class Profile:
                      f"warm-up in the first ({steps} where a variant needs a pass of its own)")
         sizes = sizes or {}
         return (
-            f"profile {self.name}: models {', '.join(models or self.models)}; batch {sizes.get('batch_size', self.batch_size)}; "
+            f"profile {self.name}: models {', '.join(models or self.models)}; "
+            f"batch {sizes.get('batch_size', self.batch_size)}; "
             f"width {sizes.get('width', self.width)}; "
             f"{sizes.get('num_workers', self.num_workers)} workers; "
             f"{steps}; {self.describe_repeats()}"
@@ -129,8 +130,8 @@ _choice = Choice()
 
 def choose(profile: str | None = None, models: "Iterable[str] | None" = None, batch_size: int | None = None,
            time_budget_s: float | None = None) -> Choice:
-    """Set the reader's choice for this process: every later :func:`get_profile` without a name, and every run's
-    configs (:func:`chosen_sizes`), use it. All ``None`` restores the defaults. Checked like a typed profile."""
+    """Set the reader's choice for this process: every later :func:`optlab.get_profile` without a name, and every run's
+    configs (``chosen_sizes``), use it. All ``None`` restores the defaults. Checked like a typed profile."""
     global _choice
     if profile is not None and profile not in PROFILE_CHOICES:
         raise choice_error("profile", profile, PROFILE_CHOICES)
@@ -143,7 +144,7 @@ def choose(profile: str | None = None, models: "Iterable[str] | None" = None, ba
 
 
 def choice() -> Choice:
-    """The reader's choice now in force (:func:`choose`)."""
+    """The reader's choice now in force (:func:`~optlab.core.knobs.profiles.choose`)."""
     return _choice
 
 
@@ -158,8 +159,8 @@ def _apply(choice: Choice, profile: Profile) -> Profile:
 
 
 def get_profile(name: "str | Profile | None" = None, cuda: bool = False) -> Profile:
-    """The profile ``name``, else the reader's (:func:`choose`), else ``$OPTLAB_PROFILE``, else ``auto``: ``quick``
-    on CUDA and ``smoke`` on the CPU. Without a name, the reader's models, batch size and time budget apply too.
+    """The profile ``name``, else the reader's (:func:`~optlab.core.knobs.profiles.choose`), else
+    ``$OPTLAB_PROFILE``, else ``auto``: ``quick`` on CUDA and ``smoke`` on the CPU. Without a name, the reader's models, batch size and time budget apply too.
 
     A :class:`~optlab.core.knobs.profiles.Profile` object is returned as it is (custom sizes for tests and chapters)."""
     if isinstance(name, Profile):

@@ -53,7 +53,7 @@ class StartsStopped(OptlabError):
 
 class Stop:
     """The end of a study's fresh starts: at ``deadline`` (a ``time.monotonic()`` time; None: none) or when
-    :meth:`stop` is called, every process group registered with it is killed and every start asked for after is
+    ``stop()`` is called, every process group registered with it is killed and every start asked for after is
     refused, so that a deadline or a signal ends the study at once, not after the starts already queued."""
 
     def __init__(self, deadline: "float | None" = None) -> None:

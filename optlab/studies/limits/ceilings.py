@@ -185,8 +185,8 @@ def _run_time(kind: str, min_run_time: float | None) -> float:
 def measure(device: str = "auto", dtypes: Sequence[str] | None = None, mib: int | None = None,
             min_run_time: float | None = None, timer: sweep.BlockTimer | None = None) -> pd.DataFrame:
     """The ceilings of ``device``, one row per figure (matmul per dtype and shape, copy, read, launch) with its
-    median, interval and unit; ``mib`` sizes the bandwidth tensors (default: past every cache, :func:`bandwidth_mib`),
-    ``min_run_time`` the seconds timed per figure over all its rounds; ``timer`` replaces the benchmark's block (a
+    median, interval and unit; ``mib`` sizes the bandwidth tensors (default: past every cache,
+    :func:`~optlab.studies.limits.ceilings.bandwidth_mib`), ``min_run_time`` the seconds timed per figure over all its rounds; ``timer`` replaces the benchmark's block (a
     test's fake clock)."""
     info = resolve_device(device)
     kind = info.device.type
