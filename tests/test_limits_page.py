@@ -1,4 +1,4 @@
-"""The summary page at a glance and against the limit: the technique-by-model matrix and its tints, the serving and
+"""The summary page's kept tables and against the limit: the serving and
 memory tables read by their columns, a step's counts and bound, and the roofline figure."""
 import matplotlib
 
@@ -17,48 +17,9 @@ from optlab.book.report.roofline import plot_roofline  # noqa: E402
 from optlab.book.report.tables import html_table  # noqa: E402
 from optlab.core.knobs.config import RunConfig  # noqa: E402
 from optlab.core.results import store  # noqa: E402
-from optlab.core.stats.summary import CONTROL  # noqa: E402
 from optlab.core.workload import get_workload  # noqa: E402
 from optlab.studies.limits import roofline  # noqa: E402
 from optlab.studies.limits.ceilings import Roofs  # noqa: E402
-
-ROW = {"model": "resnet18", "phase": "train", "machine": "cpu", "profile": "smoke", "role": "claim"}
-LIVE = pd.DataFrame([
-    {**ROW, "technique": "set_to_none", "variant": "w/o gradient none", "speedup": 1.0, "ci_low": 1.0, "ci_high": 1.0,
-     "verdict": "baseline"},
-    {**ROW, "technique": "set_to_none", "variant": "w gradient none", "speedup": 1.1, "ci_low": 1.05,
-     "ci_high": 1.15, "verdict": "faster"},
-    {**ROW, "technique": "compile", "variant": "compile default", "speedup": 0.8, "ci_low": 0.7, "ci_high": 0.9,
-     "verdict": "slower"},
-    {**ROW, "technique": "gpt_optimizers", "model": "gpt_tiny", "variant": "AdamW fused", "speedup": 1.01,
-     "ci_low": 0.9, "ci_high": 1.1, "verdict": "can't tell yet"},
-    {**ROW, "technique": "no_grad", "phase": "test", "variant": "w no_grad", "speedup": 1.3, "ci_low": 1.2,
-     "ci_high": 1.4, "verdict": "faster"},
-    {**ROW, "technique": "no_grad", "phase": "train", "variant": "w no_grad", "speedup": 9.0, "ci_low": 8.0,
-     "ci_high": 10.0, "verdict": "faster"},  # a phase the technique does not claim: left out
-    {**ROW, "technique": "set_to_none", "model": "mobilenet_v2", "variant": "w gradient none", "speedup": 1.5,
-     "ci_low": 1.4, "ci_high": 1.6, "verdict": "faster", "role": CONTROL},  # an A/A control: no claim, left out
-])
-
-
-def test_the_matrix_has_a_row_per_technique_and_variant_a_column_per_model_and_the_seed_beside():
-    texts, verdicts = glance.matrix_frame(glance.every_speedup({"live": LIVE}))
-    assert list(texts.columns) == ["resnet18", "gpt_tiny"]  # no mobilenet_v2: its only row is a control
-    assert texts.loc["set_to_none: w gradient none", "resnet18"] == "1.10x (seed 1.02x)"
-    assert texts.loc["compile: compile default", "resnet18"] == "0.80x"  # beyond the seed: no seed figure
-    assert texts.loc["no_grad: w no_grad", "resnet18"].startswith("1.30x (seed ")  # inference, as the seed timed it
-    assert texts.loc["gpt_optimizers: AdamW fused", "resnet18"] == ""  # not run
-    assert "set_to_none: w/o gradient none" not in texts.index  # baselines are no speed-up
-    html = glance.matrix(glance.every_speedup({"live": LIVE})).to_html()
-    for verdict, colour in (("faster", "#0173b2"), ("slower", "#d55e00"), ("can't tell yet", glance.UNCLEAR_TINT)):
-        assert f"background-color: {colour}{glance.TINT_ALPHA}" in html, verdict
-
-
-def test_two_sources_get_a_block_each():
-    texts, _ = glance.matrix_frame(glance.every_speedup({"live": LIVE, "h200": LIVE.iloc[1:2]}))
-    assert list(texts.columns) == ["live: resnet18", "live: gpt_tiny", "h200: resnet18"]
-    assert texts.loc["set_to_none: w gradient none", "h200: resnet18"] == "1.10x (seed 1.02x)"
-
 
 def test_serving_and_memory_tables_are_read_by_their_columns_and_missing_ones_say_not_run(tmp_path, monkeypatch):
     monkeypatch.setattr(store, "LIVE_DIR", tmp_path)

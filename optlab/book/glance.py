@@ -1,5 +1,4 @@
-"""The summary page at a glance: a compact matrix of technique by model (each speed-up coloured by its verdict, the
-seed's V100 figure beside), and the serving, memory and first-step results the chapters keep as tables.
+"""The summary page's serving, memory and first-step sections: the results those chapters keep as tables.
 
 Serving, memory and first-step chapters keep their tables under ``results/live/pages/`` (``chapter.downloads``); their
 formats change as those chapters grow, so each is read by the columns it has: the labels (text columns) and the
@@ -11,19 +10,10 @@ from __future__ import annotations
 import re
 
 import pandas as pd
-from pandas.io.formats.style import Styler
 
-from ..core.measuring.timing import FASTER, SAME, SLOWER
 from ..core.results import store
-from ..core.stats.summary import CLAIM
-from ..core.techniques.registry import REGISTRY
 from .downloads import PAGE_RUNS
-from .report import SEED, VERDICT_COLOURS
-from .summary_page import COLUMNS, seed_rows
 
-TINTS = {FASTER: VERDICT_COLOURS[FASTER], SLOWER: VERDICT_COLOURS[SLOWER], SAME: VERDICT_COLOURS[SAME]}
-UNCLEAR_TINT = "#bbbbbb"
-TINT_ALPHA = "40"  # a light background: the text stays readable
 # (section, page table under results/live/pages, what it is): the names chapter.downloads gives the tables
 SERVING_TABLES = (
     ("decoding with a KV cache, compiled", "kv-cache-and-compiled-decoding-timings", "chapter 30"),
@@ -43,63 +33,6 @@ FIGURE_COLUMNS = re.compile(r"tokens?/s|tok/s|_per_s|ttft|tpot|itl|latency|\bp\d
                             r"|goodput|times shorter|compile s|break-even steps|graphs|wasted", re.IGNORECASE)
 SETTING_COLUMNS = re.compile(r"^(rate|batch)\b", re.IGNORECASE)  # numbers that label a row (a request rate, a batch)
 NOT_RUN = "not run"
-
-
-def every_speedup(found: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    """The seed's rows and every source's rows of every technique (seed, beyond the seed, transformer track), in
-    training, or in inference for a technique timed only there."""
-    frames = [seed_rows()]
-    for name, rows in found.items():
-        if rows.empty or "technique" not in rows:
-            continue
-        phase = rows["technique"].map(lambda t: "train" if t not in REGISTRY or "train" in REGISTRY[t].phases
-                                      else "test")
-        frames.append(rows[rows["phase"] == phase].assign(source=name).reindex(columns=COLUMNS))
-    return pd.concat([f for f in frames if not f.empty], ignore_index=True)
-
-
-def _cell(speedup: float, seed: float) -> str:
-    ours = "—" if pd.isna(speedup) else f"{speedup:.2f}x"
-    return ours if pd.isna(seed) else f"{ours} (seed {seed:.2f}x)"
-
-
-def matrix_frame(tidy: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Technique: variant by model (a block per source of ours; blank where not run): the speed-up text with the
-    seed's beside, and each cell's verdict; rows only where some source of ours measured the variant (``tidy``:
-    :func:`every_speedup`'s rows)."""
-    ours = tidy[(tidy["source"] != SEED) & (tidy["verdict"].fillna("") != "baseline")]
-    ours = ours[ours["role"].fillna(CLAIM) == CLAIM].drop_duplicates(["source", "technique", "variant", "model"],
-                                                                      keep="last")
-    if ours.empty:
-        return pd.DataFrame(), pd.DataFrame()
-    seed = tidy[tidy["source"] == SEED].set_index(["technique", "variant", "model"])["speedup"]
-    seed = seed[~seed.index.duplicated(keep="last")]
-    sources = list(dict.fromkeys(ours["source"]))
-    ours = ours.assign(row=ours["technique"] + ": " + ours["variant"],
-                       column=ours["model"] if len(sources) == 1 else ours["source"] + ": " + ours["model"])
-    seeds = [seed.get((t, v, m), float("nan")) for t, v, m in zip(ours["technique"], ours["variant"], ours["model"])]
-    ours = ours.assign(text=[_cell(s, z) for s, z in zip(ours["speedup"], seeds)])
-    order, columns = list(dict.fromkeys(ours["row"])), list(dict.fromkeys(ours["column"]))  # as the records come
-    texts = ours.pivot(index="row", columns="column", values="text").reindex(index=order, columns=columns).fillna("")
-    verdicts = ours.pivot(index="row", columns="column", values="verdict").reindex(index=order, columns=columns)
-    texts.index.name = verdicts.index.name = "technique: variant"
-    return texts, verdicts
-
-
-def matrix(tidy: pd.DataFrame) -> "Styler | str":
-    """:func:`matrix_frame` styled: each cell's background tinted by its verdict (blue faster, orange slower, green
-    the same, grey can't tell)."""
-    texts, verdicts = matrix_frame(tidy)
-    if texts.empty:
-        return "no measured speed-ups yet"
-
-    def tint(verdict: object) -> str:
-        if pd.isna(verdict):
-            return ""
-        colour = next((c for v, c in TINTS.items() if str(verdict).startswith(v)), UNCLEAR_TINT)
-        return f"background-color: {colour}{TINT_ALPHA}"
-
-    return texts.style.apply(lambda column: [tint(v) for v in verdicts[column.name]], axis=0)
 
 
 def page_table(name: str) -> pd.DataFrame | None:

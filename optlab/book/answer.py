@@ -1,0 +1,265 @@
+"""The summary page's first screen: per workload (CNN training, CNN inference, GPT training, serving), which techniques
+were faster, the same or slower here, or can't tell yet, beside the seed's V100 figure and every stored GPU reference.
+
+A technique is one line per workload: its verdicts over the models (or batch sizes, or request rates) it ran on are
+summarised ("faster on 2 of 2 models, 1.30–1.80x"), and a line whose models disagree reads "mixed" with each part.
+The CNN and GPT lines come from the chapters' records (``summary_page.sources``); the serving lines from the tables the
+serving chapters keep (``results/live/pages/``) and the same tables in each stored GPU reference folder. Everything is
+read from those files: a workload with no record says so in one line.
+"""
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from ..core.measuring.timing import FASTER, SAME, SLOWER
+from ..core.results import store
+from ..core.results.seed import seed_speedups
+from ..core.stats.summary import CONTROL
+from ..core.techniques.cnn import SEED_TECHNIQUES
+from ..core.techniques.no_effect import is_no_effect
+from ..core.techniques.registry import REGISTRY
+from .downloads import PAGE_RUNS
+from .report import LIVE, ratio
+
+WORKLOADS = ("CNN training", "CNN inference", "GPT training", "serving")
+BY_PHASE = {("cifar", "train"): "CNN training", ("cifar", "test"): "CNN inference", ("gpt", "train"): "GPT training"}
+# the groups, in the order the page lists them; a line's verdicts on its models give its group
+GROUPS = ("faster", "the same", "slower", "mixed", "can't tell yet", "no effect here", "not run here")
+KIND = {FASTER: "faster", SAME: "the same", SLOWER: "slower"}
+NO_RECORD = "no record yet"
+NOT_COMPARED = ("baseline", "reference")  # a variant against itself: no answer
+
+
+@dataclass(frozen=True)
+class ServingTable:
+    """A table a serving chapter keeps, read as lines of the answer: which columns hold what."""
+
+    names: tuple[str, ...]  # the file's name under results/live/pages, then under a reference folder
+    technique: str
+    label: str | None  # the column naming each variant; None: the whole table is one line, named ``technique``
+    setting: str | None  # the column of the setting a line is summarised over (batch, rate); None: one setting
+    noun: str  # what the setting is, for "on 2 of 3 batch sizes"
+    speedup: str
+    low: str
+    high: str
+    verdict: str = "verdict"
+
+
+SERVING_TABLES = (
+    ServingTable(("kv-cache-and-compiled-decoding-timings",), "KV cache", "variant", None, "setting",
+                 "decode speed-up", "low", "high"),
+    ServingTable(("weight-only-quantization-decode-timings",), "quantization", "variant", "batch", "batch size",
+                 "speed-up", "low", "high"),
+    ServingTable(("speculative-decoding-timings",), "speculative decoding", "variant", None, "setting",
+                 "speedup", "ci_low", "ci_high"),
+    ServingTable(("decode-sweep", "serving-decode-sweep"), "batched decoding: throughput against batch 1", None,
+                 "batch", "batch size", "throughput x", "low", "high"),
+    ServingTable(("serving-verdicts",), "continuous batching against static: mean end-to-end latency", None, "rate",
+                 "request rate", "speed-up", "low", "high"),
+)
+TIDY = ["workload", "source", "line", "technique", "variant", "phase", "setting", "noun", "speedup", "verdict"]
+
+
+def kind(verdict: object) -> str:
+    """The group a single verdict belongs to: faster, the same, slower, no effect here, or can't tell yet."""
+    if is_no_effect(verdict):
+        return "no effect here"
+    return KIND.get(verdict, "can't tell yet")
+
+
+def technique_rows(found: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Every source's compared variants of the registry's techniques as tidy rows (``TIDY``), by workload: baselines,
+    A/A controls and phases outside the four workloads (the GPT's inference) left out."""
+    frames = []
+    for source, rows in found.items():
+        if rows.empty or "technique" not in rows:
+            continue
+        rows = rows[rows["technique"].isin(list(REGISTRY)) & ~rows["verdict"].isin(NOT_COMPARED)]
+        if "role" in rows:
+            rows = rows[rows["role"] != CONTROL]
+        workload = [BY_PHASE.get((REGISTRY[t].workload, p)) for t, p in zip(rows["technique"], rows["phase"])]
+        rows = rows.assign(workload=workload, source=source, setting=rows["model"], noun="model",
+                           line=rows["technique"] + ": " + rows["variant"])
+        frames.append(rows[rows["workload"].notna()].drop_duplicates(["line", "phase", "setting"], keep="last"))
+    return pd.concat(frames, ignore_index=True).reindex(columns=TIDY) if frames else pd.DataFrame(columns=TIDY)
+
+
+def _kept(table: ServingTable, folder: Path) -> pd.DataFrame | None:
+    path = next((folder / f"{name}.csv" for name in table.names if (folder / f"{name}.csv").exists()), None)
+    return None if path is None else pd.read_csv(path)
+
+
+def serving_rows() -> pd.DataFrame:
+    """The serving chapters' kept tables (live, and each stored GPU reference's) as tidy rows (``TIDY``); a table
+    without the columns its ``ServingTable`` names is an error that names them."""
+    folders = {LIVE: store.LIVE_DIR / PAGE_RUNS}
+    folders.update({machine: store.REFERENCE_DIR / machine for machine in store.reference_machines()})
+    frames = []
+    for source, folder in folders.items():
+        for table in SERVING_TABLES:
+            kept = _kept(table, folder)
+            if kept is None:
+                continue
+            needed = [c for c in (table.label, table.setting, table.speedup, table.verdict) if c]
+            if missing := [column for column in needed if column not in kept]:
+                raise ValueError(f"{folder / table.names[0]}.csv has no column {', '.join(map(repr, missing))}; "
+                                 f"its columns: {', '.join(map(str, kept.columns))}")
+            kept = kept[~kept[table.verdict].isin(NOT_COMPARED)]
+            label = kept[table.label] if table.label else table.technique
+            setting = kept[table.setting].map(lambda v: f"{table.setting} {v:g}" if isinstance(v, float)
+                                              else f"{table.setting} {v}") if table.setting else ""
+            frames.append(pd.DataFrame({
+                "workload": "serving", "source": source, "technique": table.technique, "variant": label,
+                "line": (table.technique + ": " + kept[table.label]) if table.label else table.technique,
+                "phase": "decode", "setting": setting, "noun": table.noun, "speedup": kept[table.speedup],
+                "verdict": kept[table.verdict]}, index=kept.index))
+    return pd.concat(frames, ignore_index=True).reindex(columns=TIDY) if frames else pd.DataFrame(columns=TIDY)
+
+
+def _times(values: pd.Series) -> str:
+    values = values.dropna()
+    if values.empty:
+        return ""
+    low, high = values.min(), values.max()
+    return f"{ratio(low)}x" if ratio(low) == ratio(high) else f"{ratio(low)}–{ratio(high)}x"
+
+
+def summarise(rows: pd.DataFrame) -> tuple[str, str]:
+    """One source's verdicts of one line over its settings: its group and its text ("1.10x (resnet18)", "on 2 of 2
+    models, 1.30–1.80x", or for a mixed line "faster on 1 of 2 models (1.20x), can't tell yet on 1 (0.980x)")."""
+    kinds = rows["verdict"].map(kind)
+    count, noun = len(rows), rows["noun"].iloc[0]
+    if kinds.nunique() == 1:
+        group = kinds.iloc[0]
+        if count == 1:
+            times = _times(rows["speedup"])
+            setting = rows["setting"].iloc[0]
+            return group, " ".join(filter(None, (times, f"({setting})" if times and setting else setting)))
+        times = _times(rows["speedup"])
+        return group, f"on {count} of {count} {noun}s" + (f", {times}" if times else "")
+    parts = []
+    for number, group in enumerate(g for g in GROUPS if g in set(kinds)):
+        part = rows[kinds == group]
+        where = f"on {len(part)} of {count} {noun}s" if number == 0 else f"on {len(part)}"
+        times = _times(part["speedup"])
+        parts.append(f"{group} {where}" + (f" ({times})" if times else ""))
+    return "mixed", ", ".join(parts)
+
+
+def seed_figures() -> pd.DataFrame:
+    """The seed's V100 speed-up of every compared variant, by technique, variant, model and phase."""
+    frames = []
+    for name in SEED_TECHNIQUES:
+        rows = seed_speedups(name)
+        frames.append(rows[rows["variant"] != REGISTRY[name].baseline_label])
+    return pd.concat(frames, ignore_index=True).set_index(["technique", "variant", "model", "phase"])["speedup"]
+
+
+def _seed_text(seed: pd.Series, rows: pd.DataFrame) -> str:
+    """The seed's figure on the models ours ran the line on, where the seed measured them."""
+    keys = {(t, v, m, p) for t, v, m, p in zip(rows["technique"], rows["variant"], rows["setting"], rows["phase"])}
+    return _times(pd.Series([seed[key] for key in keys if key in seed.index], dtype=float))
+
+
+def answer_frame(found: dict[str, pd.DataFrame], serving: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per workload and line: its group (from the live run; "not run here" where only a stored reference has
+    it), the live text, the seed's V100 figure (where the seed measured the same), and one column per stored GPU
+    reference; a workload without any line is one row reading ``NO_RECORD``."""
+    tidy = pd.concat([technique_rows(found), serving_rows() if serving is None else serving], ignore_index=True)
+    machines = [source for source in dict.fromkeys(tidy["source"]) if source != LIVE]
+    machines = sorted(set(machines) | {name for name in found if name != LIVE})
+    seed = seed_figures()
+    rows = []
+    for workload in WORKLOADS:
+        ours = tidy[tidy["workload"] == workload]
+        if ours.empty:
+            rows.append({"workload": workload, "group": NO_RECORD, "technique": "", "line": "", "here": "",
+                         "seed V100": ""}
+                        | {machine: "" for machine in machines})
+            continue
+        for line, mine in ours.groupby("line", sort=False):
+            live = mine[mine["source"] == LIVE]
+            group, here = summarise(live) if not live.empty else ("not run here", "")
+            row = {"workload": workload, "group": group, "technique": mine["technique"].iloc[0], "line": line, "here": here,
+                   "seed V100": _seed_text(seed, mine)}
+            for machine in machines:
+                theirs = mine[mine["source"] == machine]
+                row[machine] = " ".join(summarise(theirs)) if not theirs.empty else ""
+            rows.append(row)
+    frame = pd.DataFrame(rows)
+    order = {name: i for i, name in enumerate((*GROUPS, NO_RECORD))}
+    frame = frame.assign(_workload=frame["workload"].map(WORKLOADS.index), _group=frame["group"].map(order))
+    return frame.sort_values(["_workload", "_group"], kind="stable").drop(columns=["_workload", "_group"])
+
+
+BRIEF = ("can't tell yet", "no effect here")  # groups shown a technique at a time: the long tables give each variant
+COLUMNS = ("workload", "group", "technique", "line", "here", "seed V100")
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The per-workload answer as the page shows it: a compact table, one row per workload and group; in the groups
+    that answer (faster, the same, slower, mixed) each variant with its figures, in the others (``BRIEF``) each
+    technique once, with how many of its variants and the range of their speed-ups."""
+
+    frame: pd.DataFrame
+
+    @property
+    def machines(self) -> list[str]:
+        return [c for c in self.frame.columns if c not in COLUMNS]
+
+    def _beside(self, seed: str, theirs: dict[str, str]) -> str:
+        beside = [f"seed V100 {seed}"] if seed else []
+        beside += [f"{machine}: {text}" for machine, text in theirs.items() if text]
+        return f" <span class='optlab-beside'>[{html.escape('; '.join(beside))}]</span>" if beside else ""
+
+    def _items(self, group: str, rows: pd.DataFrame) -> list[str]:
+        items = []
+        for technique, part in rows.groupby("technique", sort=False):
+            name = f"<b>{html.escape(technique)}</b>"
+            if group in BRIEF and len(part) > 1:
+                items.append(f"{name} ({len(part)} variants)")
+                continue
+            variants = []
+            for _, row in part.iterrows():
+                variant = row["line"].removeprefix(technique).removeprefix(": ")
+                text = " ".join(html.escape(t) for t in (variant, row["here"]) if t)
+                variants.append(text + self._beside(row["seed V100"], {m: row[m] for m in self.machines}))
+            items.append(f"{name}{':' if part['line'].iloc[0] != technique else ''} {', '.join(variants)}")
+        return items
+
+    def _repr_html_(self) -> str:
+        body = []
+        for workload, rows in self.frame.groupby("workload", sort=False):
+            groups = list(rows.groupby("group", sort=False))
+            for number, (group, part) in enumerate(groups):
+                head = f"<th rowspan='{len(groups)}'>{html.escape(workload)}</th>" if number == 0 else ""
+                items = " · ".join(self._items(group, part[part["line"] != ""]))
+                cell = (f"<td>{html.escape(group)}</td><td>{items}</td>" if items
+                        else f"<td colspan='2'>{html.escape(group)}</td>")
+                body.append(f"<tr>{head}{cell}</tr>")
+        refs = ", ".join(self.machines) if self.machines else "none stored yet"
+        key = ("Each speed-up is ours on the machine that built this page, over the variant its chapter compares it "
+               f"with; in square brackets the seed's V100 figure on the same models and each stored GPU reference ({refs}).")
+        return (f"<div class='optlab-answer' id='summary-answer'><table class='optlab-table'>"
+                f"<thead><tr><th>workload</th><th>here</th><th>techniques</th></tr></thead>"
+                f"<tbody>{''.join(body)}</tbody></table><p class='optlab-answer-key'>{html.escape(key)}</p></div>")
+
+    def __repr__(self) -> str:
+        lines = []
+        for _, row in self.frame.iterrows():
+            beside = "; ".join([f"seed V100 {row['seed V100']}"] * bool(row["seed V100"])
+                               + [f"{m}: {row[m]}" for m in self.machines if row[m]])
+            lines.append(f"{row['workload']}: {row['group']}" + (f": {row['line']} {row['here']}" if row["line"] else "")
+                         + (f" ({beside})" if beside else ""))
+        return "\n".join(lines)
+
+
+def answer(found: dict[str, pd.DataFrame]) -> Answer:
+    """:func:`answer_frame` of ``found`` (``summary_page.sources()``) and the serving chapters' kept tables, shown as
+    one compact table."""
+    return Answer(answer_frame(found))
