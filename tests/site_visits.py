@@ -5,7 +5,8 @@ A page load costs seconds on two cores, so the chapters' background worker (``te
 soon as the book is built, while the test session runs the tests that read the build:
 ``python tests/site_visits.py HTML_FOLDER RESULT.json``. Two browsers share the pages, so the second core works
 whenever the session waits. The result holds, per page, what went wrong while it loaded and was read and, for a
-chapter, the files it offers, downloaded; or why no browser could open the pages.
+chapter, the files it offers, downloaded, and for the summary, where its per-workload answer lies in a 1280x900 window
+and how tall the page is there; or why no browser could open the pages.
 """
 import contextlib
 import json
@@ -32,6 +33,9 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--
         "--disable-component-update", "--disable-sync"]
 BROWSERS = 2  # the pages are shared between two browsers, one per core
 VIEWPORT = {"width": 1400, "height": 900}
+SUMMARY = "book/summary"
+FIRST_SCREEN = {"width": 1280, "height": 900}  # a laptop's window, where the summary's answer must fit unscrolled
+ANSWER = "#summary-answer"  # the summary's per-workload answer (optlab.book.answer)
 # Every image of the article, loaded (lazy ones too): the sources of those that did not load.
 BROKEN_IMAGES = """async () => {
     const images = [...document.querySelectorAll("article img")];
@@ -58,11 +62,13 @@ LINKS = """() => [...document.querySelectorAll("a[href]")].map(a => a.href)"""
 
 @dataclass
 class Visit:
-    """One page of the book as a reader's browser showed it: what went wrong while it loaded and was read and, for a
-    chapter, the files it offers, downloaded (``None`` for a page that is not a chapter)."""
+    """One page of the book as a reader's browser showed it: what went wrong while it loaded and was read, for a
+    chapter, the files it offers, downloaded (``None`` for a page that is not a chapter), and for the summary,
+    :func:`first_screen` (``None`` for any other page)."""
 
     problems: list[str]
     downloads: list[str] | None = None
+    first_screen: dict | None = None
 
 
 def origin(url: str) -> str:
@@ -70,10 +76,11 @@ def origin(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}/"
 
 
-def open_page(browser, site: str, path: str):
-    """Load ``path`` (relative to ``site``) at 1400 px, refusing every request that is not for this server; return
-    the page and what went wrong while it loaded (a request outside the sub-path gets a 404, and is reported)."""
-    context = browser.new_context(viewport=VIEWPORT, accept_downloads=True)
+def open_page(browser, site: str, path: str, viewport: dict = VIEWPORT):
+    """Load ``path`` (relative to ``site``) at 1400 px (or ``viewport``), refusing every request that is not for this
+    server; return the page and what went wrong while it loaded (a request outside the sub-path gets a 404, and is
+    reported)."""
+    context = browser.new_context(viewport=viewport, accept_downloads=True)
     context.route("**/*", lambda route: route.continue_() if route.request.url.startswith(origin(site))
                   else route.abort())
     page = context.new_page()
@@ -134,6 +141,19 @@ def download_offered(page, folder: Path) -> tuple[list[Path], list[str]]:
     return saved, problems
 
 
+def first_screen(browser, site: str) -> dict:
+    """The summary in a 1280x900 window, unscrolled, once everything has loaded: the top and bottom of its
+    per-workload answer (``None`` where the page has none) and the page's height, in CSS pixels."""
+    page, _ = open_page(browser, site, f"{SUMMARY}.html", FIRST_SCREEN)
+    page.wait_for_load_state("networkidle")
+    answer = page.locator(ANSWER)
+    box = answer.bounding_box() if answer.count() == 1 else None
+    height = page.evaluate("() => document.documentElement.scrollHeight")
+    page.context.close()
+    return {"viewport": FIRST_SCREEN, "answer_top": box and box["y"], "answer_bottom": box and box["y"] + box["height"],
+            "page_height": height}
+
+
 def visit_pages(browser, site: str, pages: list[str], shots: Path, downloads: Path) -> dict[str, Visit]:
     """Every page of ``pages`` opened once at 1400 px: its load problems, images that did not load, what scrolls
     sideways, links to missing pages or anchors, a screenshot in ``shots``, and a chapter's downloads."""
@@ -154,7 +174,7 @@ def visit_pages(browser, site: str, pages: list[str], shots: Path, downloads: Pa
             saved, failed = download_offered(page, folder)
             offered, found = [str(path) for path in saved], found + failed
         page.context.close()
-        visited[name] = Visit(found, offered)
+        visited[name] = Visit(found, offered, first_screen(browser, site) if name == SUMMARY else None)
     return visited
 
 

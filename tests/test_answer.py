@@ -32,7 +32,7 @@ LIVE = pd.DataFrame([
 ])
 H200 = pd.DataFrame([
     row("set_to_none", "w gradient none", "resnet18", 1.02, "same within 2 %"),
-    row("compile", "compile reduce-overhead", "resnet18", 2.5, "faster"),  # not run here
+    row("optimizers", "Adam fused", "resnet50", 2.5, "faster"),  # not run here
 ])
 
 
@@ -51,24 +51,32 @@ def test_each_workload_groups_its_techniques_by_verdict_with_the_seed_and_the_re
     frame = answer.answer_frame({"live": LIVE, "h200": H200})
     training = lines(frame, "CNN training")
     assert list(training["group"]) == ["faster", "the same", "slower", "mixed", "not run here"]  # GROUPS' order
-    several = training.loc["set_to_none: w gradient none"]
+    several = training.loc["set_to_none"]  # its one variant: the technique names the line
     assert (several["here"], several["seed V100"]) == ("on 2 of 2 models, 1.10–1.30x", "1.01–1.02x")
-    assert several["h200"] == "the same 1.02x (resnet18)"
-    assert training.loc["compile: compile default", ["here", "seed V100", "h200"]].tolist() == [
+    assert several["h200"] == "the same 1.02x"  # the reference's group and range
+    assert training.loc["compile", ["here", "seed V100", "h200"]].tolist() == [
         "0.800x (resnet18)", "", ""]  # beyond the seed: no seed figure; not in the reference: nothing beside
     assert training.loc["optimizers: SGD fused", "here"] == "1.00x (resnet18)"
-    assert training.loc["mixed_precision: w mixed precision", "here"] == (
-        "faster on 1 of 2 models (1.50x), can't tell yet on 1 (0.960x)")
-    assert training.loc["mixed_precision: w mixed precision", "seed V100"] == "0.919–1.96x"  # its two models
-    assert training.loc["compile: compile reduce-overhead", ["here", "h200"]].tolist() == [
-        "", "faster 2.50x (resnet18)"]
+    mixed = training.loc["mixed_precision: w mixed precision"]
+    assert (mixed["here"], mixed["seed V100"]) == ("of 2 models: faster 1.50x, can't tell yet 0.960x", "0.919–1.96x")
+    assert training.loc["optimizers: Adam fused", ["here", "h200"]].tolist() == ["", "faster 2.50x"]
+    assert set(training["on"]) == {"mobilenet_v2, resnet18, resnet50"}  # a line on fewer models names them
     inference = lines(frame, "CNN inference")
     assert list(inference.index) == ["no_grad: w no_grad"]  # the control is no claim; the GPT's inference is left out
-    assert inference.loc["no_grad: w no_grad", "seed V100"] == "1.00x"  # the seed's inference, not training
+    assert inference.loc["no_grad: w no_grad", ["here", "seed V100"]].tolist() == ["1.30x", "1.00x"]  # the seed's test
     gpt = lines(frame, "GPT training")
-    assert (gpt.loc["gpt_precision: TF32", "group"], gpt.loc["gpt_precision: TF32", "here"]) == (
-        "no effect here", "gpt_tiny")
-    assert "tune: + bf16 autocast" not in set(frame["line"])
+    assert gpt.loc["gpt_precision: TF32", ["on", "group", "here"]].tolist() == ["gpt_tiny", "no effect here", ""]
+    assert not any(line.startswith("tune") for line in frame["line"])
+
+
+def test_lines_on_every_model_of_their_workload_leave_the_models_to_its_heading(no_serving):
+    live = pd.DataFrame([row("set_to_none", "w gradient none", model, speedup, verdict)
+                         for model, speedup, verdict in (("resnet18", 1.1, "faster"), ("mobilenet_v2", 1.3, "faster"))]
+                        + [row("compile", "compile default", "resnet18", 1.2, "faster"),
+                           row("compile", "compile default", "mobilenet_v2", 0.9, "slower")])
+    training = lines(answer.answer_frame({"live": live}), "CNN training")
+    assert training.loc["set_to_none", ["on", "here"]].tolist() == ["mobilenet_v2, resnet18", "1.10–1.30x"]
+    assert training.loc["compile", "here"] == "faster 1.20x, slower 0.900x"
 
 
 def test_a_workload_without_records_is_one_line_and_no_reference_means_no_column(no_serving):
@@ -76,13 +84,13 @@ def test_a_workload_without_records_is_one_line_and_no_reference_means_no_column
     assert list(frame["workload"]) == ["CNN training", "CNN inference", "GPT training", "serving"]
     assert list(frame["group"][1:]) == [answer.NO_RECORD] * 3
     assert "h200" not in frame.columns
-    shown = answer.answer({"live": LIVE})
-    page = shown._repr_html_()
-    assert "<td colspan='2'>no record yet</td>" in page  # serving: one line, not an empty table
+    page = answer.answer({"live": LIVE})._repr_html_()
+    assert "<tr><th>serving</th><td>no record yet</td></tr>" in page  # one line, not an empty table
     assert "none stored yet" in page
-    assert "<b>set_to_none</b>: w gradient none on 2 of 2 models, 1.10–1.30x" in page
-    assert "[seed V100 1.01–1.02x; h200: the same 1.02x (resnet18)]" not in page  # no h200 here
-    assert "[seed V100 1.01–1.02x]" in page
+    assert ("<b>set_to_none</b> on 2 of 2 models, 1.10–1.30x "
+            "<span class='optlab-beside'>[seed V100 1.01–1.02x]</span>") in page
+    assert "<b style='color: #0173b2'>faster</b>: " in page  # coloured as the figures colour the verdict
+    assert "<th>GPT training<div class='optlab-answer-on'>on gpt_tiny</div></th>" in page
 
 
 def test_serving_lines_come_from_the_kept_tables_live_and_stored(no_serving):
@@ -99,10 +107,9 @@ def test_serving_lines_come_from_the_kept_tables_live_and_stored(no_serving):
     frame = answer.answer_frame({"live": pd.DataFrame(), "h200": pd.DataFrame()})
     serving = lines(frame, "serving")
     assert serving.loc["quantization: int8 weight-only", ["group", "here"]].tolist() == [
-        "mixed", "slower on 1 of 2 batch sizes (0.260x), can't tell yet on 1 (0.790x)"]
-    batched = serving.loc["batched decoding: throughput against batch 1"]
-    assert (batched["group"], batched["here"], batched["h200"]) == (
-        "not run here", "", "faster on 2 of 2 batch sizes, 1.90–3.60x")
+        "mixed", "of 2 batch sizes: slower 0.260x, can't tell yet 0.790x"]
+    batched = serving.loc["batching (throughput against batch 1)"]
+    assert (batched["group"], batched["here"], batched["h200"]) == ("not run here", "", "faster 1.90–3.60x")
     assert list(frame.loc[frame["workload"] != "serving", "group"]) == [answer.NO_RECORD] * 3
 
 
@@ -115,13 +122,32 @@ def test_a_kept_table_without_its_columns_names_them(no_serving):
         answer.serving_rows()
 
 
-def test_the_brief_groups_name_each_technique_once_and_the_answering_ones_each_variant():
-    frame = pd.DataFrame([
-        {"workload": "CNN training", "group": group, "technique": "optimizers", "line": f"optimizers: {variant}",
-         "here": f"{speedup}x (resnet18)", "seed V100": ""}
-        for group, variant, speedup in (("faster", "SGD fused", 1.2), ("faster", "Adam fused", 1.1),
-                                        ("can't tell yet", "SGD foreach", 1.0), ("can't tell yet", "Adam foreach", 0.9))])
+def figures(group: str, variant: str, low: float, high: float, seed: float = float("nan")) -> dict:
+    return {"workload": "CNN training", "on": "", "group": group, "technique": "optimizers",
+            "line": f"optimizers: {variant}", "here": f"{low:.2f}x", "seed V100": "", "low": low, "high": high,
+            "seed low": seed, "seed high": seed}
+
+
+def test_many_variants_of_a_technique_in_one_group_are_counted_with_their_range():
+    frame = pd.DataFrame([figures("faster", "SGD fused", 1.2, 1.3), figures("faster", "Adam fused", 1.1, 1.15),
+                          figures("slower", "SGD foreach", 0.8, 0.8), figures("slower", "Adam foreach", 0.7, 0.75),
+                          figures("slower", "Adam for-loop", 0.5, 0.6, seed=1.5),
+                          figures("can't tell yet", "SGD for-loop", 1.0, 1.0, seed=1.7),
+                          figures("mixed", "Lion", 0.9, 1.4),
+                          figures("mixed", "Lion fused", 0.95, 1.5)])
     page = answer.Answer(frame)._repr_html_()
-    assert "<b>optimizers</b>: SGD fused 1.2x (resnet18), Adam fused 1.1x (resnet18)" in page
-    assert "<b>optimizers</b> (2 variants)" in page
-    assert "SGD foreach" not in page
+    assert "<b>optimizers</b>: SGD fused 1.20x, Adam fused 1.10x" in page  # two: each listed
+    assert "<b>optimizers</b> (3 variants, 0.500–0.800x) <span class='optlab-beside'>[seed V100 1.50x]</span>" in page  # three: counted
+    assert ("<i>can&#x27;t tell yet</i>: <b>optimizers</b> <span class='optlab-beside'>[seed V100 1.70x]</span></div>"
+            in page)  # no answer: the technique named, no figure of ours
+    assert "<b>optimizers</b> (2 variants, 0.900–1.50x)" in page  # two mixed: counted
+
+
+def test_counted_variants_keep_the_seed_and_each_reference_beside(no_serving):
+    stored = pd.DataFrame([row("optimizers", variant, "resnet18", speedup, "faster")
+                           for variant, speedup in (("SGD foreach", 1.1), ("SGD fused", 1.4), ("Adam fused", 1.9))])
+    shown = answer.answer({"live": pd.DataFrame(), "h200": stored})
+    page = shown._repr_html_()
+    assert shown.machines == ["h200"]
+    assert ("<b>optimizers</b> (3 variants) <span class='optlab-beside'>[h200: 1.10–1.90x]</span>" in page)
+    assert "GPU reference (h200)" in page

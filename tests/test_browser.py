@@ -6,7 +6,8 @@ Each page must load without a console error or a failed request (style sheets, s
 image it links (``naturalWidth > 0``), link only pages and anchors that exist, and keep its article body from scrolling
 sideways anywhere but in code (``pre`` blocks); a screenshot of each page goes to ``_build/screenshots/``. Every
 chapter offers the records behind it for download, and each one loads back with ``optlab.load_samples``; the summary
-offers them all as one archive. Each page is opened once for all these checks, by the chapters' background worker as
+offers them all as one archive, and in a 1280x900 window its per-workload answer lies wholly in the first screen
+(its page height is printed and kept in ``site-visits.json``). Each page is opened once for all these checks, by the chapters' background worker as
 soon as the book is built (``tests/site_visits.py``: a page load costs seconds on two cores), while this session runs
 the tests that read the build. A missing page gets the book's 404 page, styled, with a way back to the contents. Runs
 wherever Chromium and playwright are installed (``.ci/run`` installs Debian's Chromium); skipped elsewhere, except
@@ -24,7 +25,7 @@ import pytest
 
 import chapter_runs
 import optlab
-from site_visits import ARGS, CHROMIUM, Visit, download_links, open_page, serving, why_no_browser
+from site_visits import ARGS, CHROMIUM, FIRST_SCREEN, SUMMARY, Visit, download_links, open_page, serving, why_no_browser
 
 
 def missing(message: str):
@@ -135,3 +136,13 @@ def test_every_chapter_offers_its_records_and_each_loads_back(visits):
             problems[name] = found
     assert not problems, problems
     assert loaded, "no chapter offered a record"
+
+
+def test_the_summary_answers_per_workload_in_its_first_screen(visits):
+    screen = visits[SUMMARY].first_screen
+    assert screen is not None, f"{SUMMARY} was not opened at {FIRST_SCREEN}"
+    print(f"{SUMMARY} at {FIRST_SCREEN['width']} px: {screen['page_height']} px tall; its answer spans "
+          f"{screen['answer_top']} to {screen['answer_bottom']} px")
+    assert screen["answer_bottom"] is not None, f"{SUMMARY} has no per-workload answer (#summary-answer)"
+    assert 0 <= screen["answer_top"] and screen["answer_bottom"] <= FIRST_SCREEN["height"], (
+        f"the answer ends at {screen['answer_bottom']:.0f} px, below the first {FIRST_SCREEN['height']} px")

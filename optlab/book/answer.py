@@ -23,7 +23,7 @@ from ..core.techniques.cnn import SEED_TECHNIQUES
 from ..core.techniques.no_effect import is_no_effect
 from ..core.techniques.registry import REGISTRY
 from .downloads import PAGE_RUNS
-from .report import LIVE, ratio
+from .report import LIVE, VERDICT_COLOURS, ratio
 
 WORKLOADS = ("CNN training", "CNN inference", "GPT training", "serving")
 BY_PHASE = {("cifar", "train"): "CNN training", ("cifar", "test"): "CNN inference", ("gpt", "train"): "GPT training"}
@@ -56,9 +56,9 @@ SERVING_TABLES = (
                  "speed-up", "low", "high"),
     ServingTable(("speculative-decoding-timings",), "speculative decoding", "variant", None, "setting",
                  "speedup", "ci_low", "ci_high"),
-    ServingTable(("decode-sweep", "serving-decode-sweep"), "batched decoding: throughput against batch 1", None,
+    ServingTable(("decode-sweep", "serving-decode-sweep"), "batching (throughput against batch 1)", None,
                  "batch", "batch size", "throughput x", "low", "high"),
-    ServingTable(("serving-verdicts",), "continuous batching against static: mean end-to-end latency", None, "rate",
+    ServingTable(("serving-verdicts",), "continuous batching (latency against static)", None, "rate",
                  "request rate", "speed-up", "low", "high"),
 )
 TIDY = ["workload", "source", "line", "technique", "variant", "phase", "setting", "noun", "speedup", "verdict"]
@@ -73,7 +73,8 @@ def kind(verdict: object) -> str:
 
 def technique_rows(found: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """Every source's compared variants of the registry's techniques as tidy rows (``TIDY``), by workload: baselines,
-    A/A controls and phases outside the four workloads (the GPT's inference) left out."""
+    A/A controls and phases outside the four workloads (the GPT's inference) left out. A line is "technique: variant",
+    or the technique alone where that variant is the only one it compares with its baseline."""
     frames = []
     for source, rows in found.items():
         if rows.empty or "technique" not in rows:
@@ -82,8 +83,8 @@ def technique_rows(found: dict[str, pd.DataFrame]) -> pd.DataFrame:
         if "role" in rows:
             rows = rows[rows["role"] != CONTROL]
         workload = [BY_PHASE.get((REGISTRY[t].workload, p)) for t, p in zip(rows["technique"], rows["phase"])]
-        rows = rows.assign(workload=workload, source=source, setting=rows["model"], noun="model",
-                           line=rows["technique"] + ": " + rows["variant"])
+        line = [t if REGISTRY[t].labels[1:] == [v] else f"{t}: {v}" for t, v in zip(rows["technique"], rows["variant"])]
+        rows = rows.assign(workload=workload, source=source, setting=rows["model"], noun="model", line=line)
         frames.append(rows[rows["workload"].notna()].drop_duplicates(["line", "phase", "setting"], keep="last"))
     return pd.concat(frames, ignore_index=True).reindex(columns=TIDY) if frames else pd.DataFrame(columns=TIDY)
 
@@ -120,37 +121,40 @@ def serving_rows() -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True).reindex(columns=TIDY) if frames else pd.DataFrame(columns=TIDY)
 
 
-def _times(values: pd.Series) -> str:
-    values = values.dropna()
+def span(values: "pd.Series | list[float]") -> str:
+    """"1.10x", or "1.10–1.30x" from the smallest to the largest of ``values`` (NaN left out); "" without any."""
+    values = pd.Series(values, dtype=float).dropna()
     if values.empty:
         return ""
-    low, high = values.min(), values.max()
-    return f"{ratio(low)}x" if ratio(low) == ratio(high) else f"{ratio(low)}–{ratio(high)}x"
+    low, high = ratio(values.min()), ratio(values.max())
+    return f"{low}x" if low == high else f"{low}–{high}x"
 
 
-def summarise(rows: pd.DataFrame) -> tuple[str, str]:
-    """One source's verdicts of one line over its settings: its group and its text ("1.10x (resnet18)", "on 2 of 2
-    models, 1.30–1.80x", or for a mixed line "faster on 1 of 2 models (1.20x), can't tell yet on 1 (0.980x)")."""
+def summarise(rows: pd.DataFrame, every: "set[str] | None" = None) -> tuple[str, str]:
+    """One source's verdicts of one line over its settings: its group and its text: "1.10x (resnet18)", "on 2 of 2
+    models, 1.30–1.80x", or for a mixed line "of 3 models: faster on 2 (1.20–1.30x), can't tell yet 0.980x"; where the
+    line ran on ``every`` setting of its workload (named once for all), the settings are left out ("1.30–1.80x")."""
     kinds = rows["verdict"].map(kind)
-    count, noun = len(rows), rows["noun"].iloc[0]
+    count, noun, settings = len(rows), rows["noun"].iloc[0], set(rows["setting"])
+    named = settings != every
     if kinds.nunique() == 1:
-        group = kinds.iloc[0]
-        if count == 1:
-            times = _times(rows["speedup"])
-            setting = rows["setting"].iloc[0]
-            return group, " ".join(filter(None, (times, f"({setting})" if times and setting else setting)))
-        times = _times(rows["speedup"])
-        return group, f"on {count} of {count} {noun}s" + (f", {times}" if times else "")
+        group, times = kinds.iloc[0], span(rows["speedup"])
+        if not named:
+            return group, times
+        if count > 1:
+            return group, f"on {count} of {count} {noun}s" + (f", {times}" if times else "")
+        setting = rows["setting"].iloc[0]
+        return group, " ".join(filter(None, (times, f"({setting})" if times and setting else setting)))
     parts = []
-    for number, group in enumerate(g for g in GROUPS if g in set(kinds)):
+    for group in (g for g in GROUPS if g in set(kinds)):
         part = rows[kinds == group]
-        where = f"on {len(part)} of {count} {noun}s" if number == 0 else f"on {len(part)}"
-        times = _times(part["speedup"])
-        parts.append(f"{group} {where}" + (f" ({times})" if times else ""))
-    return "mixed", ", ".join(parts)
+        times = span(part["speedup"])
+        parts.append(" ".join(filter(None, (group, f"on {len(part)}" if len(part) > 1 else "",
+                                            f"({times})" if times and len(part) > 1 else times))))
+    return "mixed", (f"of {count} {noun}s: " if named else "") + ", ".join(parts)
 
 
-def seed_figures() -> pd.DataFrame:
+def seed_figures() -> pd.Series:
     """The seed's V100 speed-up of every compared variant, by technique, variant, model and phase."""
     frames = []
     for name in SEED_TECHNIQUES:
@@ -159,36 +163,47 @@ def seed_figures() -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True).set_index(["technique", "variant", "model", "phase"])["speedup"]
 
 
-def _seed_text(seed: pd.Series, rows: pd.DataFrame) -> str:
-    """The seed's figure on the models ours ran the line on, where the seed measured them."""
+def _seed(seed: pd.Series, rows: pd.DataFrame) -> list[float]:
+    """The seed's figures on the models ours ran the line on, where the seed measured them."""
     keys = {(t, v, m, p) for t, v, m, p in zip(rows["technique"], rows["variant"], rows["setting"], rows["phase"])}
-    return _times(pd.Series([seed[key] for key in keys if key in seed.index], dtype=float))
+    return [float(seed[key]) for key in sorted(keys) if key in seed.index]
+
+
+FIGURES = ["workload", "on", "group", "technique", "line", "here", "seed V100", "low", "high", "seed low", "seed high"]
+ENDS = ("low", "high")  # each reference's smallest and largest speed-up, in the columns "<machine> low" and "high"
 
 
 def answer_frame(found: dict[str, pd.DataFrame], serving: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per workload and line: its group (from the live run; "not run here" where only a stored reference has
-    it), the live text, the seed's V100 figure (where the seed measured the same), and one column per stored GPU
-    reference; a workload without any line is one row reading ``NO_RECORD``."""
+    it), the live text, the seed's V100 figure (where the seed measured the same), the smallest and largest speed-up
+    of each, and per stored GPU reference its group and range (and ``ENDS``); ``on``: the models the workload's live
+    lines ran on, named there once (a line that ran on all of them does not name them). A workload without any line
+    is one row reading ``NO_RECORD``."""
     tidy = pd.concat([technique_rows(found), serving_rows() if serving is None else serving], ignore_index=True)
-    machines = [source for source in dict.fromkeys(tidy["source"]) if source != LIVE]
-    machines = sorted(set(machines) | {name for name in found if name != LIVE})
+    machines = sorted((set(tidy["source"]) | set(found)) - {LIVE})
     seed = seed_figures()
     rows = []
     for workload in WORKLOADS:
         ours = tidy[tidy["workload"] == workload]
         if ours.empty:
-            rows.append({"workload": workload, "group": NO_RECORD, "technique": "", "line": "", "here": "",
-                         "seed V100": ""}
-                        | {machine: "" for machine in machines})
+            rows.append(dict.fromkeys(FIGURES, "") | {"workload": workload, "group": NO_RECORD}
+                        | dict.fromkeys(machines, "") | {f"{m} {end}": float("nan") for m in machines for end in ENDS})
             continue
+        live_rows = ours[ours["source"] == LIVE]
+        every = set(live_rows["setting"]) if set(live_rows["noun"]) == {"model"} else None  # named once, above
+        on = ", ".join(sorted(every)) if every else ""
         for line, mine in ours.groupby("line", sort=False):
             live = mine[mine["source"] == LIVE]
-            group, here = summarise(live) if not live.empty else ("not run here", "")
-            row = {"workload": workload, "group": group, "technique": mine["technique"].iloc[0], "line": line, "here": here,
-                   "seed V100": _seed_text(seed, mine)}
+            group, here = summarise(live, every) if not live.empty else ("not run here", "")
+            figures = _seed(seed, mine)
+            row = {"workload": workload, "on": on, "group": group, "technique": mine["technique"].iloc[0],
+                   "line": line, "here": here, "seed V100": span(figures), "low": live["speedup"].min(),
+                   "high": live["speedup"].max(), "seed low": min(figures, default=float("nan")),
+                   "seed high": max(figures, default=float("nan"))}
             for machine in machines:
                 theirs = mine[mine["source"] == machine]
-                row[machine] = " ".join(summarise(theirs)) if not theirs.empty else ""
+                row[machine] = " ".join(filter(None, (summarise(theirs)[0], span(theirs["speedup"])))) if len(theirs) else ""
+                row[f"{machine} low"], row[f"{machine} high"] = theirs["speedup"].min(), theirs["speedup"].max()
             rows.append(row)
     frame = pd.DataFrame(rows)
     order = {name: i for i, name in enumerate((*GROUPS, NO_RECORD))}
@@ -196,57 +211,67 @@ def answer_frame(found: dict[str, pd.DataFrame], serving: pd.DataFrame | None = 
     return frame.sort_values(["_workload", "_group"], kind="stable").drop(columns=["_workload", "_group"])
 
 
-BRIEF = ("can't tell yet", "no effect here")  # groups shown a technique at a time: the long tables give each variant
-COLUMNS = ("workload", "group", "technique", "line", "here", "seed V100")
+UNANSWERED = ("can't tell yet", "no effect here")  # no speed-up to give: a technique named, its variants counted
+BRIEF = ("mixed", *UNANSWERED)  # groups with no one answer: two variants of a technique are counted, not listed
+MANY = 3  # a technique with this many variants in one group shows them as a count and a range
+GROUP_COLOURS = {"faster": VERDICT_COLOURS[FASTER], "the same": VERDICT_COLOURS[SAME],
+                 "slower": VERDICT_COLOURS[SLOWER]}
 
 
 @dataclass(frozen=True)
 class Answer:
-    """The per-workload answer as the page shows it: a compact table, one row per workload and group; in the groups
-    that answer (faster, the same, slower, mixed) each variant with its figures, in the others (``BRIEF``) each
-    technique once, with how many of its variants and the range of their speed-ups."""
+    """The per-workload answer as the page shows it: a compact table, one row per workload, a line per group in it
+    (its name coloured as the figures colour the verdict). A technique's variants are listed with their figures, or
+    counted with the range of their speed-ups where there are ``MANY`` in a group (two if mixed); in an
+    ``UNANSWERED`` group only the technique is named, its variants counted."""
 
     frame: pd.DataFrame
 
     @property
     def machines(self) -> list[str]:
-        return [c for c in self.frame.columns if c not in COLUMNS]
+        return [c for c in self.frame.columns if c not in FIGURES and not c.endswith(tuple(f" {e}" for e in ENDS))]
 
     def _beside(self, seed: str, theirs: dict[str, str]) -> str:
         beside = [f"seed V100 {seed}"] if seed else []
         beside += [f"{machine}: {text}" for machine, text in theirs.items() if text]
         return f" <span class='optlab-beside'>[{html.escape('; '.join(beside))}]</span>" if beside else ""
 
-    def _items(self, group: str, rows: pd.DataFrame) -> list[str]:
-        items = []
-        for technique, part in rows.groupby("technique", sort=False):
-            name = f"<b>{html.escape(technique)}</b>"
-            if group in BRIEF and len(part) > 1:
-                items.append(f"{name} ({len(part)} variants)")
-                continue
-            variants = []
-            for _, row in part.iterrows():
-                variant = row["line"].removeprefix(technique).removeprefix(": ")
-                text = " ".join(html.escape(t) for t in (variant, row["here"]) if t)
-                variants.append(text + self._beside(row["seed V100"], {m: row[m] for m in self.machines}))
-            items.append(f"{name}{':' if part['line'].iloc[0] != technique else ''} {', '.join(variants)}")
-        return items
+    def _item(self, group: str, technique: str, part: pd.DataFrame) -> str:
+        name = f"<b>{html.escape(technique)}</b>"
+        beside = self._beside(span([part["seed low"].min(), part["seed high"].max()]),
+                            {m: span([part[f"{m} low"].min(), part[f"{m} high"].max()]) for m in self.machines})
+        if group in UNANSWERED:  # no answer: the technique's name, its variants counted; the tables give the rest
+            return name + (f" ({len(part)})" if len(part) > 1 else "") + beside
+        if len(part) >= (2 if group in BRIEF else MANY):
+            times = span([part["low"].min(), part["high"].max()])
+            return f"{name} ({len(part)} variants{', ' + times if times else ''}){beside}"
+        variants = []
+        for _, row in part.iterrows():
+            variant = row["line"].removeprefix(technique).removeprefix(": ")
+            text = " ".join(html.escape(t) for t in (variant, row["here"]) if t)
+            variants.append(text + self._beside(row["seed V100"], {m: row[m] for m in self.machines}))
+        return f"{name}{':' if part['line'].iloc[0] != technique else ''} {', '.join(variants)}"
+
+    def _cell(self, rows: pd.DataFrame) -> str:
+        lines = []
+        for group, part in rows.groupby("group", sort=False):
+            if group == NO_RECORD:
+                return html.escape(NO_RECORD)
+            colour = GROUP_COLOURS.get(group)
+            word = f"<b style='color: {colour}'>{group}</b>" if colour else f"<i>{html.escape(group)}</i>"
+            items = " · ".join(self._item(group, t, p) for t, p in part.groupby("technique", sort=False))
+            lines.append(f"<div>{word}: {items}</div>")
+        return "".join(lines)
 
     def _repr_html_(self) -> str:
         body = []
         for workload, rows in self.frame.groupby("workload", sort=False):
-            groups = list(rows.groupby("group", sort=False))
-            for number, (group, part) in enumerate(groups):
-                head = f"<th rowspan='{len(groups)}'>{html.escape(workload)}</th>" if number == 0 else ""
-                items = " · ".join(self._items(group, part[part["line"] != ""]))
-                cell = (f"<td>{html.escape(group)}</td><td>{items}</td>" if items
-                        else f"<td colspan='2'>{html.escape(group)}</td>")
-                body.append(f"<tr>{head}{cell}</tr>")
+            on = rows["on"].iloc[0]
+            where = f"<div class='optlab-answer-on'>on {html.escape(on)}</div>" if on else ""
+            body.append(f"<tr><th>{html.escape(workload)}{where}</th><td>{self._cell(rows)}</td></tr>")
         refs = ", ".join(self.machines) if self.machines else "none stored yet"
-        key = ("Each speed-up is ours on the machine that built this page, over the variant its chapter compares it "
-               f"with; in square brackets the seed's V100 figure on the same models and each stored GPU reference ({refs}).")
+        key = f"In square brackets: the seed's V100 figure on the same models, and each stored GPU reference ({refs})."
         return (f"<div class='optlab-answer' id='summary-answer'><table class='optlab-table'>"
-                f"<thead><tr><th>workload</th><th>here</th><th>techniques</th></tr></thead>"
                 f"<tbody>{''.join(body)}</tbody></table><p class='optlab-answer-key'>{html.escape(key)}</p></div>")
 
     def __repr__(self) -> str:
@@ -254,8 +279,9 @@ class Answer:
         for _, row in self.frame.iterrows():
             beside = "; ".join([f"seed V100 {row['seed V100']}"] * bool(row["seed V100"])
                                + [f"{m}: {row[m]}" for m in self.machines if row[m]])
-            lines.append(f"{row['workload']}: {row['group']}" + (f": {row['line']} {row['here']}" if row["line"] else "")
-                         + (f" ({beside})" if beside else ""))
+            where = f" (on {row['on']})" if row["on"] else ""
+            lines.append(f"{row['workload']}{where}: {row['group']}"
+                         + (f": {row['line']} {row['here']}" if row["line"] else "") + (f" [{beside}]" if beside else ""))
         return "\n".join(lines)
 
 
