@@ -3,15 +3,15 @@ Pages publishes it: under the repository's sub-path (``/optlab/``), by the serve
 (``tools/site_server.py``), on 127.0.0.1.
 
 Each page must load without a console error or a failed request (style sheets, scripts, images, fonts), show every
-image it links (``naturalWidth > 0``), link only pages and anchors that exist, and keep its article body from scrolling
-sideways anywhere but in code (``pre`` blocks); a screenshot of each page goes to ``_build/screenshots/``. Every
-chapter offers the records behind it for download, and each one loads back with ``optlab.load_samples``; the summary
-offers them all as one archive, and in a 1280x900 window its per-workload answer lies wholly in the first screen
-(its page height is printed and kept in ``site-visits.json``). Each page is opened once for all these checks, by the chapters' background worker as
-soon as the book is built (``tests/site_visits.py``: a page load costs seconds on two cores), while this session runs
-the tests that read the build. A missing page gets the book's 404 page, styled, with a way back to the contents. Runs
-wherever Chromium and playwright are installed (``.ci/run`` installs Debian's Chromium); skipped elsewhere, except
-under CI (``CI`` set), where either one missing is a failure.
+image it links (``naturalWidth > 0``), link only pages and anchors that exist, and keep its article body from
+scrolling sideways anywhere but in code (``pre`` blocks); a screenshot of each page goes to ``_build/screenshots/``.
+Every chapter offers the records behind it for download, and each one loads back with ``optlab.load_samples``; the
+summary offers them all as one archive, and in a 1280x900 window its per-workload answer lies wholly in the first
+screen (its page height is printed and kept in ``site-visits.json``). Each page is opened once for all these checks,
+by the chapters' background worker as soon as the book is built (``tests/site_visits.py``: a page load costs seconds
+on two cores), while this session runs the tests that read the build. A missing page gets the book's 404 page,
+styled, with a way back to the contents. Runs wherever Chromium and playwright are installed (``.ci/run`` installs
+Debian's Chromium); skipped elsewhere, except under CI (``CI`` set), where either one missing is a failure.
 """
 import io
 import json

@@ -132,8 +132,9 @@ def span(values: "pd.Series | list[float]") -> str:
 
 def summarise(rows: pd.DataFrame, every: "set[str] | None" = None) -> tuple[str, str]:
     """One source's verdicts of one line over its settings: its group and its text: "1.10x (resnet18)", "on 2 of 2
-    models, 1.30–1.80x", or for a mixed line "of 3 models: faster on 2 (1.20–1.30x), can't tell yet 0.980x"; where the
-    line ran on ``every`` setting of its workload (named once for all), the settings are left out ("1.30–1.80x")."""
+    models, 1.30–1.80x", or for a mixed line "of 3 models: faster on 2 (1.20–1.30x), can't tell yet 0.980x";
+    where the line ran on ``every`` setting of its workload (named once for all), the settings are left out
+    ("1.30–1.80x")."""
     kinds = rows["verdict"].map(kind)
     count, noun, settings = len(rows), rows["noun"].iloc[0], set(rows["setting"])
     named = settings != every
@@ -202,7 +203,8 @@ def answer_frame(found: dict[str, pd.DataFrame], serving: pd.DataFrame | None = 
                    "seed high": max(figures, default=float("nan"))}
             for machine in machines:
                 theirs = mine[mine["source"] == machine]
-                row[machine] = " ".join(filter(None, (summarise(theirs)[0], span(theirs["speedup"])))) if len(theirs) else ""
+                group = summarise(theirs)[0] if len(theirs) else ""
+                row[machine] = " ".join(filter(None, (group, span(theirs["speedup"]))))
                 row[f"{machine} low"], row[f"{machine} high"] = theirs["speedup"].min(), theirs["speedup"].max()
             rows.append(row)
     frame = pd.DataFrame(rows)
@@ -280,8 +282,8 @@ class Answer:
             beside = "; ".join([f"seed V100 {row['seed V100']}"] * bool(row["seed V100"])
                                + [f"{m}: {row[m]}" for m in self.machines if row[m]])
             where = f" (on {row['on']})" if row["on"] else ""
-            lines.append(f"{row['workload']}{where}: {row['group']}"
-                         + (f": {row['line']} {row['here']}" if row["line"] else "") + (f" [{beside}]" if beside else ""))
+            what = f": {row['line']} {row['here']}" if row["line"] else ""
+            lines.append(f"{row['workload']}{where}: {row['group']}{what}" + (f" [{beside}]" if beside else ""))
         return "\n".join(lines)
 
 
