@@ -148,7 +148,7 @@ def test_values_injected_after_the_parameter_cell_reach_every_chapter_s_setup(sm
         notebook = nbformat.read(path, as_version=4)
         index, _ = parameter_cell(path)
         setup = notebook.cells[index + 1].source
-        setup = setup[:setup.index(SETUP_PRINT) + len(SETUP_PRINT)] + ")"  # the line ends "print(setup)  # ..."
+        setup = setup[:setup.index(SETUP_PRINT) + len(SETUP_PRINT)]  # what follows builds the page's models
         values = f"models = {injected_models(path.stem)!r}\nbatch_size = {BATCH}\ntime_budget_s = {BUDGET}"
         probe = "print(json.dumps({'models': list(optlab.get_profile(None, False).models), 'batch': setup.batch_size}))"
         cells += [notebook.cells[index], nbformat.v4.new_code_cell(values), nbformat.v4.new_code_cell(setup),

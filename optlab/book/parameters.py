@@ -51,11 +51,11 @@ def _gpt(model: bool = False, most: int | None = None) -> Page:
 
 
 def _study(models: "tuple[str, ...] | Mapping[str, tuple[str, ...]]", batch: "int | Mapping[str, int] | None" = None,
-           profile: str | None = None, **unused: str) -> Page:
+           gloo: bool = False, **unused: str) -> Page:
     models = {"cpu": models, "cuda": models} if isinstance(models, tuple) else models
     batch = {"cpu": batch, "cuda": batch} if isinstance(batch, int) else batch or {}
-    unused = {"time_budget_s": f"the page {_STUDY}"} | ({"profile": _GLOO} if profile else {}) | unused
-    return Page(None, models, profile, batch=batch, unused=unused)
+    unused = {"time_budget_s": f"the page {_STUDY}"} | ({"profile": _GLOO} if gloo else {}) | unused
+    return Page(None, models, "smoke" if gloo else None, batch=batch, unused=unused)
 
 
 _SERVED = {"cpu": ("gpt_tiny",), "cuda": ("gpt2_small",)}  # the trained GPT the serving chapters decode with
@@ -72,12 +72,12 @@ PAGES: dict[str, Page] = {
     "16_all_together": _cnn("resnet18"),
     "17_distributed": Page("cifar", {"cpu": ("resnet18",), "cuda": ("resnet18",)}, "smoke", 1,
                            unused={"profile": _GLOO}),
-    "18_sharding": _study(("toy_transformer",), 4, profile="smoke"),
-    "19_tensor_parallel": _study(("toy_gpt",), profile="smoke", batch_size="every rank trains the same fixed batches, "
+    "18_sharding": _study(("toy_transformer",), 4, gloo=True),
+    "19_tensor_parallel": _study(("toy_gpt",), gloo=True, batch_size="every rank trains the same fixed batches, "
                                  "whose collectives and bytes the page checks against their formulas"),
-    "20_pipeline_parallel": _study(("pipeline_gpt",), profile="smoke", batch_size="a step's 8 sequences are split into "
+    "20_pipeline_parallel": _study(("pipeline_gpt",), gloo=True, batch_size="a step's 8 sequences are split into "
                                    "4 and 8 micro-batches, whose bubbles the page checks against their formulas"),
-    "21_composing_parallelism": _study(("toy_gpt",), profile="smoke", batch_size="each row of the mesh trains its "
+    "21_composing_parallelism": _study(("toy_gpt",), gloo=True, batch_size="each row of the mesh trains its "
                                        "fixed batches, whose collectives the page checks against their formulas"),
     "22_attention": _gpt(), "23_checkpointing": _gpt(), "24_gpt_precision": _gpt(), "25_gpt_optimizers": _gpt(),
     "26_gpt_compile": _gpt(most=1), "27_gpt_shapes": _gpt(True, 1), "28_gpt_all_together": _gpt(True, 1),
