@@ -20,7 +20,7 @@ from ..core.knobs.config import RunConfig, changed_knobs
 from ..core.machine.device import resolve_device
 from ..core.techniques.registry import Experiment, get_experiment
 from ..core.run.experiments import ExperimentResult, run_experiment
-from ..core.knobs.profiles import Profile, choice, get_profile
+from ..core.knobs.profiles import Profile, get_profile
 from ..core.workload import get_workload
 from ..core.run.progress import BOOK_ENV
 from . import report
@@ -103,17 +103,9 @@ def code_changes(experiment: "str | Experiment", model: str = "resnet18", profil
     return "\n".join(out)
 
 
-def run(experiment: "str | Experiment", cpu_budget_s: float | None = None, **options) -> ExperimentResult:
-    """Run a chapter's comparison and keep its record in ``results/live/`` for the book's summary page.
-
-    ``cpu_budget_s``: the time budget a model in the ``smoke`` profile (a CPU's), for a page with time to spare
-    beyond the profile's own; more rounds narrow the intervals. Other profiles, and a budget the reader set
-    (:func:`use`), keep theirs."""
+def run(experiment: "str | Experiment", **options) -> ExperimentResult:
+    """Run a chapter's comparison and keep its record in ``results/live/`` for the book's summary page."""
     experiment = get_experiment(experiment)
-    if cpu_budget_s is not None and choice().time_budget_s is None:  # the reader's budget wins
-        profile = get_profile(options.get("profile"), resolve_device(options.get("device", "auto")).is_cuda)
-        if profile.name == "smoke":
-            options["profile"] = profile.with_sizes(time_budget_s=cpu_budget_s)
     return run_experiment(experiment, out=store.LIVE_DIR, filename=f"{experiment.name}.json", **options)
 
 

@@ -23,8 +23,8 @@ class Page:
     ``models``: by key (``"cpu"``, ``"cuda"``, a profile's name, or ``"cuda-smoke"``: a device with a profile), the
     models the page runs when the reader names none; for a study the only ones it can run.
     ``profile``: the profile a page always runs (the reader's has no effect there).
-    ``most``: the page runs at most this many models. ``batch`` and ``budget``: a study's own batch size and time
-    budget, by the same keys (the profile's budget where none is given).
+    ``most``: the page runs at most this many models. ``batch``: a study's own batch size, by the same keys;
+    ``budget``: a page's own time budget a model (the profile's where none is given).
     ``unused``: a parameter that has no effect on the page, and why."""
 
     workload: str | None = None
@@ -42,12 +42,14 @@ class Page:
         return next((table[key] for key in (f"{device}-{profile}", device, profile) if key in table), None)
 
 
-def _cnn(cpu: str | None = None, **unused: str) -> Page:
-    return Page("cifar", {"cpu": (cpu,)} if cpu else {}, unused=unused)
+def _cnn(cpu: str | None = None, smoke_budget: float | None = None, **unused: str) -> Page:
+    return Page("cifar", {"cpu": (cpu,)} if cpu else {}, budget={"smoke": smoke_budget} if smoke_budget else {},
+                unused=unused)
 
 
-def _gpt(model: bool = False, most: int | None = None) -> Page:
-    return Page("gpt", {"cpu": ("gpt_tiny",), "cuda": ("gpt2_small",)} if model else {}, most=most)
+def _gpt(model: bool = False, most: int | None = None, smoke_budget: float | None = None) -> Page:
+    return Page("gpt", {"cpu": ("gpt_tiny",), "cuda": ("gpt2_small",)} if model else {}, most=most,
+                budget={"smoke": smoke_budget} if smoke_budget else {})
 
 
 def _study(models: "tuple[str, ...] | Mapping[str, tuple[str, ...]]", batch: "int | Mapping[str, int] | None" = None,
@@ -60,13 +62,16 @@ def _study(models: "tuple[str, ...] | Mapping[str, tuple[str, ...]]", batch: "in
 
 _SERVED = {"cpu": ("gpt_tiny",), "cuda": ("gpt2_small",)}  # the trained GPT the serving chapters decode with
 _GLOO = "its runs are CPU processes joined by gloo at the smoke profile's sizes, whatever the device"
+# A page whose CPU run has time to spare within its minute gives a model more seconds of rounds in the smoke profile
+# than its 12 (a budget the reader sets wins): an effect of a few percent, or one model where the profile has two.
 PAGES: dict[str, Page] = {
-    "01_data_loading": _cnn("resnet18"), "02_non_blocking": _cnn(), "03_multiple_of_8": _cnn(),
-    "04_mixed_precision": _cnn("resnet18"), "05_set_to_none": _cnn(), "06_gradient_accumulation": _cnn(),
-    "07_inference": _cnn(), "08_cudnn_benchmark": _cnn("resnet18"), "09_channels_last": _cnn("resnet18"),
-    "10_torch_compile": _cnn("resnet18"),
+    "01_data_loading": _cnn("resnet18"), "02_non_blocking": _cnn(), "03_multiple_of_8": _cnn(smoke_budget=16),
+    "04_mixed_precision": _cnn("resnet18", 20), "05_set_to_none": _cnn(smoke_budget=16),
+    "06_gradient_accumulation": _cnn(smoke_budget=14), "07_inference": _cnn(), "08_cudnn_benchmark": _cnn("resnet18"),
+    "09_channels_last": _cnn("resnet18", 20), "10_torch_compile": _cnn("resnet18"),
     "11_cuda_graphs": _cnn(batch_size="the sweep times batch sizes of its own; only a GPU's comparison uses this one"),
-    "12_precision": _cnn("mobilenet_v2"), "13_optimizers": _cnn("resnet18"), "14_data_pipeline": _cnn("resnet18"),
+    "12_precision": _cnn("mobilenet_v2", 20), "13_optimizers": _cnn("resnet18", 26),
+    "14_data_pipeline": _cnn("resnet18"),
     "15_profiling": Page("cifar", {"cpu": ("resnet18",), "cuda": ("resnet18",)}, most=1,
                          unused={"time_budget_s": "the page profiles a fixed number of steps of each configuration, in no rounds"}),
     "16_all_together": _cnn("resnet18"),
@@ -79,8 +84,9 @@ PAGES: dict[str, Page] = {
                                    "4 and 8 micro-batches, whose bubbles the page checks against their formulas"),
     "21_composing_parallelism": _study(("toy_gpt",), gloo=True, batch_size="each row of the mesh trains its "
                                        "fixed batches, whose collectives the page checks against their formulas"),
-    "22_attention": _gpt(), "23_checkpointing": _gpt(), "24_gpt_precision": _gpt(), "25_gpt_optimizers": _gpt(),
-    "26_gpt_compile": _gpt(most=1), "27_gpt_shapes": _gpt(True, 1), "28_gpt_all_together": _gpt(True, 1),
+    "22_attention": _gpt(smoke_budget=24), "23_checkpointing": _gpt(), "24_gpt_precision": _gpt(),
+    "25_gpt_optimizers": _gpt(smoke_budget=24), "26_gpt_compile": _gpt(most=1), "27_gpt_shapes": _gpt(True, 1, 24),
+    "28_gpt_all_together": _gpt(True, 1, 20),
     "29_memory": _study({"smoke": ("gpt_tiny", "resnet18"), "quick": ("gpt2_small", "resnet18"),
                          "full": ("gpt2_small", "resnet18")}),
     "30_kv_cache": _study(_SERVED, profile=f"the page {_STUDY}", batch_size="it decodes one prompt (batch 1): a "
@@ -175,7 +181,7 @@ def apply(name: str | None, models: "Iterable[str] | None", profile: str | None,
         choose(before.profile, before.models, before.batch_size, before.time_budget_s)
         raise
     if page.workload is not None:  # the runs read the profile: the page's own default goes where the reader's would
-        choose(profile, given or own, batch_size, time_budget_s)
+        choose(profile, given or own, batch_size, time_budget_s or page.own(page.budget, info.is_cuda, chosen.name))
         chosen = get_profile(None, info.is_cuda)
         spec = get_workload(page.workload)
         used = tuple(m for m in chosen.models if m in spec.model_names) or spec.profile_models.get(chosen.name, ())
