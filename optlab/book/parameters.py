@@ -73,7 +73,8 @@ PAGES: dict[str, Page] = {
     "12_precision": _cnn("mobilenet_v2", 20), "13_optimizers": _cnn("resnet18", 26),
     "14_data_pipeline": _cnn("resnet18"),
     "15_profiling": Page("cifar", {"cpu": ("resnet18",), "cuda": ("resnet18",)}, most=1,
-                         unused={"time_budget_s": "the page profiles a fixed number of steps of each configuration, in no rounds"}),
+                         unused={"time_budget_s": "the page profiles a fixed number of steps of each "
+                                                  "configuration, in no rounds"}),
     "16_all_together": _cnn("resnet18"),
     "17_distributed": Page("cifar", {"cpu": ("resnet18",), "cuda": ("resnet18",)}, "smoke", 1,
                            unused={"profile": _GLOO}),
