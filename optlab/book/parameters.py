@@ -22,7 +22,7 @@ class Page:
     and the profile's batch size reach the runs' configs. ``None``: a study with models of its own.
     ``models``: by key (``"cpu"``, ``"cuda"``, a profile's name, or ``"cuda-smoke"``: a device with a profile), the
     models the page runs when the reader names none; for a study the only ones it can run.
-    ``profile``: the profile a page always runs (the reader's has no effect there).
+    ``profile``: the profile a page always runs (the reader's has no effect there); ``device``: the device it runs on.
     ``most``: the page runs at most this many models. ``batch``: a study's own batch size, by the same keys;
     ``budget``: a page's own time budget a model (the profile's where none is given).
     ``unused``: a parameter that has no effect on the page, and why."""
@@ -34,6 +34,7 @@ class Page:
     batch: Mapping[str, int] = field(default_factory=dict)
     budget: Mapping[str, float] = field(default_factory=dict)
     unused: Mapping[str, str] = field(default_factory=dict)
+    device: str = "auto"
 
     def own(self, table: Mapping, cuda: bool, profile: str) -> "tuple[str, ...] | int | float | None":
         """The entry of ``table`` for this device and profile: the device with the profile's, the device's, the
@@ -57,7 +58,7 @@ def _study(models: "tuple[str, ...] | Mapping[str, tuple[str, ...]]", batch: "in
     models = {"cpu": models, "cuda": models} if isinstance(models, tuple) else models
     batch = {"cpu": batch, "cuda": batch} if isinstance(batch, int) else batch or {}
     unused = {"time_budget_s": f"the page {_STUDY}"} | ({"profile": _GLOO} if gloo else {}) | unused
-    return Page(None, models, "smoke" if gloo else None, batch=batch, unused=unused)
+    return Page(None, models, "smoke" if gloo else None, batch=batch, unused=unused, device="cpu" if gloo else "auto")
 
 
 _SERVED = {"cpu": ("gpt_tiny",), "cuda": ("gpt2_small",)}  # the trained GPT the serving chapters decode with
@@ -77,7 +78,7 @@ PAGES: dict[str, Page] = {
                                                   "configuration, in no rounds"}),
     "16_all_together": _cnn("resnet18"),
     "17_distributed": Page("cifar", {"cpu": ("resnet18",), "cuda": ("resnet18",)}, "smoke", 1,
-                           unused={"profile": _GLOO}),
+                           unused={"profile": _GLOO}, device="cpu"),
     "18_sharding": _study(("toy_transformer",), 4, gloo=True),
     "19_tensor_parallel": _study(("toy_gpt",), gloo=True, batch_size="every rank trains the same fixed batches, "
                                  "whose collectives and bytes the page checks against their formulas"),
@@ -164,12 +165,13 @@ def _checked_models(name: str | None, page: Page, given: "tuple[str, ...] | None
 
 def apply(name: str | None, models: "Iterable[str] | None", profile: str | None, batch_size: int | None,
           time_budget_s: float | None, device: str = "auto") -> Setup:
-    """Check the reader's values against chapter ``name``'s page (a notebook's stem in :data:`PAGES`), make them the
-    process's choice (:func:`~optlab.core.knobs.profiles.choose`) and return what the chapter runs. ``name``
-    ``None``: a page of the profile's CNN comparisons."""
+    """Check the reader's values against chapter ``name``'s page (a notebook's stem in :data:`PAGES`) on ``device``
+    (``auto``: the page's), make them the process's choice (:func:`~optlab.core.knobs.profiles.choose`) and return
+    what the chapter runs. ``name`` ``None``: a page of the profile's CNN comparisons."""
     if name is not None and name not in PAGES:
         raise OptlabError(f"unknown chapter {name!r}; choose one of: {', '.join(PAGES)}")
-    page, info, typed, before = PAGES.get(name, Page("cifar")), resolve_device(device), profile, choice()
+    page, typed, before = PAGES.get(name, Page("cifar")), profile, choice()
+    info = resolve_device(page.device if device == "auto" else device)
     choose(profile, models, batch_size, time_budget_s)  # the checks of a typed choice, before the page's own
     given = choice().models
     profile = page.profile or (None if "profile" in page.unused else profile)  # a page's own profile wins
