@@ -47,14 +47,15 @@ def test_the_setup_line_names_the_models_and_sizes_of_the_chapters_workload():
     assert "models resnet18" in cnn and "models gpt_tiny; batch 8;" in gpt and "resnet" not in gpt
 
 
-@pytest.mark.parametrize("profile, budget", [("smoke", 24.0), ("quick", 150.0), ("full", math.inf)])
-def test_a_page_with_time_to_spare_widens_only_the_cpu_profiles_budget(monkeypatch, profile, budget):
-    asked = {}
-    monkeypatch.setattr(chapter, "run_experiment", lambda experiment, **options: asked.update(options))
-    chapter.run("optimizers", cpu_budget_s=24.0, profile=profile, device="cpu")
-    chosen = get_profile(asked["profile"])
-    assert chosen.time_budget_s == budget
-    assert replace(chosen, time_budget_s=get_profile(profile).time_budget_s) == get_profile(profile)  # nothing else
-    asked.clear()
-    chapter.run("optimizers", profile=profile, device="cpu")
-    assert asked["profile"] == profile  # no budget given: the profile as it is
+@pytest.mark.parametrize("profile, budget", [("smoke", 26.0), ("quick", 150.0), ("full", math.inf)])
+def test_a_page_with_time_to_spare_widens_only_the_smoke_profiles_budget_and_says_so(profile, budget):
+    try:
+        setup = chapter.use(profile=profile, page="13_optimizers")  # 26 s a model in smoke
+        chosen = get_profile(None, cuda=False)
+        assert chosen.time_budget_s == setup.profile.time_budget_s == budget
+        plain = get_profile(profile)
+        assert replace(chosen, time_budget_s=plain.time_budget_s, models=plain.models) == plain  # nothing else
+        assert (f"at most {budget:g} s a model" in setup.line) == (not math.isinf(budget)), setup.line
+        assert chapter.use(profile=profile, time_budget_s=5, page="13_optimizers").profile.time_budget_s == 5
+    finally:
+        chapter.use()

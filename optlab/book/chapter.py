@@ -20,11 +20,12 @@ from ..core.knobs.config import RunConfig, changed_knobs
 from ..core.machine.device import resolve_device
 from ..core.techniques.registry import Experiment, get_experiment
 from ..core.run.experiments import ExperimentResult, run_experiment
-from ..core.knobs.profiles import Profile, choice, choose, chosen_sizes, get_profile
+from ..core.knobs.profiles import Profile, get_profile
 from ..core.workload import get_workload
 from ..core.run.progress import BOOK_ENV
 from . import report
 from .downloads import Downloads, downloads
+from .parameters import Setup, apply, workload_line
 
 CODE_FUNCTIONS = (loops.make_optimizer, loops.backend_flags, loops.to_device, loops.train_step, loops.eval_step, loops.prepare_model, loops.make_scaler,
                   loops.train_pass, loops.eval_pass, data.make_loader, variants.build_state,
@@ -35,20 +36,18 @@ LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")  # [text](url)
 
 
 def use(models: "list[str] | None" = None, profile: str | None = None, batch_size: int | None = None,
-        time_budget_s: float | None = None) -> None:
-    """Apply a chapter's parameter cell to every run below it (``None``: this device's default); the chapter's
-    :func:`setup_line` then names what is used."""
-    choose(profile, models, batch_size, time_budget_s)
+        time_budget_s: float | None = None, page: str | None = None) -> Setup:
+    """Apply chapter ``page``'s parameter cell (``page``: the notebook's stem; ``None``: any CNN comparison) to every
+    run below it (a value ``None``: the page's default on this device): the models, sizes and budget the page runs, checked against what it can run, with
+    its setup line (``print(setup)``) naming them and any value that has no effect there."""
+    return apply(page, models, profile, batch_size, time_budget_s)
 
 
 def setup_line(profile: "str | Profile | None" = None, device: str = "auto", workload: str = "cifar") -> str:
     """One line naming the profile (with the models and sizes ``workload`` runs under it, the reader's choice from
     :func:`use` applied) and the device a chapter runs on."""
     info = resolve_device(device)
-    chosen, spec = get_profile(profile, info.is_cuda), get_workload(workload)
-    models = tuple(m for m in chosen.models if m in spec.model_names) or spec.profile_models.get(chosen.name)
-    line = chosen.describe(models, {**spec.profile_knobs.get(chosen.name, {}), **chosen_sizes()})
-    return f"{line}\ndevice: {info.describe()}"
+    return f"{workload_line(get_profile(profile, info.is_cuda), workload)}\ndevice: {info.describe()}"
 
 
 def knob_lines(knob: str) -> list[str]:
@@ -104,17 +103,9 @@ def code_changes(experiment: "str | Experiment", model: str = "resnet18", profil
     return "\n".join(out)
 
 
-def run(experiment: "str | Experiment", cpu_budget_s: float | None = None, **options) -> ExperimentResult:
-    """Run a chapter's comparison and keep its record in ``results/live/`` for the book's summary page.
-
-    ``cpu_budget_s``: the time budget a model in the ``smoke`` profile (a CPU's), for a page with time to spare
-    beyond the profile's own; more rounds narrow the intervals. Other profiles, and a budget the reader set
-    (:func:`use`), keep theirs."""
+def run(experiment: "str | Experiment", **options) -> ExperimentResult:
+    """Run a chapter's comparison and keep its record in ``results/live/`` for the book's summary page."""
     experiment = get_experiment(experiment)
-    if cpu_budget_s is not None and choice().time_budget_s is None:  # the reader's budget wins
-        profile = get_profile(options.get("profile"), resolve_device(options.get("device", "auto")).is_cuda)
-        if profile.name == "smoke":
-            options["profile"] = profile.with_sizes(time_budget_s=cpu_budget_s)
     return run_experiment(experiment, out=store.LIVE_DIR, filename=f"{experiment.name}.json", **options)
 
 
