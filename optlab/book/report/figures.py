@@ -233,6 +233,13 @@ def plot_breakdown(breakdown: pd.DataFrame, title: str = ""):
     return figure
 
 
+def legend_below(grid: sns.FacetGrid, columns: int = 3) -> None:
+    """A grid's legend under its panels, outside every axes, so that it covers no title and no data (seaborn puts it
+    at the right edge, where a long panel title runs into it); the panels then take the figure's whole width."""
+    sns.move_legend(grid, "upper center", bbox_to_anchor=(0.5, 0.0), ncol=columns, frameon=False, title=None)
+    grid.figure.tight_layout()
+
+
 def plot_numerics(table: pd.DataFrame, measures: "list[str] | tuple[str, ...]", title: str = ""):
     """Per model, every variant's relative errors against the reference (rows of ``numerics.precision_numerics``),
     on a log scale, where an error of exactly zero has no bar."""
@@ -243,7 +250,7 @@ def plot_numerics(table: pd.DataFrame, measures: "list[str] | tuple[str, ...]", 
     grid.set(yscale="log")
     grid.set_titles("{col_name}")
     grid.set_axis_labels("", "relative error (log scale)")
-    sns.move_legend(grid, "upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, frameon=False, title=None)
+    legend_below(grid)
     if title:
         grid.figure.suptitle(title, y=1.03)
     return grid
@@ -282,6 +289,7 @@ def plot_step_trace(samples: pd.DataFrame):
                        facet_kws={"sharey": False})
     grid.set(yscale="log")
     grid.set_titles("{col_name}, {row_name}")
+    legend_below(grid)
     return grid
 
 
@@ -303,6 +311,7 @@ def plot_sweep(frame: pd.DataFrame, title: str = ""):
             set_formatter(ticker.LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.4)))  # plain numbers
     grid.set_titles("{col_name}: {row_name}")
     grid.set_axis_labels("batch size", "")
+    legend_below(grid)
     if title:
         grid.figure.suptitle(title, y=1.02)
     return grid
@@ -352,7 +361,10 @@ def plot_batch_sizes(sweep: pd.DataFrame, model: str | None = None, latency: pd.
             ax.annotate("out of memory", (out_of_memory["batch"].min(), low), xytext=(0, 8),
                         textcoords="offset points", ha="right", fontsize="small")
     grid.set_titles("{col_name}: {row_name}" if frame["model"].iloc[0] else "{row_name}")
+    for ax in grid.axes.flat:  # a title as wide as its panel: two panels' long titles side by side do not meet
+        ax.set_title(textwrap.fill(ax.get_title(), 44))
     grid.set_axis_labels("batch size", "")
+    legend_below(grid)
     return grid
 
 
