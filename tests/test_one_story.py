@@ -16,7 +16,8 @@ from optlab.book import report
 from optlab.book.report.text import DISTURBED
 from optlab.core.gpt.transformer import GPTConfig
 from optlab.core.knobs.config import RunConfig, apply_changes
-from optlab.core.measuring.timing import CLEAR, FASTER, SLOWER, TOO_WIDE, UNCLEAR, interval_text, verdict
+from optlab.core.measuring.timing import (CLEAR, FASTER, SLOWER, TOO_WIDE, UNCLEAR, interval_text, speed_up,
+                                         verdict)
 from optlab.core.techniques.cnn import ALL_TOGETHER
 from optlab.studies.serving import bandwidth, decoding
 from optlab.studies.serving.agreement import TokenAgreement
@@ -143,3 +144,23 @@ def test_a_decoding_row_s_speed_up_and_tokens_per_second_tell_one_story():
     assert by_speedup == by_rate == ["static cache, compiled", "static cache"], table
     for label, row in cached.iterrows():  # the speed-up is the rate's ratio to no cache's, up to the pairing
         assert row["decode speed-up"] == pytest.approx(row["tokens/s"] / table.loc["no cache", "tokens/s"], rel=0.02)
+
+
+def test_a_decoding_row_ranks_by_speed_up_as_by_tokens_per_second_where_pairing_and_medians_disagree():
+    """Five rounds where the paired estimate and the ratio of medians rank two variants the other way round: the
+    steady variant's TPOT is 5 ms every round; the uneven one's median round is shorter (4.9 ms) but two of its rounds
+    are long, so its paired speed-up is the smaller. The table's speed-up is the ratio of the tokens/s (the uneven one
+    first), and its interval and verdict are the paired estimate's."""
+    baseline = [10e-3, 10.1e-3, 9.9e-3, 10.05e-3, 9.95e-3]
+    tpot = {"no cache": baseline, "dynamic cache": [5e-3] * 5,
+            "static cache": [3e-3, 4.9e-3, 4.9e-3, 9e-3, 9e-3]}
+    paired = {label: speed_up(baseline, tpot[label], [0.0] * 5) for label in ("dynamic cache", "static cache")}
+    assert paired["dynamic cache"].ratio > paired["static cache"].ratio  # the pairing ranks the steady one first
+    table = decode_study(tpot, tpot).table()
+    cached = table.drop(index="no cache")
+    assert list(cached.sort_values("decode speed-up").index) == list(cached.sort_values("tokens/s").index) == [
+        "dynamic cache", "static cache"], table
+    for label, row in cached.iterrows():
+        assert row["decode speed-up"] == pytest.approx(row["tokens/s"] / table.loc["no cache", "tokens/s"])
+        assert (row["low"], row["high"]) == pytest.approx((paired[label].low, paired[label].high)), label
+        assert row["verdict"] == paired[label].verdict, label
