@@ -11,6 +11,7 @@ import matplotlib.ticker as ticker
 import numpy as np
 import pandas as pd
 import seaborn as sns
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
@@ -233,11 +234,33 @@ def plot_breakdown(breakdown: pd.DataFrame, title: str = ""):
     return figure
 
 
-def legend_below(grid: sns.FacetGrid, columns: int = 3) -> None:
-    """A grid's legend under its panels, outside every axes, so that it covers no title and no data (seaborn puts it
-    at the right edge, where a long panel title runs into it); the panels then take the figure's whole width."""
-    sns.move_legend(grid, "upper center", bbox_to_anchor=(0.5, 0.0), ncol=columns, frameon=False, title=None)
-    grid.figure.tight_layout()
+def legend_below(target: "sns.FacetGrid | Figure | Axes", columns: int = 3) -> None:
+    """The legend of a seaborn grid, or of a figure (or the figure an axes is in), under its panels, outside every
+    axes, so that it covers no title and no data (seaborn puts a grid's at the right edge, where a long panel title
+    runs into it; matplotlib, pandas and seaborn put an axes' inside it). A figure's legend gathers every panel's
+    labelled artists and legends, one entry per label, keeps the title of a legend it replaces, and removes the
+    panels' own legends. A figure with nothing labelled is an error."""
+    if isinstance(target, sns.FacetGrid):
+        sns.move_legend(target, "upper center", bbox_to_anchor=(0.5, 0.0), ncol=columns, frameon=False, title=None)
+        target.figure.tight_layout()
+        return
+    figure = target.figure if isinstance(target, Axes) else target
+    entries: dict[str, object] = {}
+    title = None
+    for ax in figure.axes:
+        legend = ax.get_legend()
+        if legend is None:
+            pairs = zip(*ax.get_legend_handles_labels())
+        else:
+            pairs = zip(legend.legend_handles, [text.get_text() for text in legend.get_texts()])
+            title = title or legend.get_title().get_text() or None
+            legend.remove()
+        for handle, label in pairs:
+            entries.setdefault(label, handle)
+    if not entries:
+        raise ValueError("legend_below: the figure has nothing labelled to put under its panels; give an artist a label")
+    figure.legend(list(entries.values()), list(entries), loc="upper center", bbox_to_anchor=(0.5, 0.0),
+                  ncols=min(columns, len(entries)), frameon=False, title=title)
 
 
 def plot_numerics(table: pd.DataFrame, measures: "list[str] | tuple[str, ...]", title: str = ""):
