@@ -258,7 +258,7 @@ def legend_below(target: "sns.FacetGrid | Figure | Axes", columns: int = 3) -> N
         for handle, label in pairs:
             entries.setdefault(label, handle)
     if not entries:
-        raise ValueError("legend_below: the figure has nothing labelled to put under its panels; give an artist a label")
+        raise ValueError("legend_below: the figure has nothing labelled to put under its panels; label an artist")
     figure.legend(list(entries.values()), list(entries), loc="upper center", bbox_to_anchor=(0.5, 0.0),
                   ncols=min(columns, len(entries)), frameon=False, title=title)
 
