@@ -311,10 +311,10 @@ def test_the_recommendation_is_the_lines_of_code_to_add():
     lines = code_lines(start, best, torch.device("cuda"))
     assert "model = model.to(memory_format=torch.channels_last)" in lines
     assert ('with torch.autocast("cuda", dtype=torch.bfloat16):  # the forward and the loss',
-            "    loss = loss_fn(model(inputs), targets)") == tuple(lines[-4:-2])
+            "    loss = loss_fn(model(inputs), targets)") == tuple(lines[-2:])  # backward and step stay as they were
     assert "optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4, fused=True)  " \
            "# or your own settings, fused" in lines
-    assert "optimizer.zero_grad(set_to_none=True)" in lines and lines[-2:] == ["loss.backward()", "optimizer.step()"]
+    assert "optimizer.zero_grad(set_to_none=True)" in lines
     assert code_lines(start, start, torch.device("cpu")) == []
 
 

@@ -434,5 +434,9 @@ def test_the_training_lines_run_as_printed(best, monkeypatch):
              "inputs": torch.randn(4, 3, 6, 6), "targets": torch.tensor([0, 1, 2, 3]),
              "dataset": torch.utils.data.TensorDataset(torch.randn(8, 3, 6, 6), torch.zeros(8, dtype=torch.long)),
              "images": torch.randn(8, 3, 6, 6), "labels": torch.zeros(8, dtype=torch.long)}
-    exec(printed_code("\n".join(result.code_block("the lines to add to your training:"))), scope)
+    added = printed_code("\n".join(result.code_block("the lines to add to your training:")))
+    assert "set_to_none=False" not in added, added  # the starting point's own line is not one to add
+    unchanged = ([] if "loss = " in added else ["loss = loss_fn(model(inputs), targets)"]) + \
+        ([] if "backward()" in added else ["loss.backward()", "optimizer.step()"])  # the reader's step, as before
+    exec("\n".join([added, *unchanged]), scope)
     assert any(not torch.equal(a, b) for a, b in zip(before, scope["model"].parameters())), "no training step ran"

@@ -20,14 +20,15 @@ from .comparisons import (
 )
 from .theirs import SUMMARY_COLUMN, PublishedBlock, published_block, summary_cell, summary_column
 from .figures import (
-    LEVEL_NAMES, VERDICT_COLOURS, plot_batch_sizes, plot_breakdown, plot_learning, plot_memory_tradeoff,
-    plot_numerics, plot_optimizer_steps, plot_speedups, plot_step_trace, plot_sweep, plot_waterfall,
+    LEVEL_NAMES, VERDICT_COLOURS, legend_below, plot_batch_sizes, plot_breakdown, plot_learning,
+    plot_memory_tradeoff, plot_numerics, plot_optimizer_steps, plot_speedups, plot_step_trace, plot_sweep,
+    plot_waterfall,
 )
 
 __all__ = [
     'COMPARED_WITH', 'DETAILS', 'PublishedBlock', 'GRAPHS_SKIPPED', 'INTERVAL', 'LEVEL_NAMES', 'LIVE', 'SEED', 'SPEEDUP', 'SUMMARY_COLUMN',
-    'VERDICT_COLOURS', 'comparison_table', 'html_table', 'in_order', 'linked_sources', 'noise_line', 'number',
-    'plot_batch_sizes', 'plot_breakdown', 'plot_learning', 'plot_memory_tradeoff', 'plot_numerics',
+    'VERDICT_COLOURS', 'comparison_table', 'html_table', 'in_order', 'legend_below', 'linked_sources', 'noise_line',
+    'number', 'plot_batch_sizes', 'plot_breakdown', 'plot_learning', 'plot_memory_tradeoff', 'plot_numerics',
     'plot_optimizer_steps', 'plot_speedups', 'plot_step_trace', 'plot_sweep', 'plot_waterfall', 'published_block', 'ratio',
     'reference_command', 'reference_comparison', 'reference_note', 'reference_summary', 'seed_comparison',
     'set_theme', 'significant', 'speedup_text', 'speedups', 'stack_table', 'summary_cell', 'summary_column', 'verdict_text',

@@ -11,6 +11,7 @@ import matplotlib.ticker as ticker
 import numpy as np
 import pandas as pd
 import seaborn as sns
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
@@ -233,6 +234,35 @@ def plot_breakdown(breakdown: pd.DataFrame, title: str = ""):
     return figure
 
 
+def legend_below(target: "sns.FacetGrid | Figure | Axes", columns: int = 3) -> None:
+    """The legend of a seaborn grid, or of a figure (or the figure an axes is in), under its panels, outside every
+    axes, so that it covers no title and no data (seaborn puts a grid's at the right edge, where a long panel title
+    runs into it; matplotlib, pandas and seaborn put an axes' inside it). A figure's legend gathers every panel's
+    labelled artists and legends, one entry per label, keeps the title of a legend it replaces, and removes the
+    panels' own legends. A figure with nothing labelled is an error."""
+    if isinstance(target, sns.FacetGrid):
+        sns.move_legend(target, "upper center", bbox_to_anchor=(0.5, 0.0), ncol=columns, frameon=False, title=None)
+        target.figure.tight_layout()
+        return
+    figure = target.figure if isinstance(target, Axes) else target
+    entries: dict[str, object] = {}
+    title = None
+    for ax in figure.axes:
+        legend = ax.get_legend()
+        if legend is None:
+            pairs = zip(*ax.get_legend_handles_labels())
+        else:
+            pairs = zip(legend.legend_handles, [text.get_text() for text in legend.get_texts()])
+            title = title or legend.get_title().get_text() or None
+            legend.remove()
+        for handle, label in pairs:
+            entries.setdefault(label, handle)
+    if not entries:
+        raise ValueError("legend_below: the figure has nothing labelled to put under its panels; label an artist")
+    figure.legend(list(entries.values()), list(entries), loc="upper center", bbox_to_anchor=(0.5, 0.0),
+                  ncols=min(columns, len(entries)), frameon=False, title=title)
+
+
 def plot_numerics(table: pd.DataFrame, measures: "list[str] | tuple[str, ...]", title: str = ""):
     """Per model, every variant's relative errors against the reference (rows of ``numerics.precision_numerics``),
     on a log scale, where an error of exactly zero has no bar."""
@@ -243,7 +273,7 @@ def plot_numerics(table: pd.DataFrame, measures: "list[str] | tuple[str, ...]", 
     grid.set(yscale="log")
     grid.set_titles("{col_name}")
     grid.set_axis_labels("", "relative error (log scale)")
-    sns.move_legend(grid, "upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, frameon=False, title=None)
+    legend_below(grid)
     if title:
         grid.figure.suptitle(title, y=1.03)
     return grid
@@ -282,6 +312,7 @@ def plot_step_trace(samples: pd.DataFrame):
                        facet_kws={"sharey": False})
     grid.set(yscale="log")
     grid.set_titles("{col_name}, {row_name}")
+    legend_below(grid)
     return grid
 
 
@@ -303,6 +334,7 @@ def plot_sweep(frame: pd.DataFrame, title: str = ""):
             set_formatter(ticker.LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.4)))  # plain numbers
     grid.set_titles("{col_name}: {row_name}")
     grid.set_axis_labels("batch size", "")
+    legend_below(grid)
     if title:
         grid.figure.suptitle(title, y=1.02)
     return grid
@@ -352,7 +384,10 @@ def plot_batch_sizes(sweep: pd.DataFrame, model: str | None = None, latency: pd.
             ax.annotate("out of memory", (out_of_memory["batch"].min(), low), xytext=(0, 8),
                         textcoords="offset points", ha="right", fontsize="small")
     grid.set_titles("{col_name}: {row_name}" if frame["model"].iloc[0] else "{row_name}")
+    for ax in grid.axes.flat:  # a title as wide as its panel: two panels' long titles side by side do not meet
+        ax.set_title(textwrap.fill(ax.get_title(), 44))
     grid.set_axis_labels("batch size", "")
+    legend_below(grid)
     return grid
 
 

@@ -11,7 +11,10 @@ import pandas as pd
 
 from ...core.techniques.no_effect import is_no_effect
 from ...core.stats.summary import CLAIM, CONTROL
-from ...core.measuring.timing import DEPENDENT, ERROR_RATE, INTERVAL, SAME, VERDICTS, dependent_rounds, page_bound, percent, too_wide
+from ...core.measuring.timing import (
+    DEPENDENT, ERROR_RATE, INTERVAL, SAME, VERDICTS, dependent_rounds, page_bound, percent, too_wide,
+    too_wide_to_tell,
+)
 
 COMPARED_WITH = "compared with"
 MISSING = "—"
@@ -43,38 +46,52 @@ def ratio(value: float) -> str:
 
 def speedup_text(speedup: float, low: float, high: float, rounds: "int | None" = None) -> str:
     """"1.23 (1.10–1.38)": a speed-up and its interval; the speed-up alone without one; "—" without either; an
-    interval whose high end is more than ``timing.TOO_WIDE`` times its low end is too wide to mean anything and says so,
-    with the ``rounds`` it had."""
+    interval too wide to tell anything (:func:`timing.too_wide_to_tell`: it holds 1, and its high end is more than
+    ``timing.TOO_WIDE`` times its low end) says so, with the ``rounds`` it had."""
     if pd.isna(speedup):
         return MISSING
     if pd.isna(low) or pd.isna(high) or low == high:  # no interval, or the baseline against itself
         return ratio(speedup)
-    if too_wide(low, high):
+    if too_wide_to_tell(low, high):
         had = "" if rounds is None or pd.isna(rounds) else f" after {int(rounds)} rounds"
         return f"{ratio(speedup)} (interval too wide to tell{had})"
     return f"{ratio(speedup)} ({ratio(low)}–{ratio(high)})"
 
 
 def noise_line(summary: pd.DataFrame) -> str:
-    """What a run measured and what that lets the rule tell: the round-level noise of its comparisons, the half-width
-    of their intervals at the rounds they had, and the page's bound on a false verdict (:func:`timing.page_bound`)."""
+    """What a run measured and what that lets the rule tell: the round-level noise of its comparisons, how far their
+    intervals reach at the rounds they had, and the page's bound on a false verdict (:func:`timing.page_bound`)."""
     compared = summary[summary["verdict"].isin(VERDICTS)] if "verdict" in summary else summary.iloc[0:0]
     if compared.empty or "noise" not in compared or compared["noise"].isna().all():
         return "No comparison on this page has an interval yet."
     noise = 100 * compared["noise"].astype(float)
-    half = 100 * (np.exp((np.log(compared["ci_high"].astype(float)) - np.log(compared["ci_low"].astype(float))) / 2)
-                  - 1)
     count = len(compared)
-    wide = [too_wide(low, high) for low, high in zip(compared["ci_low"].astype(float), compared["ci_high"].astype(float))]
-    reach = ("most intervals are too wide to tell anything, as on a machine disturbed by other work: re-run on a quiet "
-             "machine" if sum(wide) * 2 >= count else
-             f"an interval reaches about ±{half.median():.1f} % around its speed-up: differences beyond that are told, "
-             f"and \"{SAME}\" needs it under 2 %")
     return (f"Measured: {count} comparisons, a round's noise (standard deviation of its log speed-up) "
             f"{noise.median():.1f} % median ({noise.min():.1f}-{noise.max():.1f} %), {compared['n'].median():.0f} rounds median. At that, "
-            f"{reach}. Each is a {INTERVAL} (at most {percent(ERROR_RATE)} of comparisons "
-            f"of a configuration with itself say faster or slower); with {count} on this page, the chance that any of "
-            f"them does is at most {percent(page_bound(count))}.")
+            f"{reach_text(compared['ci_low'], compared['ci_high'])}. Each is a {INTERVAL} (at most "
+            f"{percent(ERROR_RATE)} of comparisons of a configuration with itself say faster or slower); with {count} "
+            f"on this page, the chance that any of them does is at most {percent(page_bound(count))}.")
+
+
+DISTURBED = ("the intervals are too wide to tell anything, as on a machine disturbed by other work: re-run on a quiet "
+             "machine")
+
+
+def reach_text(lows: pd.Series, highs: pd.Series) -> str:
+    """How far a page's intervals reach around their speed-ups: the median interval's half-width, "±3.1 %"; where
+    half the intervals that could be read or more are too wide to mean anything (``timing.too_wide``), so that the
+    median one may be too (a half-width beyond 100 %), :data:`DISTURBED` instead of a percentage in the hundreds or
+    thousands."""
+    ends = pd.DataFrame({"low": lows, "high": highs}).astype(float).dropna()
+    if ends.empty:
+        return "no interval could be read"
+    with np.errstate(divide="ignore", invalid="ignore"):
+        spreads = (ends["high"] / ends["low"]).fillna(np.inf)  # 0 to infinity: too wide for a float
+    if 2 * sum(too_wide(1.0, spread) for spread in spreads) >= len(spreads):
+        return DISTURBED
+    half = 100 * (np.sqrt(spreads.median()) - 1)
+    return (f"an interval reaches about ±{half:.1f} % around its speed-up: differences beyond that are told, and "
+            f"\"{SAME}\" needs it under 2 %")
 
 
 def verdict_text(verdict: object, role: object = CLAIM) -> str:

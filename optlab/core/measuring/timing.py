@@ -39,7 +39,7 @@ DEPENDENT_Z, DEPENDENT_FROM = 2.0, 10  # a lag-1 autocorrelation above 2 / sqrt(
 DEPENDENT = ("rounds not independent (lag-1 autocorrelation {autocorrelation:.2f}): the interval assumes they are "
              "and may be too narrow")
 REACH_ERRORS = 2.0  # out of reach only if the estimate this many standard errors further its way could not be answered
-TOO_WIDE = 4.0  # an interval whose high end is this many times its low end is shown as "too wide", not as digits
+TOO_WIDE = 4.0  # an interval holding 1 whose high end is this many times its low end reads "too wide", not digits
 FASTER, SLOWER = "faster", "slower"
 SAME = "same within 2 %"  # the whole interval inside the band of no practical difference
 UNCLEAR = "can't tell yet"  # neither: more repeats would be needed to say
@@ -72,11 +72,19 @@ def too_wide(low: float, high: float) -> bool:
     return bool(high > TOO_WIDE * low)
 
 
+def too_wide_to_tell(low: float, high: float) -> bool:
+    """Whether an interval is shown as "too wide to tell" instead of its digits: too wide (:func:`too_wide`) and
+    holding 1, so that it answers nothing ("can't tell yet"). One wholly above or below 1 answers "faster" or "slower"
+    however wide it is, and every table, sentence and figure shows its ends: "too wide to tell" never sits beside an
+    answer."""
+    return too_wide(low, high) and low <= 1.0 <= high
+
+
 def interval_text(low: float, high: float, rounds: "int | None" = None) -> str:
-    """"1.02-1.10", "" without an interval, or "too wide to tell (N rounds)"."""
+    """"1.02-1.10", "" without an interval, or "too wide to tell (N rounds)" (:func:`too_wide_to_tell`)."""
     if math.isnan(low) or math.isnan(high):
         return ""
-    if too_wide(low, high):
+    if too_wide_to_tell(low, high):
         return "too wide to tell" + ("" if rounds is None else f" ({rounds} rounds)")
     return f"{low:.2f}-{high:.2f}"
 

@@ -32,7 +32,7 @@ import pandas as pd
 from ...core.errors import OptlabError, choice_error
 from ...core.knobs.limits import check_count
 from ...core.results import store
-from ...core.measuring.timing import CONFIDENCE, INTERVAL, interval_text, speed_up, t_quantile, too_wide
+from ...core.measuring.timing import CONFIDENCE, INTERVAL, interval_text, speed_up, t_quantile, too_wide_to_tell
 from . import fresh
 from .starts import MODELS, PHASES
 
@@ -272,7 +272,7 @@ def speedup_points(table: pd.DataFrame, claims: pd.DataFrame, model: str) -> pd.
     steady = pd.DataFrame({"variant": compiled["start"], "phase": STEADY, "speedup": compiled["speed-up"],
                            "ci_low": compiled["low"], "ci_high": compiled["high"], "verdict": compiled["verdict"]})
     points = pd.concat([first, steady], ignore_index=True)
-    wide = [too_wide(low, high) for low, high in zip(points["ci_low"], points["ci_high"])]
+    wide = [too_wide_to_tell(low, high) for low, high in zip(points["ci_low"], points["ci_high"])]
     points.loc[wide, ["ci_low", "ci_high"]] = np.nan  # "too wide to tell": no line across the whole axis
     return points.assign(model=model, source="live", role="claim", versus=None)
 

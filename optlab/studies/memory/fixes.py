@@ -46,7 +46,7 @@ from ...core.knobs.profiles import get_profile
 from ...core.process.children import child_environment
 from ...core.process.quiet import fix_threads
 from ...core.stats.sequential import visit_order
-from ...core.measuring.timing import interval_text, speed_up, too_wide
+from ...core.measuring.timing import interval_text, speed_up, too_wide_to_tell
 from ...core.results import store
 from ...core.workload import get_workload
 from ..distributed.shard_scaling import fake_rank_bytes
@@ -313,7 +313,7 @@ class FixStudy:
         rows = [dict(fix_row) | {"fix": name} for name, fix_row in self.table().iterrows()
                 if not fix_row["not measured"]]
         for row in rows:  # an interval too wide to mean anything is not drawn (its verdict says so)
-            if too_wide(row["ci_low"], row["ci_high"]):
+            if too_wide_to_tell(row["ci_low"], row["ci_high"]):
                 row["ci_low"] = row["ci_high"] = float("nan")
         return pd.DataFrame({"model": self.subject, "phase": "train", "variant": [row["fix"] for row in rows],
                              "source": "live", "speedup": [row["speed-up"] for row in rows],

@@ -2,11 +2,14 @@
 static cache, timed in paired rounds, with TTFT, TPOT, memory, the bandwidth bound and MBU.
 
 Every round runs each variant once (a whole generation), in the book's rotating order (``sequential.visit_order``);
-each round keeps a variant's TPOT (vLLM's: the mean of its decode steps) and its median decode step. The speed-ups
-over no cache are of the median step (one slow step does not move it), with the book's interval and verdict, read
-once after the fixed rounds; tokens/s, the bound and MBU use the TPOT. The compiled variant is compiled
-before the rounds and its compile time reported apart. Every variant's tokens are checked against the no-cache
-greedy reference.
+each round keeps a variant's TPOT (vLLM's: the mean of its decode steps) and its median decode step. Tokens/s, the
+bound and MBU use the TPOT's median over the rounds, and a speed-up over no cache is the ratio of the same two
+medians (the ratio of the tokens/s), so that a row's speed-up and its rate always rank the variants alike; beside it
+stand the book's interval and verdict of the TPOT paired round by round, read once after the fixed rounds, which
+drift between rounds does not move. The median step is shown
+beside, as what one slow step does not move (a gap between it and the TPOT shows slow steps). The compiled variant
+is compiled before the rounds and its compile time reported apart. Every variant's tokens are checked against the
+no-cache greedy reference.
 """
 from __future__ import annotations
 
@@ -121,8 +124,9 @@ class DecodeStudy:
                                     torch.device(self.device).type == "cuda")
 
     def table(self) -> pd.DataFrame:
-        """One row per variant, medians over the rounds: TTFT, TPOT (vLLM's mean gap) and the median step, tokens/s,
-        the median step's speed-up over no cache with its interval and verdict, the cache's and the peak memory,
+        """One row per variant, medians over the rounds: TTFT, TPOT (vLLM's mean gap) and the median step, tokens/s
+        (the batch over the TPOT), the speed-up over no cache as the ratio of those tokens/s (so it ranks as they do)
+        with the interval and verdict of the TPOT paired by round (``low``, ``high``), the cache's and the peak memory,
         bytes per step, the bandwidth bound and MBU (NaN where ``mbu_reason`` says why), and whether its tokens are the
         reference's up to near-ties (``agreement.token_agreement``) with the count of ties."""
         rows = []
@@ -135,9 +139,9 @@ class DecodeStudy:
             if label == BASELINE:
                 row |= {"decode speed-up": 1.0, "low": math.nan, "high": math.nan, "verdict": "reference"}
             else:
-                result = speed_up(self.step_s[BASELINE], self.step_s[label], self.slot_shifts[label])
-                row |= {"decode speed-up": result.ratio, "low": result.low, "high": result.high,
-                        "verdict": result.verdict}
+                paired = speed_up(self.tpot_s[BASELINE], tpots, self.slot_shifts[label])
+                row |= {"decode speed-up": float(np.median(self.tpot_s[BASELINE])) / tpot, "low": paired.low,
+                        "high": paired.high, "verdict": paired.verdict}
             row |= {"KV cache MiB": self.cache_bytes[label] / 2**20, "peak memory MiB": self.peak_mb[label],
                     "MB read per step": step_bytes / 1e6,
                     "bound tokens/s": bandwidth.bound_tokens_per_s(step_bytes, self.batch, self.peak),
@@ -156,9 +160,9 @@ class DecodeStudy:
 
     def describe(self) -> str:
         return (f"batch {self.batch}, a {self.prompt_len}-token prompt, {self.new_tokens} new tokens, "
-                f"{self.rounds} paired rounds on {self.device}; speed-ups of the median decode step with the "
-                f"{INTERVAL}, "
-                f"read once; TPOT is the mean decode step (vLLM's); "
+                f"{self.rounds} paired rounds on {self.device}; TPOT is the mean decode step (vLLM's); tokens/s is "
+                f"the batch over its median, a speed-up the ratio of those tokens/s, with the {INTERVAL} and verdict "
+                f"of the TPOT paired by round (read once); "
                 f"peak bandwidth {self.peak.label()}")
 
 

@@ -11,7 +11,7 @@ import pandas as pd
 
 from ...core.knobs.config import RunConfig
 from ...core.errors import OptlabError
-from ...core.measuring.timing import FASTER, INTERVAL
+from ...core.measuring.timing import FASTER, INTERVAL, interval_text
 from .batch_sweep import OUT_OF_MEMORY
 
 START = "starting point"
@@ -53,17 +53,20 @@ class Recommendation:
         return rows.assign(model=self.model)[["model", *columns]].reset_index(drop=True)
 
     def headline(self, nothing_kept: str, more: str) -> str:
-        """The recommendation in one sentence: ``nothing_kept`` when no step was kept; ``more`` says what would
-        confirm a recommendation that measured afresh was not clearly faster."""
+        """The recommendation in one sentence, worded for one kept step or several: ``nothing_kept`` when no step
+        was kept; ``more`` says what would confirm a recommendation that measured afresh was not clearly faster."""
         if not self.kept:
             return nothing_kept
-        steps, interval = ", ".join(self.kept), f"{INTERVAL} {self.ci_low:.2f}-{self.ci_high:.2f}"
+        steps, interval = ", ".join(self.kept), f"{INTERVAL} {interval_text(self.ci_low, self.ci_high)}"
+        several = len(self.kept) > 1
+        together = ", all together" if several else ""
         if self.verdict == FASTER:
             return (f"recommendation: {steps}: {self.speedup:.2f}x faster than the starting point ({interval}; "
-                    "measured afresh, all together)")
-        return (f"recommendation, not confirmed: {steps} each looked faster than the step before, but measured afresh, "
-                f"all together, against the starting point: {self.speedup:.2f}x ({interval}): {self.verdict}. "
-                f"{more}")
+                    f"measured afresh{together})")
+        looked = ("each looked faster than the step before" if several else
+                  "looked faster than the configuration before it")
+        return (f"recommendation, not confirmed: {steps} {looked}, but measured afresh{together}, against the starting "
+                f"point: {self.speedup:.2f}x ({interval}): {self.verdict}. {more}")
 
     def code_block(self, heading: str) -> list[str]:
         """``heading``, then the lines of code, indented by four spaces as a block (empty without lines)."""

@@ -105,9 +105,11 @@ OPTIMIZER_CODE = {"sgd": "torch.optim.SGD(model.parameters(), lr=0.1, momentum=0
 
 
 def code_lines(start: RunConfig, recommended: RunConfig, device: torch.device) -> list[str]:
-    """The lines of training code that turn ``start`` into ``recommended``, runnable as they stand where ``model``,
-    ``optimizer``, ``loss_fn``, ``device``, ``inputs`` and ``targets`` (and, for a loader or the data set on the
-    device, ``dataset`` or ``images`` and ``labels``) are your own: those run once, then one whole training step."""
+    """The lines of training code that turn ``start`` into ``recommended``: only the lines that change, those run once,
+    then those of every training step, where ``model``, ``optimizer``, ``loss_fn``, ``device``, ``inputs`` and
+    ``targets`` (and, for a loader or the data set on the device, ``dataset`` or ``images`` and ``labels``) are your
+    own. A line the starting point already has (its ``optimizer.zero_grad(set_to_none=False)``, its
+    ``loss.backward()``) is not one to add; autocast's block holds the loss line it wraps."""
     changes = changed_knobs(start, recommended)
     once: list[str] = []
     if ("num_workers" in changes or "pin_memory" in changes) and recommended.num_workers > 0:
@@ -123,26 +125,19 @@ def code_lines(start: RunConfig, recommended: RunConfig, device: torch.device) -
         once.append(f"optimizer = {OPTIMIZER_CODE[recommended.optimizer]}  # or your own settings, fused")
     if "amp_dtype" in changes and recommended.amp_dtype == "fp16":
         once.append(f'scaler = torch.amp.GradScaler("{device.type}")  # fp16 gradients need their loss scaled')
-    step_changes = {"non_blocking", "channels_last", "amp_dtype", "set_to_none"} & set(changes)
     step: list[str] = []
-    if step_changes:
-        if "non_blocking" in changes:
-            step.append("inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)")
-        if "channels_last" in changes:
-            step.append("inputs = inputs.contiguous(memory_format=torch.channels_last)")
+    if "non_blocking" in changes:
+        step.append("inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)")
+    if "channels_last" in changes:
+        step.append("inputs = inputs.contiguous(memory_format=torch.channels_last)")
+    if "set_to_none" in changes:
         step.append(f"optimizer.zero_grad(set_to_none={recommended.set_to_none})")
-        loss = "loss = loss_fn(model(inputs), targets)"
-        if recommended.amp_dtype != "none":
-            dtype = {"bf16": "bfloat16", "fp16": "float16"}[recommended.amp_dtype]
-            step += [f'with torch.autocast("{device.type}", dtype=torch.{dtype}):  # the forward and the loss',
-                     f"    {loss}"]
-        else:
-            step.append(loss)
-        if recommended.amp_dtype == "fp16":
-            step += ["scaler.scale(loss).backward()",
-                     "scaler.step(optimizer)", "scaler.update()"]
-        else:
-            step += ["loss.backward()", "optimizer.step()"]
+    if "amp_dtype" in changes and recommended.amp_dtype != "none":
+        dtype = {"bf16": "bfloat16", "fp16": "float16"}[recommended.amp_dtype]
+        step += [f'with torch.autocast("{device.type}", dtype=torch.{dtype}):  # the forward and the loss',
+                 "    loss = loss_fn(model(inputs), targets)"]
+        if recommended.amp_dtype == "fp16":  # in place of loss.backward() and optimizer.step()
+            step += ["scaler.scale(loss).backward()", "scaler.step(optimizer)", "scaler.update()"]
     return ((["# once, where the model, optimizer and loader are made:"] + once) if once else []) + \
         ((["# every training step:"] + step) if step else [])
 
