@@ -1,14 +1,21 @@
 """A chapter's links answer where it is read: in the built book, the site's pages and its copies of the records; in a
 notebook opened from the checkout (``make lab`` serves the checkout), the record files where the runs wrote them,
 relative to the notebook's folder, and the published book for its pages. Progress bars know their total from the start
-and say why a run stopped early."""
+(the tunes' and their batch-size sweep's too), end there and say why a run stopped early."""
 from pathlib import Path
 
 import pytest
+import torch
+from torch import nn
 
+import optlab
 from optlab.book import chapter, downloads
 from optlab.core.results import store
 from optlab.core.run import progress
+from optlab.studies.tune import NothingRecommended, inference, training
+from optlab.studies.tune.batch_sweep import doubling_series
+from tests.helpers import TINY
+from tests.test_tune import FailsToTrain
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,3 +51,62 @@ def test_a_bar_that_stops_early_ends_at_its_total_and_says_why(monkeypatch):
     progress.finish(bar, planned=40, done=12, why="resnet18: 6 of 48 rounds, every answer clear")
     assert (bar.n, bar.total) == (40, 40) and "every answer clear" in bar.postfix
     bar.close()
+
+
+@pytest.fixture
+def bars(monkeypatch):
+    """Every bar the tunes make, as text (whatever runs the tests), with the total it was made with."""
+    made = []
+
+    def recorded(total, desc, enabled=True, keep=True):
+        made.append((desc, total, progress.progress_bar(total, desc, enabled, keep)))
+        return made[-1][2]
+
+    monkeypatch.setenv(progress.BOOK_ENV, "1")
+    monkeypatch.setattr(inference, "progress_bar", recorded)
+    monkeypatch.setattr(training, "progress_bar", recorded)
+    return made
+
+
+class OutOfMemoryAbove8(nn.Module):
+    """Serves up to 8 samples a batch: the batch-size sweep ends early, at 16."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(12, 4)
+
+    def forward(self, x):
+        if len(x) > 8:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 PiB")
+        return self.body(x)
+
+
+def test_tune_inference_s_bars_end_at_the_totals_they_started_with(bars, monkeypatch):
+    """The step's candidate fails to start (its rounds never run), nothing is kept (the comparison afresh never
+    runs) and the sweep stops at batch 16 of 32: each bar still ends at its first total, saying why."""
+    prepare = inference._prepare
+
+    def failing(run, config, check=True):
+        if config.eval_grad_mode == "inference_mode":
+            raise RuntimeError("the candidate does not start")
+        return prepare(run, config, check)
+
+    monkeypatch.setattr(inference, "_prepare", failing)
+    result = optlab.tune(OutOfMemoryAbove8, inference=True, input_shape=(12,), max_batch=32, request_seconds=0.05,
+                         profile=TINY, device="cpu", techniques=[inference.INFERENCE_MODE])
+    assert result.steps.set_index("step").loc[inference.INFERENCE_MODE, "decision"] == "failed"
+    assert result.sweep_ends == {"starting point": "out of memory at batch 16"}
+    assert [(desc, total) for desc, total, _ in bars] == [
+        ("tune --inference OutOfMemoryAbove8", 2 * (TINY.warmup_repeats + TINY.max_repeats) * 2),
+        ("batch sizes", len(doubling_series(32)))]  # one configuration swept: nothing was kept
+    for desc, total, bar in bars:
+        assert (bar.total, bar.n) == (total, total), desc
+    assert "out of memory at batch 16" in bars[1][2].postfix and "no step was kept" in bars[0][2].postfix
+
+
+def test_tune_s_bar_ends_at_its_total_when_nothing_is_kept(bars):
+    with pytest.raises(NothingRecommended):  # every step failed: nothing timed afresh
+        optlab.tune(FailsToTrain, input_shape=(12,), num_classes=4, profile=TINY, device="cpu",
+                    techniques=["+ set_to_none, fused SGD"])
+    (desc, total, bar), = bars
+    assert (bar.total, bar.n) == (total, total) and total == 2 * (TINY.warmup_repeats + TINY.max_repeats) * 2
