@@ -2,6 +2,8 @@
 notebook opened from the checkout (``make lab`` serves the checkout), the record files where the runs wrote them,
 relative to the notebook's folder, and the published book for its pages. Progress bars know their total from the start
 (the tunes' and their batch-size sweep's too), end there and say why a run stopped early."""
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -102,6 +104,45 @@ def test_tune_inference_s_bars_end_at_the_totals_they_started_with(bars, monkeyp
     for desc, total, bar in bars:
         assert (bar.total, bar.n) == (total, total), desc
     assert "out of memory at batch 16" in bars[1][2].postfix and "no step was kept" in bars[0][2].postfix
+
+
+class SlowWithAutogradUpTo8(nn.Module):
+    """A convnet 3 ms slower with autograd on (so inference_mode is kept) that serves up to 8 samples a batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        if len(x) > 8:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 PiB")
+        if torch.is_grad_enabled():
+            time.sleep(0.003)
+        return self.body(x).mean((2, 3))
+
+
+def test_a_step_that_fails_to_start_moves_the_bar_past_its_rounds(bars, monkeypatch):
+    """channels_last fails to start, after inference_mode was kept: the comparison afresh still runs, so only the
+    failed step's own rounds can leave the bar short; both configurations' sweeps stop at batch 16."""
+    prepare = inference._prepare
+
+    def failing(run, config, check=True):
+        if config.channels_last:
+            raise RuntimeError("the candidate does not start")
+        return prepare(run, config, check)
+
+    monkeypatch.setattr(inference, "_prepare", failing)
+    profile = replace(TINY, repeats=8, max_repeats=8)  # rounds enough for a 3 ms gain to read as faster
+    result = optlab.tune(SlowWithAutogradUpTo8, inference=True, input_shape=(3, 8, 8), max_batch=32,
+                         request_seconds=0.05, profile=profile, device="cpu",
+                         techniques=[inference.INFERENCE_MODE, inference.CHANNELS_LAST])
+    decisions = result.steps.set_index("step")["decision"]
+    assert (decisions[inference.INFERENCE_MODE], decisions[inference.CHANNELS_LAST]) == ("kept", "failed")
+    assert [(desc, total) for desc, total, _ in bars] == [
+        ("tune --inference SlowWithAutogradUpTo8", 2 * (profile.warmup_repeats + profile.max_repeats) * 3),
+        ("batch sizes", 2 * len(doubling_series(32)))]
+    for desc, total, bar in bars:
+        assert (bar.total, bar.n) == (total, total), desc
 
 
 def test_tune_s_bar_ends_at_its_total_when_nothing_is_kept(bars):
