@@ -2,10 +2,13 @@
 notebook opened from the checkout (``make lab`` serves the checkout), the record files where the runs wrote them,
 relative to the notebook's folder, and the published book for its pages. Progress bars know their total from the start
 (the tunes' and their batch-size sweep's too), end there and say why a run stopped early."""
+import re
 import time
+import urllib.parse
 from dataclasses import replace
 from pathlib import Path
 
+import nbformat
 import pytest
 import torch
 from torch import nn
@@ -37,6 +40,41 @@ def test_in_a_notebook_a_record_links_the_file_lab_serves(in_lab):
 def test_in_a_notebook_the_summary_is_the_published_book_s(in_lab):
     html = chapter.Note(f"Every technique side by side: [the summary]({chapter.SUMMARY_PAGE}).")._repr_html_()
     assert '<a href="https://optlab.github.io/optlab/book/summary.html">the summary</a>' in html
+
+
+TARGET = re.compile(r"\]\(([^)\s]+)\)|href=\"([^\"]+)\"")  # [text](target) or href="target"
+PLACEHOLDER = re.compile(r"^\{chapter\.(\w+)\}$")  # an f-string's {chapter.SUMMARY_PAGE}
+
+
+def chapter_links(notebook: Path) -> list[str]:
+    """Every link target a chapter writes: in its markdown, and in its code's strings (a ``{chapter.NAME}`` read from
+    :mod:`optlab.book.chapter`)."""
+    found = []
+    for cell in nbformat.read(notebook, as_version=4).cells:
+        for match in TARGET.finditer(cell.source):
+            target = match[1] or match[2]
+            named = PLACEHOLDER.match(target)
+            found.append(getattr(chapter, named[1]) if named else target)
+    return found
+
+
+@pytest.mark.parametrize("notebook", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda path: path.stem)
+def test_every_link_a_chapter_writes_answers_where_lab_serves_it(in_lab, notebook):
+    """In Lab, a link to a file opens it if the checkout holds it (relative to the chapter's folder); a page of the book
+    is the published book's, built from a page the checkout holds; any other link to the web must be a well-formed
+    https URL (there is no network here to ask)."""
+    for target in chapter_links(notebook):
+        href = chapter.page_href(target)
+        assert "{" not in href, f"{target}: a link this test cannot read; write it out or name a chapter constant"
+        url = urllib.parse.urlsplit(href)
+        if href.startswith(chapter.SITE):  # a page of the published book: built from a source in the checkout
+            page = ROOT / href.removeprefix(chapter.SITE).split("#")[0]
+            assert any(page.with_suffix(suffix).exists() for suffix in (".md", ".ipynb")), \
+                f"{target}: the book has no page {page.relative_to(ROOT)}"
+        elif url.scheme:
+            assert url.scheme == "https" and "." in url.netloc, f"{target}: not a well-formed https URL"
+        else:
+            assert (ROOT / "notebooks" / url.path).exists(), f"{target}: no such file where Lab serves the chapter"
 
 
 def test_in_the_book_the_links_are_the_site_s(monkeypatch):
