@@ -2,6 +2,8 @@
 notebook opened from the checkout (``make lab`` serves the checkout), the record files where the runs wrote them,
 relative to the notebook's folder, and the published book for its pages. Progress bars know their total from the start
 (the tunes' and their batch-size sweep's too), end there and say why a run stopped early."""
+import ast
+import inspect
 import re
 import time
 import urllib.parse
@@ -17,6 +19,8 @@ import optlab
 from optlab.book import chapter, downloads
 from optlab.core.results import store
 from optlab.core.run import progress
+from optlab.core.gpt.transformer import GPT, GPTConfig
+from optlab.studies.serving import decoding
 from optlab.studies.tune import NothingRecommended, inference, training
 from optlab.studies.tune.batch_sweep import doubling_series
 from tests.helpers import TINY
@@ -75,6 +79,38 @@ def test_every_link_a_chapter_writes_answers_where_lab_serves_it(in_lab, noteboo
             assert url.scheme == "https" and "." in url.netloc, f"{target}: not a well-formed https URL"
         else:
             assert (ROOT / "notebooks" / url.path).exists(), f"{target}: no such file where Lab serves the chapter"
+
+
+AUTOLINKED = re.compile(r"\bdata:\S+")  # text Lab's output turns into a data: link, which leads nowhere
+
+
+def printed_sources(notebook: Path) -> dict[str, str]:
+    """The source of every function a chapter prints with ``inspect.getsource``, by the name it gives (a name the
+    chapter binds in a loop, as chapter 17 does, is left out), imported as the chapter imports it."""
+    namespace: dict = {}
+    cells = [cell.source for cell in nbformat.read(notebook, as_version=4).cells if cell.cell_type == "code"]
+    for source in cells:
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:  # a cell with IPython's % commands: not an import cell
+            continue
+        imports = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+        exec(compile(ast.Module(imports, []), str(notebook), "exec"), namespace)
+    found = {}
+    for name in {name for source in cells for name in re.findall(r"getsource\(([\w.]+)\)", source)}:
+        try:
+            found[name] = inspect.getsource(eval(name, namespace))
+        except NameError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("notebook", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda path: path.stem)
+def test_the_code_a_chapter_prints_holds_no_text_lab_links_to_nowhere(notebook):
+    """Lab turns ``data:...`` in printed text into a link (a Sphinx role such as :data:`NAME` in a printed
+    docstring), which leads nowhere: a docstring a chapter prints writes such a name as ``NAME``."""
+    for name, source in printed_sources(notebook).items():
+        assert not AUTOLINKED.findall(source), f"{name} prints {AUTOLINKED.findall(source)}: Lab links it nowhere"
 
 
 def test_in_the_book_the_links_are_the_site_s(monkeypatch):
@@ -189,3 +225,15 @@ def test_tune_s_bar_ends_at_its_total_when_nothing_is_kept(bars):
                     techniques=["+ set_to_none, fused SGD"])
     (desc, total, bar), = bars
     assert (bar.total, bar.n) == (total, total) and total == 2 * (TINY.warmup_repeats + TINY.max_repeats) * 2
+
+
+def test_the_decoding_bar_counts_first_runs_and_rounds_to_its_total(monkeypatch):
+    made = []
+    monkeypatch.setenv(progress.BOOK_ENV, "1")
+    monkeypatch.setattr(decoding, "progress_bar", lambda total, desc, enabled=True: made.append(
+        (total, progress.progress_bar(total, desc, enabled))) or made[-1][1])
+    model = GPT(GPTConfig(vocab_size=40, block_size=32, n_layer=1, n_head=2, n_embd=16)).eval()
+    decoding.decode_study(model, torch.randint(0, 40, (1, 8)), 3, rounds=2, variants=("no cache", "static cache"))
+    (total, bar), = made
+    assert total == 2 * (1 + 2) and (bar.total, bar.n) == (total, total)
+
