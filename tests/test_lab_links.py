@@ -21,7 +21,7 @@ from optlab.core.results import store
 from optlab.core.run import progress
 from optlab.core.gpt.transformer import GPT, GPTConfig
 from optlab.studies.serving import decoding
-from optlab.studies.tune import NothingRecommended, inference, training
+from optlab.studies.tune import NothingRecommended, inference, memory, training
 from optlab.studies.tune.batch_sweep import doubling_series
 from tests.helpers import TINY
 from tests.test_tune import FailsToTrain
@@ -236,4 +236,17 @@ def test_the_decoding_bar_counts_first_runs_and_rounds_to_its_total(monkeypatch)
     decoding.decode_study(model, torch.randint(0, 40, (1, 8)), 3, rounds=2, variants=("no cache", "static cache"))
     (total, bar), = made
     assert total == 2 * (1 + 2) and (bar.total, bar.n) == (total, total)
+
+
+def test_tune_memory_s_bar_counts_each_setting_it_measures_once(monkeypatch):
+    """The foreach and fused optimizers share their before (the for-loop one), measured once: the bar's total counts
+    the settings, not the fixes."""
+    made = []
+    monkeypatch.setenv(progress.BOOK_ENV, "1")
+    monkeypatch.setattr(memory, "progress_bar", lambda total, desc, enabled=True: made.append(
+        (total, progress.progress_bar(total, desc, enabled))) or made[-1][1])
+    optlab.tune(lambda: nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 4)), memory=True, input_shape=(12,),
+                num_classes=4, batch_size=8, device="cpu")
+    (total, bar), = made
+    assert (bar.total, bar.n) == (total, total)
 
