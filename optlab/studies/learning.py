@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import itertools
 import math
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
 import torch
-from tqdm import tqdm
 
 from ..core.machine import compiler
 from ..core.results import store
@@ -25,6 +23,7 @@ from ..core.knobs.config import RunConfig
 from ..core.machine.device import DeviceInfo, effective_config, resolve_device
 from ..core.errors import OptlabError
 from ..core.techniques.registry import Experiment, get_experiment
+from ..core.run.progress import progress_bar
 from ..core.run.variants import build_state
 from ..core.measuring.loops import backend_flags, eval_step, train_step
 from ..core.knobs.profiles import Profile, get_profile
@@ -112,7 +111,8 @@ def learning_curves(configs: dict[str, RunConfig], info: DeviceInfo, steps: int,
         batches = _endless(state.loaders["train"])
         state.model.train()
         losses, elapsed, compile_s = [], 0.0, 0.0
-        for step in tqdm(range(1, steps + 1), desc=label, disable=not progress, file=sys.stderr, leave=False):
+        bar = progress_bar(steps, label, progress)
+        for step in range(1, steps + 1):
             graphs, start = compiler.compiled_graphs(), time.perf_counter()
             with backend_flags(config):
                 micro_losses = [train_step(state.model, next(batches), state.optimizer, state.scaler, config,
@@ -133,6 +133,8 @@ def learning_curves(configs: dict[str, RunConfig], info: DeviceInfo, steps: int,
                              "test_loss": test_loss, "test_accuracy": accuracy, "train_s": elapsed,
                              "compile_s": compile_s, **levels})
                 losses = []
+            bar.update()
+        bar.close()
         del state
     return pd.DataFrame(rows)
 

@@ -68,7 +68,7 @@ SAVED_OPS = frozenset(getattr(torch.ops.aten, name).default for name in _SAVED_O
 
 
 def save_matmuls_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
-    """Selective checkpointing's policy: keep the outputs of :data:`SAVED_OPS`, recompute every other op."""
+    """Selective checkpointing's policy: keep the outputs of ``SAVED_OPS``, recompute every other op."""
     return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 

@@ -21,10 +21,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 import torch
+from tqdm import tqdm
 
 from ...core.errors import OptlabError
 from ...core.knobs.limits import check_count
 from ...core.measuring.memory import cpu_step_increase_mb, graph_pool_mb, phase_peak_mb, phase_start, resident_mb
+from ...core.run.progress import progress_bar
 from ...core.stats.sequential import visit_order
 from ...core.measuring.timing import INTERVAL, speed_up
 from ...core.gpt.transformer import GPT, GPTConfig
@@ -186,10 +188,11 @@ def _one_run(model: GPT, prompt: torch.Tensor, new_tokens: int, label: str) -> G
 
 
 def decode_study(model: GPT, prompt: torch.Tensor, new_tokens: int, rounds: int = 6,
-                 variants: "tuple[str, ...] | list[str]" = tuple(VARIANTS)) -> DecodeStudy:
+                 variants: "tuple[str, ...] | list[str]" = tuple(VARIANTS), progress: bool = True) -> DecodeStudy:
     """Time greedy decoding of ``new_tokens`` after ``prompt`` ``[B, T0]`` with each of ``variants`` (names of
     ``VARIANTS``, no cache among them) in ``rounds`` paired rounds; check each variant's tokens against the no-cache
-    reference and measure its peak memory and its cache's bytes on an untimed run."""
+    reference and measure its peak memory and its cache's bytes on an untimed run. ``progress``: a bar of the
+    variants' first runs (a compile among them) and then every timed generation."""
     check_count("rounds", rounds, 2, MAX_ROUNDS, "paired rounds of a decoding comparison")
     unknown = [label for label in variants if label not in VARIANTS]
     if unknown or BASELINE not in variants:
@@ -200,6 +203,26 @@ def decode_study(model: GPT, prompt: torch.Tensor, new_tokens: int, rounds: int 
                         bandwidth.peak_bandwidth(str(device)), bandwidth.weight_bytes(model), weight.element_size(),
                         model.config, bandwidth.last_level_cache_bytes(device))
     reference = greedy_reference(model, prompt, new_tokens)
+    with progress_bar(len(variants) * (1 + rounds), "decoding", progress) as bar:
+        _first_runs(study, model, prompt, new_tokens, variants, reference, bar)
+        labels = list(variants)
+        for index in range(rounds):
+            order = visit_order(labels, index)
+            for label in order:
+                result = _one_run(model, prompt, new_tokens, label)
+                study.ttft_s[label].append(result.ttft_s)
+                study.tpot_s[label].append(result.tpot_s)
+                study.step_s[label].append(result.median_step_s)
+                study.slot_shifts[label].append(float(order.index(label) - order.index(BASELINE)))
+                bar.update()
+    return study
+
+
+def _first_runs(study: DecodeStudy, model: GPT, prompt: torch.Tensor, new_tokens: int,
+                variants: "tuple[str, ...] | list[str]", reference: torch.Tensor, bar: tqdm) -> None:
+    """Each variant's untimed runs (a compile among them): its tokens against ``reference``, its peak memory and
+    its cache's bytes."""
+    device = model.token_embedding.weight.device
     for label in variants:
         pool_before = graph_pool_mb(device) if VARIANTS[label][1] else None
         started = time.perf_counter()
@@ -213,16 +236,7 @@ def decode_study(model: GPT, prompt: torch.Tensor, new_tokens: int, rounds: int 
                                         pool_before)
         study.cache_bytes[label] = _cache_bytes(study, label)
         study.ttft_s[label], study.tpot_s[label], study.step_s[label], study.slot_shifts[label] = [], [], [], []
-    labels = list(variants)
-    for index in range(rounds):
-        order = visit_order(labels, index)
-        for label in order:
-            result = _one_run(model, prompt, new_tokens, label)
-            study.ttft_s[label].append(result.ttft_s)
-            study.tpot_s[label].append(result.tpot_s)
-            study.step_s[label].append(result.median_step_s)
-            study.slot_shifts[label].append(float(order.index(label) - order.index(BASELINE)))
-    return study
+        bar.update()
 
 
 def _cache_bytes(study: DecodeStudy, label: str) -> int:

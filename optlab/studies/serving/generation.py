@@ -283,7 +283,7 @@ def _many_shapes(compiled: Callable) -> Callable:
 def compiled_decode(device: torch.device) -> Callable:
     """The decode step ``(model, token [B, 1], static cache) -> logits [B, V]`` under ``torch.compile``:
     ``mode="reduce-overhead"`` (CUDA graphs) on a GPU, the default mode elsewhere; compiled once per process and
-    mode (a new model or shape recompiles on its first call, up to :data:`DECODE_RECOMPILE_LIMIT` versions)."""
+    mode (a new model or shape recompiles on its first call, up to ``DECODE_RECOMPILE_LIMIT`` versions)."""
     mode = "reduce-overhead" if device.type == "cuda" else "default"
     if mode not in _COMPILED:
         _COMPILED[mode] = _many_shapes(torch.compile(_decode_logits, mode=mode, fullgraph=True))

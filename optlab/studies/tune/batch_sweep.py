@@ -33,11 +33,13 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 import torch
+from tqdm import tqdm
 
 from ...core.measuring import memory
 from ...core.run.experiments import failure_status
 from ...core.measuring.loops import Inputs, input_tensors
 from ...core.measuring.timing import StepTimer
+from ...core.run.progress import finish
 
 PLATEAU_GAIN = 0.10  # a doubling must raise the best throughput so far by more than this to count as a gain
 PLATEAU_DOUBLINGS = 2  # this many doublings in a row without a gain: throughput has stopped rising
@@ -164,13 +166,14 @@ def _release(device: torch.device) -> None:
 
 
 def _series(label: str, served: Served, target: SweepTarget, device: torch.device, max_batch: int, calls: int,
-            warmup: int, budget_s: float, on_point: Callable[[], None] | None) -> tuple[list[dict], str]:
-    """One configuration's throughput at 1, 2, 4, ...: its rows and why the series ended."""
+            warmup: int, budget_s: float, bar: tqdm | None) -> tuple[list[dict], str]:
+    """One configuration's throughput at 1, 2, 4, ...: its rows and why the series ended (``bar`` counts the
+    points)."""
     rows: list[dict] = []
     best, gained_at, misses = 0.0, 1, 0
     for batch in doubling_series(max_batch):
-        if on_point is not None:
-            on_point()
+        if bar is not None:
+            bar.update()
         status = None
         try:
             point = measure(served, target.make_inputs(batch), device, calls, warmup, budget_s)
@@ -210,12 +213,15 @@ def _latencies(label: str, served: Served, target: SweepTarget, device: torch.de
 
 
 def sweep(targets: dict[str, SweepTarget], device: torch.device, max_batch: int, calls: int, warmup: int,
-          budget_s: float = float("inf"), on_point: Callable[[], None] | None = None,
+          budget_s: float = float("inf"), bar: tqdm | None = None,
           request_batches: Sequence[int] = (), request_seconds: float = REQUEST_SECONDS,
           ) -> tuple[pd.DataFrame, dict, pd.DataFrame]:
     """Each configuration in turn, alone on the device: its throughput at 1, 2, 4, ... (each point timed by
     :func:`measure`) and its request latency at ``request_batches`` (:func:`request_latency`). One row per
-    configuration and batch size, why each series ended, and one row per configuration and request batch size."""
+    configuration and batch size, why each series ended, and one row per configuration and request batch size.
+    ``bar`` (a total of ``len(doubling_series(max_batch))`` points a configuration) counts the points; a series that
+    ends early moves it past the points it left out, saying why."""
+    planned = len(doubling_series(max_batch))
     rows: list[dict] = []
     latency: list[dict] = []
     ended: dict[str, str] = {}
@@ -229,8 +235,12 @@ def sweep(targets: dict[str, SweepTarget], device: torch.device, max_batch: int,
             _release(device)
             rows.append({"config": label, "batch": 1, "status": status})
             ended[label] = f"loading it failed: {status}"
+            if bar is not None:
+                finish(bar, planned, 0, f"{label}: {ended[label]}")
             continue
-        series, ended[label] = _series(label, served, target, device, max_batch, calls, warmup, budget_s, on_point)
+        series, ended[label] = _series(label, served, target, device, max_batch, calls, warmup, budget_s, bar)
+        if bar is not None:
+            finish(bar, planned, len(series), f"{label}: {ended[label]}" if len(series) < planned else None)
         rows += series
         latency += _latencies(label, served, target, device, request_batches, request_seconds)
         del served  # released before the next configuration is loaded

@@ -39,7 +39,7 @@ from ...core.machine.device import (
 from ...core.machine.environment import capture
 from ...core.errors import OptlabError, choice_error
 from ...core.run.experiments import failure_status, interleave, stopping_rule
-from ...core.run.progress import progress_bar
+from ...core.run.progress import finish, progress_bar
 from ...core.knobs.limits import MAX_STEPS, check_count
 from ...core.measuring.memory import memory_kind
 from ...core.knobs.profiles import Profile, get_profile
@@ -48,11 +48,11 @@ from ...core.stats.summary import summarize_runs
 from ...core.measuring.timing import INTERVAL, interval_text
 from .batch_sweep import (
     MAX_REQUEST_SECONDS, MIN_REQUESTS, OUT_OF_MEMORY, PLATEAU_DOUBLINGS, PLATEAU_GAIN, REQUEST_SECONDS,
-    REQUEST_WARMUP, LATENCY_COLUMNS, Served, SweepTarget, sweep,
+    REQUEST_WARMUP, LATENCY_COLUMNS, Served, SweepTarget, doubling_series, sweep,
 )
 from .examples import Examples, examples_from
 from .recommendation import (
-    AFRESH, FINAL, START, Recommendation, decision_before_the_check, json_rows, recommendation_record,
+    AFRESH, FINAL, NOTHING_KEPT, START, Recommendation, decision_before_the_check, json_rows, recommendation_record,
 )
 from .output_check import (
     OUTPUT_TOLERANCE, OutputFn, output_change, pick_output, precision, tolerance, within_tolerance,
@@ -401,8 +401,11 @@ def _compare(run: _Run, configs: dict[str, RunConfig], comparison: str,
     images = {PHASE: len(loops.input_tensors(run.inputs[0])[0]) * run.profile.steps}
     first, *others = configs
     rule = stopping_rule(run.profile, {label: first for label in others}, (PHASE,))
+    started = run.bar.n
     rows += interleave(runners, configs, (PHASE,), run.profile, run.info, TECHNIQUE, run.name, images, run.seed,
                        run.bar, rule, run.flops).rows
+    # a config that failed to start ran no rounds: the bar moves past them
+    finish(run.bar, len(configs) * (run.profile.warmup_repeats + run.profile.max_repeats), run.bar.n - started)
     checks = {label: replace(state, model=None, forward=None, inputs=[]) for label, state in prepared.items()}
     prepared.clear()  # free the models before the next comparison builds its own
     _clean_up(run.info, configs.values())
@@ -613,6 +616,8 @@ def tune_inference(
     _print_header(run, facts, description, max_batch, request_batches, request_seconds)
     try:  # a line that ends the run is not printed on the bar's
         walked = _walk(run, plan, start, notes)
+        if not walked.kept:
+            finish(bar, bar.total, bar.n, NOTHING_KEPT)
     finally:
         bar.close()
     table, rows, summaries, kept, final = walked.table, walked.rows, walked.summaries, walked.kept, walked.final
@@ -626,12 +631,13 @@ def tune_inference(
                          "compiles every new batch size again (sweep_compile=True, --sweep-compile, includes it)")
         else:
             swept[FINAL] = recommended
-    sweep_bar = progress_bar(None, "batch sizes", progress, keep=False)  # doubled until memory or latency ends it
+    # each configuration to the largest batch: a series that stops early says why on the bar
+    sweep_bar = progress_bar(len(swept) * len(doubling_series(max_batch)), "batch sizes", progress)
     calls = max(SWEEP_CALLS, 5 * timed)
     try:
         sweep_rows, ends, latency = sweep(_sweep_targets(run, swept, examples), info.device, max_batch, calls,
                                           max(2, prof.warmup_steps), SWEEP_SECONDS_PER_CALL * calls,
-                                          sweep_bar.update, request_batches, request_seconds)
+                                          sweep_bar, request_batches, request_seconds)
     finally:
         sweep_bar.close()
     _clean_up(info, swept.values())

@@ -15,7 +15,6 @@ is detached, or whose training step fails, is one error line; so is a batch whos
 from __future__ import annotations
 
 import functools
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +30,7 @@ from ...core.knobs.config import RunConfig
 from ...core.machine.device import DeviceInfo, native_bf16, resolve_device
 from ...core.errors import OptlabError
 from ...core.measuring.memory import is_out_of_memory
+from ...core.run.progress import progress_bar
 from ...core.knobs.profiles import Profile, get_profile
 from ..transformer.largest_batch import MAX_LIMIT, fits_in_memory, free_memory, largest_fitting
 from ..memory.breakdown import Breakdown, step_breakdown, train_step
@@ -176,8 +176,9 @@ def tune_memory(model_fn: ModelFn, *, input_shape: Any = None, num_classes: int 
           f"{info.describe()}")
     measure = Measure(model_fn, batches.first, loss_fn, optimizer, info, seed)
     fixes = applicable_fixes(build_model(model_fn, seed), batches.batch_size, info)
-    bar = tqdm(total=1 + sum(reason is None for _, reason in fixes), desc=f"memory {name}", disable=not progress,
-               file=sys.stderr, leave=False)
+    # one step a setting, measured once: the foreach and fused optimizers share their before
+    settings = {BASE} | {setting for fix, reason in fixes if reason is None for setting in (fix.before, fix.after)}
+    bar = progress_bar(len(settings), f"memory {name}", progress)
     try:
         base = measure(BASE, bar)
         if isinstance(base, str):

@@ -17,6 +17,7 @@ from .batch_sweep import OUT_OF_MEMORY
 START = "starting point"
 FINAL = "recommended"
 AFRESH = "all kept steps, against the starting point"
+NOTHING_KEPT = "no step was kept, so none is timed afresh"  # on the progress bar, which skips that comparison
 FAILED, NOT_DECIDED = "failed", "not decided"  # a step's decision where it, or the configuration before it, failed
 
 

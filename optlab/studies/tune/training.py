@@ -27,7 +27,7 @@ from ...core.machine.device import DeviceInfo, effective_config, native_bf16, re
 from ...core.machine.environment import capture
 from ...core.errors import OptlabError, choice_error
 from ...core.run.experiments import failure_status, interleave, stopping_rule
-from ...core.run.progress import progress_bar
+from ...core.run.progress import finish, progress_bar
 from ...core.measuring.flops import TRAIN_TO_FORWARD
 from ...core.knobs.limits import MAX_STEPS, check_count, cpu_cores
 from ...core.measuring.memory import is_out_of_memory, memory_kind
@@ -41,8 +41,8 @@ from .batch_sweep import REQUEST_SECONDS
 from .inference import InferenceResult, OutputFn, tune_inference
 from .examples import examples_from
 from .recommendation import (
-    AFRESH, FINAL, START, Recommendation, check_something_measured, decision_before_the_check, json_rows,
-    recommendation_record,
+    AFRESH, FINAL, NOTHING_KEPT, START, Recommendation, check_something_measured, decision_before_the_check,
+    json_rows, recommendation_record,
 )
 from .inputs import (
     MAX_BATCH_SIZE, Batches, LossFn, ModelFn, Probe, batch_does_not_fit, batch_limit, build_model,
@@ -269,9 +269,12 @@ def _compare(run: _Run, configs: dict[str, RunConfig],
 
     first, *others = configs
     rule = stopping_rule(prof, {label: first for label in others}, ("train",))
+    started = run.bar.n
     rows += interleave({label: runner(label) for label in states}, configs, ("train",), prof, run.info, TECHNIQUE,
                        run.name, {"train": run.batches.epoch_images}, run.seed, run.bar, rule, run.flops,
                        keep_first_losses).rows
+    # a config that failed to start ran no rounds: the bar moves past them
+    finish(run.bar, len(configs) * (run.profile.warmup_repeats + run.profile.max_repeats), run.bar.n - started)
     states.clear()  # free the models before the next comparison builds its own
     gc.collect()
     if any(config.compile_mode != "none" for config in configs.values()):
@@ -505,6 +508,8 @@ def tune(
         _warm_up(run, start)
         walk = _walk(run, plan, start, notes, loss_tolerance)
         final = _afresh(run, start, walk)
+        if not walk.kept:
+            finish(bar, bar.total, bar.n, NOTHING_KEPT)
     finally:  # a line that ends the run is not printed on the bar's
         bar.close()
     notes = sorted(set(walk.notes))
