@@ -123,13 +123,16 @@ def _kept(name: str, item: "Mapping[str, Any] | Path | pd.DataFrame") -> Downloa
 
 
 def downloads(technique: str | None = None, *, live: Path | None = None, kept: "Mapping[str, Mapping[str, Any] | Path | pd.DataFrame] | None" = None,
-              stored_tables: Sequence[str] = (), stored: Sequence[Path] = ()) -> Downloads:
+              stored_tables: Sequence[str] = (), stored: Sequence[Path] = (),
+              written: "Mapping[str, Path] | None" = None) -> Downloads:
     """The files behind a chapter: its ``live`` record (where ``chapter.run`` wrote it), the stored GPU references of
     ``technique``, the runs and tables of ``kept`` (records, record files or DataFrames, saved here under their names),
-    the stored reference tables named in ``stored_tables``, and any other ``stored`` files the page shows."""
+    the stored reference tables named in ``stored_tables``, any other ``stored`` files the page shows, and the files
+    the page ``written`` into the live folder itself (a profiler's trace), by what each is."""
     files: list[Download] = []
     if live is not None:
         files.append(_live_record(Path(live)))
+    files += [Download(site_path(Path(path)), what) for what, path in (written or {}).items()]
     if technique is not None:
         files += _stored(list(store.REFERENCE_DIR.glob(f"*/{technique}.json")),
                          f"the stored GPU reference run of {technique} on {{machine}}")
