@@ -32,8 +32,9 @@ notebook-filter:
 test: $(STAMP)
 	$(PY) -m pytest
 
-check: $(STAMP)  # the fast tier: every test but the chapters, the book, the browser and processes of their own
-	$(PY) -m pytest -m "not slow"
+check: $(STAMP)  # the fast tier: every test but the chapters, the book, the browser and processes of their own; on
+# every core (pytest-xdist), each test file in one worker so that its module fixtures are built once
+	$(PY) -m pytest -m "not slow" -n auto --dist loadfile
 
 repeat: $(STAMP)  # every test that starts processes, signals, forks or sleeps, 20 times in a row beside the chapters' runs
 	$(PY) tools/repeat_tests.py $(TESTS)
