@@ -143,8 +143,8 @@ def sequential_outcomes(rng: np.random.Generator, speed_ups: dict[str, float], r
            "low": np.full(shape, np.nan), "high": np.full(shape, np.nan), "repeats": np.zeros(draws, dtype=int)}
     out["given_up"] = np.zeros(shape, dtype=bool)
     out["autocorrelation"], out["rounds"] = np.full(shape, np.nan), np.zeros(shape, dtype=int)
+    logs = {label: np.log(seconds) for label, seconds in times.items()}  # once, not at every look
     running, open_ = np.ones(draws, dtype=bool), np.ones(shape, dtype=bool)
-    beyond_reach = np.vectorize(timing.out_of_reach)
     for look, rounds_possible in zip(looks, possible):
         if not look.reads:
             continue
@@ -152,7 +152,7 @@ def sequential_outcomes(rng: np.random.Generator, speed_ups: dict[str, float], r
         now = {"verdict": np.empty(shape, dtype=object), "ratio": np.empty(shape), "low": np.empty(shape),
                "high": np.empty(shape), "scale": np.empty(shape)}
         for column, label in enumerate(others):
-            log_ratios = np.log(times[base][:, :n]) - np.log(times[label][:, :n])
+            log_ratios = logs[base][:, :n] - logs[label][:, :n]
             centre, error, _, df = timing.log_ratio_fit(log_ratios, slots[label][:n] - slots[base][:n])
             ratio, low, high = timing.fit_interval(centre, error, df, look.confidence)
             now["ratio"][:, column], now["low"][:, column], now["high"][:, column] = ratio, low, high
@@ -161,7 +161,7 @@ def sequential_outcomes(rng: np.random.Generator, speed_ups: dict[str, float], r
         still = open_ & ~answering
         given_up = np.zeros(shape, dtype=bool)
         if n >= FUTILE_AFTER and not look.final:
-            beyond = still & beyond_reach(now["ratio"], now["scale"], n, rounds_possible)
+            beyond = still & timing.out_of_reach(now["ratio"], now["scale"], n, rounds_possible)
             given_up = beyond & (still & ~beyond).any(axis=1, keepdims=True)  # only while another is within reach
         answering |= given_up
         out["given_up"] |= given_up
@@ -170,7 +170,7 @@ def sequential_outcomes(rng: np.random.Generator, speed_ups: dict[str, float], r
         for column, label in enumerate(others):
             rows = answering[:, column]
             if rows.any():
-                log_ratios = np.log(times[base][rows, :n]) - np.log(times[label][rows, :n])
+                log_ratios = logs[base][rows, :n] - logs[label][rows, :n]
                 out["autocorrelation"][rows, column] = timing.round_autocorrelation(log_ratios, slots[label][:n]
                                                                                     - slots[base][:n])
                 out["rounds"][rows, column] = n

@@ -1,7 +1,6 @@
 """The first-step studies' plumbing: fresh processes with their own caches, break-evens, start tables, streams."""
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import signal
@@ -19,29 +18,35 @@ from optlab.core.gpt.transformer import GPT, GPTConfig
 from optlab.studies.first_step import compile_time, dynamo_log, fresh, recompiles, shapes
 
 
-@pytest.mark.parametrize("forked", [False, True], ids=["own process", "forked"])
-def test_a_fresh_process_keeps_every_cache_inside_its_folder(tmp_path, forked):
-    if forked and not fresh.forks_possible():
-        pytest.skip("starts are forked on Linux without a GPU only")
-    with contextlib.ExitStack() as stack:
-        server = stack.enter_context(fresh.ForkServer("tests.fresh_probe")) if forked else None
-        for start in ("first", "second"):  # a fork server's second child gets its own folders too
-            cache = fresh.CacheFolder(tmp_path / start, tmp_path / "headers")
-            seen = fresh.run_fresh("tests.fresh_probe:where", {}, cache, cold=True, forks=server)
-            for name in ("inductor", "triton", "headers", "tmp"):
-                assert seen[name].startswith(str(cache.path)), (name, seen[name])
-            assert seen["cache_files_before"] == 0 and seen["process_s"] > 0 and seen["pid"] != os.getpid()
-
-
-def test_a_forked_start_that_fails_says_why_and_the_server_goes_on(tmp_path):
+@pytest.fixture(scope="module")
+def plain_server():
+    """One fork server of tests.fresh_probe without a machine folder, for the tests that only start children on it
+    (its start is most of their time): each child gets folders of its own, and a failed child leaves the server
+    serving as before (checked below), so no test depends on what another started on it."""
     if not fresh.forks_possible():
         pytest.skip("starts are forked on Linux without a GPU only")
     with fresh.ForkServer("tests.fresh_probe") as server:
-        with pytest.raises(OptlabError, match=r"failed \(exit 1\): ValueError: no such start"):
-            fresh.run_fresh("tests.fresh_probe:fail", {}, fresh.CacheFolder(tmp_path / "a"), cold=True, forks=server)
-        seen = fresh.run_fresh("tests.fresh_probe:where", {}, fresh.CacheFolder(tmp_path / "b"), cold=True,
-                               forks=server)
-        assert seen["tmp"].startswith(str(tmp_path / "b"))
+        yield server
+
+
+@pytest.mark.parametrize("forked", [False, True], ids=["own process", "forked"])
+def test_a_fresh_process_keeps_every_cache_inside_its_folder(request, tmp_path, forked):
+    server = request.getfixturevalue("plain_server") if forked else None
+    for start in ("first", "second"):  # a fork server's second child gets its own folders too
+        cache = fresh.CacheFolder(tmp_path / start, tmp_path / "headers")
+        seen = fresh.run_fresh("tests.fresh_probe:where", {}, cache, cold=True, forks=server)
+        for name in ("inductor", "triton", "headers", "tmp"):
+            assert seen[name].startswith(str(cache.path)), (name, seen[name])
+        assert seen["cache_files_before"] == 0 and seen["process_s"] > 0 and seen["pid"] != os.getpid()
+
+
+def test_a_forked_start_that_fails_says_why_and_the_server_goes_on(plain_server, tmp_path):
+    with pytest.raises(OptlabError, match=r"failed \(exit 1\): ValueError: no such start"):
+        fresh.run_fresh("tests.fresh_probe:fail", {}, fresh.CacheFolder(tmp_path / "a"), cold=True,
+                        forks=plain_server)
+    seen = fresh.run_fresh("tests.fresh_probe:where", {}, fresh.CacheFolder(tmp_path / "b"), cold=True,
+                           forks=plain_server)
+    assert seen["tmp"].startswith(str(tmp_path / "b"))
 
 
 def test_a_fork_server_refuses_a_module_that_fixes_its_cache_folders_on_import():
@@ -51,7 +56,8 @@ def test_a_fork_server_refuses_a_module_that_fixes_its_cache_folders_on_import()
 
 
 @pytest.mark.slow  # among the suite's slowest (processes of its own or a long simulation): not in make check
-def test_a_probing_fork_server_s_children_know_the_cpu_and_share_its_headers_and_leave_its_folder_alone(tmp_path):
+def test_a_probing_fork_server_s_children_know_the_cpu_and_share_its_headers_and_leave_its_folder_alone(
+        plain_server, tmp_path):
     """The parent probes the CPU's vector instructions once, in its own folder: each child starts knowing them (it
     builds no probe of its own), puts its caches in its own folder and its headers in the shared one; a child that
     writes into the parent's folder is seen."""
@@ -68,10 +74,9 @@ def test_a_probing_fork_server_s_children_know_the_cpu_and_share_its_headers_and
         fresh.run_fresh("tests.fresh_probe:write_into", {"path": str(tmp_path / "machine" / "stray")},
                         fresh.CacheFolder(tmp_path / "stray"), cold=True, forks=server)
         assert not server.machine_untouched()
-    with fresh.ForkServer("tests.fresh_probe") as server:  # no machine folder: nothing probed, none known
-        assert server.probe_s is None
-        assert not fresh.run_fresh("tests.fresh_probe:where", {}, fresh.CacheFolder(tmp_path / "plain"), cold=True,
-                                   forks=server)["probed"]
+    assert plain_server.probe_s is None  # no machine folder: nothing probed, none known
+    assert not fresh.run_fresh("tests.fresh_probe:where", {}, fresh.CacheFolder(tmp_path / "plain"), cold=True,
+                               forks=plain_server)["probed"]
 
 
 def test_a_fork_server_s_machine_folder_must_name_the_shared_headers(tmp_path):

@@ -114,14 +114,23 @@ def test_every_part_fits_one_call_on_an_h200_and_every_chapter_is_in_one_part():
     assert [part.name for part in parts if part.tests] == ["tests"]
 
 
-def test_parts_prints_each_part_with_its_seconds_and_a_deadline_inside_its_command():
-    printed = _gpu_check("--parts", "--deadline", "200")
-    assert printed.returncode == 0
+def _main_here(monkeypatch, capsys, *arguments) -> tuple[int, str]:
+    """``tools/gpu_check.py arguments``'s exit status and output, run in this process (torch is imported already: a
+    process of its own spends its seconds on the import); the path it extends is put back after."""
+    monkeypatch.setattr(sys, "path", [*sys.path])
+    monkeypatch.delenv(gpu_check.REHEARSAL, raising=False)
+    code = gpu_check.main(list(arguments))
+    return code, capsys.readouterr().out
+
+
+def test_parts_prints_each_part_with_its_seconds_and_a_deadline_inside_its_command(monkeypatch, capsys):
+    code, stdout = _main_here(monkeypatch, capsys, "--parts", "--deadline", "200")
+    assert code == 0
     for number, part in enumerate(check_parts.CHECK_PARTS, 1):
         assert (f"{number:<2} {part.name:<14} {part.h200_s:>5.0f} {part.cpu_s:>6.0f} {200:>10}  {part.what}"
-                in printed.stdout), printed.stdout
-    assert f"timeout -k {check_parts.KILL_AFTER_S} {check_parts.PART_CALL_S} python3 tools/gpu_check.py" in printed.stdout
-    assert "not checked on a GPU: chapters 19-21" in printed.stdout and "NCCL cannot run two ranks" in printed.stdout
+                in stdout), stdout
+    assert f"timeout -k {check_parts.KILL_AFTER_S} {check_parts.PART_CALL_S} python3 tools/gpu_check.py" in stdout
+    assert "not checked on a GPU: chapters 19-21" in stdout and "NCCL cannot run two ranks" in stdout
 
 
 def test_every_command_of_the_short_plan_is_killed_after_its_limit_and_names_its_archive_after_the_gpu():
@@ -145,9 +154,9 @@ PARTS = len(check_parts.CHECK_PARTS)
     (["--deadline", "0"], "gpu-check: error: --deadline must be from 1 to 3600 seconds, got 0"),
     (["--archive", "x.tar.gz"], "gpu-check: error: --archive packs the --out folder: give --out too"),
 ])
-def test_a_bad_part_or_deadline_is_refused_in_one_line(arguments, message):
-    refused = _gpu_check(*arguments, CUDA_VISIBLE_DEVICES="")
-    assert refused.returncode == 2 and refused.stdout.startswith(message), refused.stdout
+def test_a_bad_part_or_deadline_is_refused_in_one_line(monkeypatch, capsys, arguments, message):
+    code, stdout = _main_here(monkeypatch, capsys, *arguments)
+    assert code == 2 and stdout.startswith(message), stdout
 
 
 def test_a_part_is_chosen_by_number_or_name():

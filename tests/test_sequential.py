@@ -332,3 +332,21 @@ def test_dependent_rounds_are_flagged_far_more_often_than_independent_ones(depen
     independent, dependent = flagged(Noise(0.05, **HEAVY)), flagged(Noise(0.05, **HEAVY, **dependence))
     print(f"flagged: {dependent:.3f} with {dependence}, {independent:.3f} independent")
     assert independent <= 0.03 and dependent >= 5 * independent
+
+
+def test_the_rounds_kept_beside_the_trim_are_those_a_stable_sort_ranks_inside_ties_included():
+    """The rounds whose deviations the slot fit scales (every round not cut) are found without a sort; where rounds
+    tie with a cut's boundary (times rounded alike), each tied round is kept by its place among the ties, as a stable
+    argsort ranks it: which tied round is kept changes the scale when the rounds' leverage differs."""
+    from optlab.core.measuring.timing import _ranked_between
+
+    rng = np.random.default_rng(0)
+    for n in (3, 10, 24, 96):
+        cut = int(timing.TRIM * n) if n >= 10 else 0
+        for values in (rng.integers(0, 3, (2000, n)).astype(float), rng.normal(size=(2000, n))):
+            ordered = np.sort(values, axis=-1)
+            rank = np.argsort(np.argsort(values, axis=-1, kind="stable"), axis=-1, kind="stable")
+            kept = _ranked_between(values, ordered[:, cut:cut + 1], ordered[:, n - cut - 1:n - cut], cut, n - cut)
+            assert np.array_equal(kept, (rank >= cut) & (rank < n - cut)), n
+            one = _ranked_between(values[0], ordered[0, cut:cut + 1], ordered[0, n - cut - 1:n - cut], cut, n - cut)
+            assert np.array_equal(one, kept[0])

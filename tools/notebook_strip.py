@@ -20,6 +20,11 @@ def clean(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return strip_output(notebook, keep_output=False, keep_count=False, keep_id=True, extra_keys=EXTRA_KEYS)
 
 
+def stored(text: str) -> str:
+    """The notebook ``text`` as git stores it: what the filter writes on its standard output."""
+    written = nbformat.writes(clean(nbformat.reads(text, as_version=nbformat.NO_CONVERT)))
+    return written if written.endswith("\n") else written + "\n"
+
+
 if __name__ == "__main__":
-    notebook = nbformat.read(sys.stdin, as_version=nbformat.NO_CONVERT)
-    nbformat.write(clean(notebook), sys.stdout)
+    sys.stdout.write(stored(sys.stdin.read()))

@@ -321,6 +321,23 @@ def dependent_rounds(autocorrelation: float, rounds: int) -> bool:
     return bool(rounds >= DEPENDENT_FROM and autocorrelation > DEPENDENT_Z / math.sqrt(rounds))
 
 
+def _ranked_between(values: np.ndarray, low: np.ndarray, high: np.ndarray, first: int, end: int) -> np.ndarray:
+    """Which of ``values`` (along the last axis) rank from ``first`` to before ``end`` in a stable sort, where ``low``
+    and ``high`` are the sorted values at ``first`` and ``end - 1``, without the sort: the rounds from ``low`` to
+    ``high``, and in a row where another round ties with a boundary, each tied round by its place among the ties, as
+    a stable argsort ranks it (a row with a NaN has a NaN scale whichever rounds are kept)."""
+    rows, low, high = values.reshape(-1, values.shape[-1]), low.reshape(-1, 1), high.reshape(-1, 1)
+    inside = (rows >= low) & (rows <= high)
+    tied = ((rows == low).sum(axis=-1) > 1) | ((rows == high).sum(axis=-1) > 1)
+    if tied.any():
+        ties, low, high = rows[tied], low[tied], high[tied]
+        rank_low = (ties < low).sum(axis=-1, keepdims=True) + np.cumsum(ties == low, axis=-1) - 1
+        rank_high = (ties < high).sum(axis=-1, keepdims=True) + np.cumsum(ties == high, axis=-1) - 1
+        inside[tied] = (((ties > low) | ((ties == low) & (rank_low >= first)))
+                        & ((ties < high) | ((ties == high) & (rank_high < end))))
+    return inside.reshape(values.shape)
+
+
 def log_ratio_fit(log_ratios: np.ndarray, slot_shifts: "np.ndarray | list | None" = None
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
     """The log speed-up at a slot shift of 0, its standard error, the round-level noise (the standard deviation of one
@@ -357,8 +374,7 @@ def log_ratio_fit(log_ratios: np.ndarray, slot_shifts: "np.ndarray | list | None
     if fitted:
         free = 1 - round_leverage(shifts)
         inflation = np.sqrt(np.divide(residual_df / n, free, out=np.ones(n), where=free > 1e-12))
-        rank = np.argsort(np.argsort(at_zero, axis=-1, kind="stable"), axis=-1, kind="stable")
-        inside = (rank >= cut) & (rank < n - cut)  # every round not cut, the two on the boundary too
+        inside = _ranked_between(at_zero, low, high, cut, n - cut)  # every round not cut, the two on the boundary too
         deviations = np.where(inside, deviations * inflation, deviations)
         df *= slot_fit_df(tuple(shifts.tolist())) / residual_df
     scale = (np.sqrt((deviations ** 2).sum(axis=-1) / residual_df) * n / kept if residual_df > 0
@@ -434,22 +450,24 @@ def speed_up(
                    autocorrelation=autocorrelation)
 
 
-def out_of_reach(ratio: float, noise: float, rounds: int, possible_rounds: float, error_rate: float = ERROR_RATE,
-                 min_effect: float = MIN_EFFECT) -> bool:
+def out_of_reach(ratio: "float | np.ndarray", noise: "float | np.ndarray", rounds: int, possible_rounds: float,
+                 error_rate: float = ERROR_RATE, min_effect: float = MIN_EFFECT) -> "bool | np.ndarray":
     """Whether a comparison read at ``ratio`` with round noise ``noise`` after ``rounds`` could not be answered in
     ``possible_rounds``, even with its estimate ``REACH_ERRORS`` standard errors further its way: the interval it would
     have there (normal, at the whole ``error_rate``: narrower than any look's) would neither clear 1 and the band of no
     practical difference nor fit inside that band. ``noise`` is the scale the trimmed interval sees
     (:attr:`SpeedUp.scale`), so that a round hit by other work does not make a real difference look out of reach.
-    False where the noise is unknown."""
-    if not (math.isfinite(noise) and noise > 0 and ratio > 0 and rounds > 0 and possible_rounds > 0):
-        return False
+    False where the noise is unknown. Arrays of ``ratio`` and ``noise`` (simulated runs) give an array of answers."""
+    ratio, noise = np.asarray(ratio, dtype=float), np.asarray(noise, dtype=float)
+    known = np.isfinite(noise) & (noise > 0) & (ratio > 0) & (rounds > 0) & (possible_rounds > 0)
+    ratio, noise = np.where(known, ratio, 1.0), np.where(known, noise, 1.0)  # no log or root of what is not judged
     band = math.log1p(min_effect)
-    centre, error = abs(math.log(ratio)), REACH_ERRORS * noise / math.sqrt(rounds)
-    half = normal_quantile(1 - error_rate / 2) * noise / math.sqrt(possible_rounds)
-    could_differ = centre + error > max(half, band)
-    could_match = max(centre - error, 0.0) + half < band
-    return not (could_differ or could_match)
+    centre, error = np.abs(np.log(ratio)), REACH_ERRORS * noise / np.sqrt(max(rounds, 1))
+    half = normal_quantile(1 - error_rate / 2) * noise / np.sqrt(max(possible_rounds, 1e-300))
+    could_differ = centre + error > np.maximum(half, band)
+    could_match = np.maximum(centre - error, 0.0) + half < band
+    beyond = known & ~(could_differ | could_match)
+    return bool(beyond) if beyond.ndim == 0 else beyond
 
 
 def verdicts(ratio: "np.ndarray | float", low: "np.ndarray | float", high: "np.ndarray | float",
