@@ -277,8 +277,43 @@ def test_starts_that_wrote_into_a_fork_server_s_machine_folder_are_refused(monke
     monkeypatch.setattr(fresh, "forks_possible", lambda: True)
     monkeypatch.setattr(fresh, "run_fresh", lambda function, *args, **kwargs: {"headers_s": 1.0, "first_step_s": 1.0,
                                                                                "step_times_s": [0.1]})
-    with pytest.raises(OptlabError, match=r"wrote into the fork server's machine folder .*machine0.* none was cold"):
+    with pytest.raises(OptlabError, match=r"wrote into the fork server's machine folder .*/machine: .* none was cold"):
         compile_time.run_starts("gpt", rounds=2, root=tmp_path)
+
+
+def test_rounds_side_by_side_probe_the_cpu_once_their_second_fork_server_starting_after_the_first_has(monkeypatch,
+                                                                                                      tmp_path):
+    """Each sequence of rounds has a fork server; they share one machine folder, and the second starts only once the
+    first has answered (its probe done), so it finds the CPU's answer there instead of building it again."""
+    events = []
+
+    class Server:
+        probe_s = 1.0
+
+        def __init__(self, module, settings=None, machine=None, stop=None):
+            self.machine, self.number = machine, len([kind for kind, _ in events if kind == "start"])
+            events.append(("start", self.number))
+
+        def ready(self):
+            events.append(("ready", self.number))
+
+        def machine_untouched(self):
+            return True
+
+        def close(self):
+            pass
+
+    servers = []
+    monkeypatch.setattr(fresh, "ForkServer", lambda *args, **kwargs: servers.append(Server(*args, **kwargs))
+                        or servers[-1])
+    monkeypatch.setattr(fresh, "forks_possible", lambda: True)
+    monkeypatch.setattr(compile_time.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(fresh, "run_fresh", lambda function, *args, **kwargs: {"headers_s": 1.0, "first_step_s": 1.0,
+                                                                               "step_times_s": [0.1]})
+    rows = compile_time.run_starts("gpt", rounds=2, root=tmp_path, rounds_at_once=2)
+    assert len(servers) == 2 and servers[0].machine.path == servers[1].machine.path == tmp_path / "machine"
+    assert events[:3] == [("start", 0), ("ready", 0), ("start", 1)], events
+    assert rows["forked"].all() and len(rows) == 2 * len(compile_time.STARTS)
 
 
 def test_dynamo_s_messages_name_files_relative_to_the_working_folder(tmp_path, monkeypatch):
@@ -414,3 +449,20 @@ def test_the_reference_part_of_the_starts_is_bounded_inside_its_estimate():
     from optlab.commands.reference.costs import TABLE_S
 
     assert compile_time.REFERENCE_DEADLINE_S < TABLE_S["compile_time"] <= 240
+
+
+def test_the_headers_build_probes_the_cpu_in_the_process_s_own_cache_folder_not_in_the_fresh_one(monkeypatch,
+                                                                                                  tmp_path):
+    """Inductor keeps its probe of the CPU's vector instructions in the cache folder it probed in: ``build_headers``
+    probes before it opens its fresh cache, so the machine's folder keeps the answer for every later process."""
+    from torch._inductor import cpu_vec_isa
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    from optlab.studies.first_step import starts
+
+    probed_in = []
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cpu_vec_isa, "pick_vec_isa", lambda: probed_in.append(cache_dir()))
+    monkeypatch.setattr(torch, "compile", lambda fn: fn)  # the probe is the question here, not the compile
+    assert starts.build_headers("cpu")["headers_s"] >= 0
+    assert probed_in == [str(tmp_path)], probed_in

@@ -97,7 +97,8 @@ def run_starts(model: str, rounds: int = 3, size: str = "small", steps: int = 10
     five starts still run one after another, so every comparison is between starts of one round, which share
     whatever the other rounds were doing. Where ``fresh.forks_possible``, each sequence forks its processes from a
     ``fresh.ForkServer`` (column ``forked``), which probes the CPU's vector instructions once for its children
-    (``probe_s``); a start in a process of its own probes inside its first step where it compiles from cold.
+    (``probe_s``): the first server probes, and the others, started once it has, find its answer in the machine
+    folder they share; a start in a process of its own probes inside its first step where it compiles from cold.
     ``deadline_s``: seconds from the call after which the starts in flight are killed and no round starts; the rounds
     that finished come back (``rows.attrs["stopped"]`` says why the others did not), and fewer than two is an
     OptlabError. A signal, or a round's error, ends every start at once the same way, queued rounds included."""
@@ -116,10 +117,7 @@ def run_starts(model: str, rounds: int = 3, size: str = "small", steps: int = 10
     headers = root / "precompiled-headers"  # the machine's, built once: see ``fresh``
     stop = fresh.Stop(None if deadline_s is None else time.monotonic() + deadline_s)
     lanes: queue.SimpleQueue = queue.SimpleQueue()  # each side-by-side sequence of rounds and its fork server
-    servers = [fresh.ForkServer(START_MODULE, settings, fresh.CacheFolder(root / f"machine{lane}", headers), stop)
-               for lane in range(rounds_at_once)] if fresh.forks_possible() else [None] * rounds_at_once
-    for server in servers:
-        lanes.put(server)
+    machine, servers = fresh.CacheFolder(root / "machine", headers), []
 
     def one_round(round_: int) -> list[dict[str, Any]]:
         artifacts, rows, server = root / f"round{round_}-artifacts.bin", [], lanes.get()
@@ -140,8 +138,14 @@ def run_starts(model: str, rounds: int = 3, size: str = "small", steps: int = 10
         return rows
 
     try:
+        for _ in range(rounds_at_once if fresh.forks_possible() else 0):
+            if servers:  # the first has probed the CPU: the others find its answer in the machine folder they share
+                servers[0].ready()
+            servers.append(fresh.ForkServer(START_MODULE, settings, machine, stop))
+        for server in servers or [None] * rounds_at_once:
+            lanes.put(server)
         built = fresh.run_fresh(f"{START_MODULE}:build_headers", {}, fresh.CacheFolder(root / "headers-build", headers),
-                                cold=True, settings=settings, forks=servers[0], stop=stop)
+                                cold=True, settings=settings, forks=servers[0] if servers else None, stop=stop)
         rows = _rounds_until(stop, rounds_at_once, [lambda r=r: one_round(r) for r in range(rounds)])
         for server in filter(None, servers):
             if not server.machine_untouched():

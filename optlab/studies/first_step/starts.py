@@ -54,11 +54,17 @@ def build(model: str, size: str) -> tuple[nn.Module, list[nn.Module], torch.Tens
 def build_headers(device: str = "auto", train: bool = False) -> dict[str, float]:
     """Compile one tiny function from empty caches, so that Inductor's precompiled headers exist before anything is
     timed, and a process's first compile has paid its setup (its imports, the compiler's checks); its seconds (most
-    of them the headers, where the machine had none). ``train``: its backward is compiled too, as a training step's."""
+    of them the headers, where the machine had none). On a CPU, Inductor's probe of the vector instructions runs first,
+    in the cache folder this process was given (the machine's, unless a caller named another), where Inductor keeps
+    its answer for every later process, as it keeps the headers. ``train``: its backward is compiled too, as a
+    training step's."""
+    from torch._inductor import cpu_vec_isa
     from torch._inductor.utils import fresh_cache
 
     on = resolve_device(device).device
     started = time.perf_counter()
+    if on.type == "cpu":
+        cpu_vec_isa.pick_vec_isa()  # a process that probed already (a fork server's child) has the answer in memory
     with fresh_cache():
         x = torch.ones(3, device=on, requires_grad=train)
         out = torch.compile(lambda x: torch.sin(x) + 1)(x)
