@@ -213,9 +213,8 @@ def answer_frame(found: dict[str, pd.DataFrame], serving: pd.DataFrame | None = 
     return frame.sort_values(["_workload", "_group"], kind="stable").drop(columns=["_workload", "_group"])
 
 
-UNANSWERED = ("can't tell yet", "no effect here")  # no speed-up to give: a technique named, its variants counted
-BRIEF = ("mixed", *UNANSWERED)  # groups with no one answer: two variants of a technique are counted, not listed
-MANY = 3  # a technique with this many variants in one group shows them as a count and a range
+BRIEF = ("mixed", "can't tell yet", "no effect here")  # groups with no one answer: a technique named, its variants counted
+MANY = 2  # a technique with this many variants in one group shows them as a count and a range
 GROUP_COLOURS = {"faster": VERDICT_COLOURS[FASTER], "the same": VERDICT_COLOURS[SAME],
                  "slower": VERDICT_COLOURS[SLOWER]}
 
@@ -223,9 +222,9 @@ GROUP_COLOURS = {"faster": VERDICT_COLOURS[FASTER], "the same": VERDICT_COLOURS[
 @dataclass(frozen=True)
 class Answer:
     """The per-workload answer as the page shows it: a compact table, one row per workload, a line per group in it
-    (its name coloured as the figures colour the verdict). A technique's variants are listed with their figures, or
-    counted with the range of their speed-ups where there are ``MANY`` in a group (two if mixed); in an
-    ``UNANSWERED`` group only the technique is named, its variants counted."""
+    (its name coloured as the figures colour the verdict), the groups with no one answer (``BRIEF``) sharing one line.
+    A technique's one variant in a group is given by its figure, its variants counted with the range of their
+    speed-ups where there are ``MANY``; in a ``BRIEF`` group only the technique is named, its variants counted."""
 
     frame: pd.DataFrame
 
@@ -234,7 +233,7 @@ class Answer:
         return [c for c in self.frame.columns if c not in FIGURES and not c.endswith(tuple(f" {e}" for e in ENDS))]
 
     def _beside(self, seed: str, theirs: dict[str, str]) -> str:
-        beside = [f"seed V100 {seed}"] if seed else []
+        beside = [f"V100 {seed}"] if seed else []
         beside += [f"{machine}: {text}" for machine, text in theirs.items() if text]
         return f" <span class='optlab-beside'>[{html.escape('; '.join(beside))}]</span>" if beside else ""
 
@@ -242,28 +241,23 @@ class Answer:
         name = f"<b>{html.escape(technique)}</b>"
         beside = self._beside(span([part["seed low"].min(), part["seed high"].max()]),
                             {m: span([part[f"{m} low"].min(), part[f"{m} high"].max()]) for m in self.machines})
-        if group in UNANSWERED:  # no answer: the technique's name, its variants counted; the tables give the rest
+        if group in BRIEF:  # no one answer: the technique's name, its variants counted; the tables give the rest
             return name + (f" ({len(part)})" if len(part) > 1 else "") + beside
-        if len(part) >= (2 if group in BRIEF else MANY):
+        if len(part) >= MANY:
             times = span([part["low"].min(), part["high"].max()])
             return f"{name} ({len(part)} variants{', ' + times if times else ''}){beside}"
-        variants = []
-        for _, row in part.iterrows():
-            variant = row["line"].removeprefix(technique).removeprefix(": ")
-            text = " ".join(html.escape(t) for t in (variant, row["here"]) if t)
-            variants.append(text + self._beside(row["seed V100"], {m: row[m] for m in self.machines}))
-        return f"{name}{':' if part['line'].iloc[0] != technique else ''} {', '.join(variants)}"
+        return f"{name} {html.escape(part['here'].iloc[0])}{beside}"  # one variant: its figure (the tables name it)
 
     def _cell(self, rows: pd.DataFrame) -> str:
-        lines = []
+        answered, brief = [], []
         for group, part in rows.groupby("group", sort=False):
             if group == NO_RECORD:
                 return html.escape(NO_RECORD)
             colour = GROUP_COLOURS.get(group)
             word = f"<b style='color: {colour}'>{group}</b>" if colour else f"<i>{html.escape(group)}</i>"
             items = " · ".join(self._item(group, t, p) for t, p in part.groupby("technique", sort=False))
-            lines.append(f"<div>{word}: {items}</div>")
-        return "".join(lines)
+            (brief if group in BRIEF else answered).append(f"{word}: {items}")
+        return "".join(f"<div>{line}</div>" for line in [*answered, "; ".join(brief)] if line)
 
     def _repr_html_(self) -> str:
         body = []
@@ -272,7 +266,7 @@ class Answer:
             where = f"<div class='optlab-answer-on'>on {html.escape(on)}</div>" if on else ""
             body.append(f"<tr><th>{html.escape(workload)}{where}</th><td>{self._cell(rows)}</td></tr>")
         refs = ", ".join(self.machines) if self.machines else "none stored yet"
-        key = f"In square brackets: the seed's V100 figure on the same models, and each stored GPU reference ({refs})."
+        key = f"In brackets: the seed's V100 figure on the same models, and each stored GPU reference ({refs})."
         return (f"<div class='optlab-answer' id='summary-answer'><table class='optlab-table'>"
                 f"<tbody>{''.join(body)}</tbody></table><p class='optlab-answer-key'>{html.escape(key)}</p></div>")
 
