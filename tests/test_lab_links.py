@@ -18,6 +18,7 @@ from torch import nn
 import optlab
 from optlab.book import chapter, downloads
 from optlab.core.results import store
+from optlab.core.measuring.timing import FASTER
 from optlab.core.run import progress
 from optlab.core.gpt.transformer import GPT, GPTConfig
 from optlab.studies.serving import decoding
@@ -181,7 +182,7 @@ def test_tune_inference_s_bars_end_at_the_totals_they_started_with(bars, monkeyp
 
 
 class SlowWithAutogradUpTo8(nn.Module):
-    """A convnet 3 ms slower with autograd on (so inference_mode is kept) that serves up to 8 samples a batch."""
+    """A convnet 3 ms slower with autograd on that serves up to 8 samples a batch."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -197,8 +198,10 @@ class SlowWithAutogradUpTo8(nn.Module):
 
 def test_a_step_that_fails_to_start_moves_the_bar_past_its_rounds(bars, monkeypatch):
     """channels_last fails to start, after inference_mode was kept: the comparison afresh still runs, so only the
-    failed step's own rounds can leave the bar short; both configurations' sweeps stop at batch 16."""
-    prepare = inference._prepare
+    failed step's own rounds can leave the bar short; both configurations' sweeps stop at batch 16. The measured
+    step reads as faster whatever its rounds said: on a busy machine a 3 ms gain may not, and the bars are the subject
+    here, not the verdict."""
+    prepare, decide = inference._prepare, inference.decide
 
     def failing(run, config, check=True):
         if config.channels_last:
@@ -206,7 +209,8 @@ def test_a_step_that_fails_to_start_moves_the_bar_past_its_rounds(bars, monkeypa
         return prepare(run, config, check)
 
     monkeypatch.setattr(inference, "_prepare", failing)
-    profile = replace(TINY, repeats=8, max_repeats=8)  # rounds enough for a 3 ms gain to read as faster
+    monkeypatch.setattr(inference, "decide", lambda verdict, *rest: decide(FASTER, *rest))
+    profile = replace(TINY, repeats=8, max_repeats=8)
     result = optlab.tune(SlowWithAutogradUpTo8, inference=True, input_shape=(3, 8, 8), max_batch=32,
                          request_seconds=0.05, profile=profile, device="cpu",
                          techniques=[inference.INFERENCE_MODE, inference.CHANNELS_LAST])
