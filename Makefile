@@ -29,8 +29,8 @@ notebook-filter:
 	  git config filter.nbstripout.smudge cat && \
 	  git config filter.nbstripout.required true; fi
 
-test: $(STAMP)
-	$(PY) -m pytest
+test: $(STAMP)  # everything, on every core (pytest-xdist): each chapter's run on its own, each other test file whole
+	$(PY) -m pytest -n auto --dist loadfile
 
 check: $(STAMP)  # the fast tier: every test but the chapters, the book, the browser and processes of their own; on
 # every core (pytest-xdist), each test file in one worker so that its module fixtures are built once

@@ -1,13 +1,15 @@
 """Every chapter runs once under nbval, and the test book is built from those runs.
 
-Two workers share the chapters: a background process (``python tests/chapter_runs.py STEM ...``, started when the
-tests are collected) and the test session itself, once it reaches the chapters' tests. A chapter goes to the worker
-that claims it first (a file created only where none exists), so none runs twice; the other worker waits for its
-result. nbval writes each executed notebook back (``tests/nbval_outputs.py``); once every chapter has run, the
-background process stores them in a jupyter-cache and builds the book from it, so the build executes only the
-summary page, which reads the records the chapters wrote. It then opens every page of the build in a browser
-(``tests/site_visits.py``) while the test session runs the tests that read the build.
+Each chapter is a test of its own (tests/test_notebooks.py), which pytest-xdist's workers take like any other; a
+session that reads the book also starts one background process, the builder (``python tests/chapter_runs.py --book
+STEM ...``). A chapter goes to the process that claims it first (a file created only where none exists), so none runs
+twice; any other waits for its result. The builder runs only the chapters the session did not select, waits for
+the others, stores every executed notebook (nbval writes each back: ``tests/nbval_outputs.py``) in a jupyter-cache
+and builds the book from it, so the build executes only the summary page, which reads the records the chapters
+wrote. It then opens every page of the build in a browser (``tests/site_visits.py``) while the workers run the other
+tests; the tests that read the build come last.
 """
+import fcntl
 import json
 import os
 import shutil
@@ -30,7 +32,11 @@ BUILD_LOG = BUILD / "test-build.log"
 BUILD_STATUS = RUNS / "build-status"  # the build's exit status, written when it ends
 VISITS = RUNS / "site-visits.json"  # what the browser found on every page of the build (tests/site_visits.py)
 VISITS_LOG = RUNS / "site-visits.log"
-RUNNER_LOG = RUNS / "worker.log"
+RUNNER_LOG = RUNS / "builder.log"
+BUILDER_PID = RUNS / "builder.pid"
+BUILDER_EXIT = RUNS / "builder-exit"  # the builder's exit status, written as it ends
+RUN_ID = BUILD / "chapter-runs.id"  # the session whose runs RUNS holds
+RUN_LOCK = BUILD / "chapter-runs.lock"
 STEP_SECONDS = RUNS / "step-seconds.json"  # the seconds of the book's build and of the browser's visits
 BUILD_CONFIG = RUNS / "book-config.yml"
 BOOK_LIVE = ROOT / "results" / "live"  # the chapters write their records here and the summary page reads them
@@ -66,8 +72,58 @@ def start_afresh() -> None:
     EXECUTED.mkdir(parents=True)
 
 
+def begin(run: str) -> None:
+    """Start the session ``run``'s chapter runs afresh, once, whichever of its processes asks first (pytest-xdist's
+    workers share one run id)."""
+    BUILD.mkdir(exist_ok=True)
+    with RUN_LOCK.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not began(run):
+            start_afresh()
+            RUN_ID.write_text(run)
+
+
+def began(run: str) -> bool:
+    """True once the session ``run`` has started its chapter runs."""
+    return RUN_ID.exists() and RUN_ID.read_text() == run
+
+
+def start_builder(run_here: list[str], env: dict[str, str]) -> None:
+    """The builder, started by the first of the session's processes to ask: it runs the chapters among ``run_here``
+    that no one has claimed, waits for every other chapter's run, builds the book and opens its pages."""
+    if not claim("book"):
+        return
+    with RUNNER_LOG.open("w") as log:  # where the builder's own failure, if any, is told
+        process = subprocess.Popen([sys.executable, __file__, "--book", *run_here], cwd=ROOT, env=env, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    written = BUILDER_PID.with_suffix(".tmp")
+    written.write_text(str(process.pid))
+    written.replace(BUILDER_PID)
+
+
+def builder_running() -> bool:
+    """True while the builder has not ended (or is being started)."""
+    if BUILDER_EXIT.exists():
+        return False
+    if not BUILDER_PID.exists():
+        return (RUNS / "book.claim").exists()  # claimed a moment ago, its process not started yet
+    return _alive(int(BUILDER_PID.read_text()))
+
+
+def wait_for_builder() -> None:
+    """Return once the builder has ended (the browser's visits done)."""
+    while builder_running():
+        time.sleep(POLL_S)
+
+
+def stop_builder() -> None:
+    """Stop the builder if it still runs (a session that ends early): it stops the chapters it runs with it."""
+    if builder_running() and BUILDER_PID.exists():
+        os.kill(int(BUILDER_PID.read_text()), signal.SIGTERM)
+
+
 def claim(stem: str) -> bool:
-    """True for the one worker that gets to run ``stem``."""
+    """True for the one process that gets to run ``stem``."""
     try:
         descriptor = os.open(RUNS / f"{stem}.claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
@@ -79,7 +135,7 @@ def claim(stem: str) -> bool:
 
 def run_chapter(stem: str, env: dict[str, str]) -> ChapterRun:
     """``stem``'s notebook under nbval in a process of its own (stopped with its kernel if it overruns); its result
-    is written for the other worker and returned."""
+    is written for any process that waits on it, and returned."""
     report = RUNS / f"{stem}.xml"
     started = time.monotonic()
     process = subprocess.Popen(
@@ -102,7 +158,7 @@ def run_chapter(stem: str, env: dict[str, str]) -> ChapterRun:
     run = ChapterRun(stem, returncode, time.monotonic() - started, cells, stdout[-8000:])
     written = result_path(stem).with_suffix(".tmp")
     written.write_text(json.dumps(run.__dict__))
-    written.replace(result_path(stem))  # whole or absent, for the worker that waits on it
+    written.replace(result_path(stem))  # whole or absent, for a process that waits on it
     return run
 
 
@@ -115,7 +171,7 @@ def finished_runs() -> list[ChapterRun]:
 
 
 def wait_for(stem: str) -> ChapterRun:
-    """The result of ``stem``'s run by the other worker."""
+    """The result of ``stem``'s run by the process that claimed it."""
     deadline = time.monotonic() + TIMEOUT_S + 120
     while not result_path(stem).exists():
         claimer = int((RUNS / f"{stem}.claim").read_text() or 0)
@@ -134,6 +190,11 @@ def run_or_wait(stem: str, env: dict[str, str]) -> ChapterRun:
 def _alive(pid: int) -> bool:
     if pid <= 0:
         return True  # claimed a moment ago, the pid not written yet
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0]:
+            return False  # this process's own child, ended (and now reaped)
+    except ChildProcessError:
+        pass  # another process's
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -191,9 +252,9 @@ def visit_site(env: dict[str, str]) -> int:
         return run_to_end(command, env, log)
 
 
-def wait_for_build(worker: subprocess.Popen) -> int | None:
-    """The exit status of the book's build by ``worker``, once it ends; ``None`` if the worker ended without one."""
-    while not BUILD_STATUS.exists() and worker.poll() is None:
+def wait_for_build() -> int | None:
+    """The exit status of the book's build by the builder, once it ends; ``None`` if the builder ended without one."""
+    while not BUILD_STATUS.exists() and builder_running():
         time.sleep(POLL_S)
     return int(BUILD_STATUS.read_text()) if BUILD_STATUS.exists() else None
 
@@ -205,7 +266,7 @@ def stop(*_) -> None:
 
 
 def main(stems: list[str], book: bool) -> int:
-    """Run the unclaimed chapters among ``stems``, from the last (the test session takes them from the first); with
+    """Run the unclaimed chapters among ``stems``, from the last (a test session takes them from the first); with
     ``book``, wait for every chapter, build the book from their runs and open its pages in a browser."""
     signal.signal(signal.SIGTERM, stop)
     env = dict(os.environ)
@@ -235,10 +296,23 @@ def timed(step: str, run, env: dict[str, str]) -> int:
 
 
 def step_seconds() -> dict[str, float]:
-    """The seconds of each step the worker took after the chapters, so far."""
+    """The seconds of each step the builder took after the chapters, so far."""
     return json.loads(STEP_SECONDS.read_text()) if STEP_SECONDS.exists() else {}
+
+
+def ended(status: int) -> int:
+    """``status``, written where the session's processes see that the builder has ended."""
+    BUILDER_EXIT.write_text(str(status))
+    return status
 
 
 if __name__ == "__main__":
     arguments = sys.argv[1:]
-    sys.exit(main([stem for stem in arguments if stem != "--book"], "--book" in arguments))
+    if "--book" not in arguments:
+        sys.exit(main(arguments, book=False))
+    status = 1
+    try:
+        status = main([stem for stem in arguments if stem != "--book"], book=True)
+    finally:
+        ended(status)
+    sys.exit(status)

@@ -1,14 +1,13 @@
 """The table of contents, and the chapters' runs and one build of the book per session (tests/chapter_runs.py).
 
-Running every chapter takes minutes, so a background process starts on them as soon as the tests are collected and
-runs while the other tests run; the chapters' own tests go after the other tests and share what is left, and the
-tests that read the book, built from those runs, go last.
+``make test`` runs on every core with pytest-xdist. Each chapter's run is a test of its own, so the workers take the
+chapters and the other tests from one queue and none waits while another has work left; the tests run in an order
+that gives the book's build time to finish beside them (``run_order``), and the tests that read the book go last.
 """
 import os
 import re
-import signal
-import subprocess
 import sys
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,8 +16,8 @@ import pytest
 import chapter_runs
 import slowest
 
-# One torch thread per process (set before any test imports torch; subprocesses inherit it): the background runs
-# and the tests share the cores, and oversubscribed threads spin (training steps ten times slower, measured here).
+# One torch thread per process (set before any test imports torch; subprocesses inherit it): the workers, the builder
+# and the tests' own processes share the cores, and oversubscribed threads spin (training steps ten times slower).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,40 +29,56 @@ os.environ["OPTLAB_DATA"] = str(NO_DATA)
 os.environ.pop("OPTLAB_LIVE_DIR", None)  # the chapters write their records where the book's summary page reads them
 # The CI size, whatever the machine; the chapters' runs are the book's pages (tests/chapter_runs.py), so they run as
 # the book's build runs them (book/_ext/book_pages.py): progress as text, links to the site's pages and records.
-SMOKE_ENV = {**os.environ, "OPTLAB_PROFILE": "smoke", "OPTLAB_BOOK": "1"}
-RUNNER = pytest.StashKey[subprocess.Popen]()
-CPU_SECONDS = pytest.StashKey[dict]()  # each test's CPU seconds, its children's with it (tests/slowest.py)
+# pytest-xdist's own variables stay out: a chapter's nbval run is a pytest session of its own, not a worker.
+SMOKE_ENV = {**{name: value for name, value in os.environ.items() if not name.startswith("PYTEST_XDIST")},
+             "OPTLAB_PROFILE": "smoke", "OPTLAB_BOOK": "1"}
+RUN_ID = pytest.StashKey[str]()  # one id for the session, shared by its xdist workers
+CHAPTERS_FOR_BUILDER = pytest.StashKey[list]()  # the chapters this session does not run itself
+NEEDS_BOOK = pytest.StashKey[bool]()
 CHAPTER_TEST = "test_notebook_runs_under_nbval"
-BESIDE_BUILD = "beside_the_book_build"  # the marker of slow tests that fill the wait for the book's build
+BESIDE_BUILD = "beside_the_book_build"  # the marker of slow tests in processes of their own, run while the book builds
 SLOW = "slow"  # the full tier's own tests, left out of `make check` (`-m "not slow"`)
-BOOK_FIXTURES = {"book", "book_worker"}  # a test that reads the build, or the browser's visits to it
+CPU_AT_START = pytest.StashKey[float]()
+CPU_PROPERTY = "cpu_s"  # a test's CPU seconds, carried on its teardown report (tests/slowest.py)
 
 
-def start_runner(stems: list[str], book: bool) -> subprocess.Popen:
-    """The background worker: it runs ``stems``' chapters and, with ``book``, builds the book from every chapter."""
-    chapter_runs.start_afresh()
-    command = [sys.executable, str(Path(chapter_runs.__file__)), *stems, *(["--book"] if book else [])]
-    with chapter_runs.RUNNER_LOG.open("w") as log:  # where the worker's own failure, if any, is told
-        return subprocess.Popen(command, cwd=ROOT, env=SMOKE_ENV, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+def test_file(item) -> str:
+    return item.nodeid.split("::", 1)[0]
 
 
 def run_order(items: list) -> tuple[list, list, list]:
-    """The tests in the order they run, and the chapters' and the book's among them: the other tests first, then the
-    chapters' own, then (when the book is built) the tests marked ``beside_the_book_build``, which run while the
-    background worker builds the book instead of leaving this process idle, and the tests that read the book last."""
+    """The tests in the order they run, and the chapters' and the book's among them: the chapters first, each a
+    test of its own, so that the book can build while the rest run; then the test files holding a slow test (marked
+    ``slow`` or ``beside_the_book_build``: processes of their own, minutes together; long work goes early so that
+    the workers end together), then the other tests, and last every test of a file that holds a test reading the
+    book, which waits for the build."""
     chapters = [item for item in items if getattr(item, "originalname", "") == CHAPTER_TEST]
     needs_book = [item for item in items if "book" in item.fixturenames]
-    beside_build = [item for item in items if needs_book and item.get_closest_marker(BESIDE_BUILD)]
-    moved = chapters + beside_build + needs_book
-    return [item for item in items if item not in moved] + moved, chapters, needs_book
+    book_files = {test_file(item) for item in needs_book}
+    slow_files = {test_file(item) for item in items if item not in chapters and is_slow(item)} - book_files
+
+    def rank(item) -> int:
+        if item in chapters:
+            return 0
+        return 3 if test_file(item) in book_files else 1 if test_file(item) in slow_files else 2
+    return sorted(items, key=rank), chapters, needs_book
 
 
 def is_slow(item) -> bool:
     """A test of the full tier only: a chapter's run, a test that reads the book (the browser's among them), one
     marked ``beside_the_book_build`` (processes of its own) or one marked ``slow``. Every other test is fast."""
-    return (getattr(item, "originalname", "") == CHAPTER_TEST or bool(BOOK_FIXTURES & set(item.fixturenames))
+    return (getattr(item, "originalname", "") == CHAPTER_TEST or "book" in item.fixturenames
             or any(item.get_closest_marker(name) for name in (BESIDE_BUILD, SLOW)))
+
+
+def pytest_configure(config):
+    """The session's run id: xdist's workers are given the controller's, so they start the chapters' runs once."""
+    if hasattr(config, "workerinput"):
+        config.stash[RUN_ID] = config.workerinput["testrunuid"]
+        return
+    config.stash[RUN_ID] = getattr(config.option, "testrunuid", None) or uuid.uuid4().hex
+    if hasattr(config.option, "testrunuid"):  # pytest-xdist's: the id its workers get
+        config.option.testrunuid = config.stash[RUN_ID]
 
 
 def pytest_itemcollected(item):
@@ -75,11 +90,35 @@ def pytest_itemcollected(item):
 
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected
 def pytest_collection_modifyitems(config, items):
-    ordered, chapters, needs_book = run_order(items)
-    if (chapters or needs_book) and not config.option.collectonly:
-        items[:] = ordered
-        stems = chapter_runs.all_chapters() if needs_book else [item.callspec.id for item in chapters]
-        config.stash[RUNNER] = start_runner(stems, book=bool(needs_book))
+    items[:], chapters, needs_book = run_order(items)
+    chosen = {item.callspec.id for item in chapters}
+    config.stash[CHAPTERS_FOR_BUILDER] = [stem for stem in chapter_runs.all_chapters() if stem not in chosen]
+    config.stash[NEEDS_BOOK] = bool(needs_book)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """With ``--dist loadfile``, each test file goes to one worker as a whole (its module fixtures are built once),
+    but each chapter's run goes on its own, and in the order ``run_order`` gives, not by the files' sizes."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ChaptersApart(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return nodeid if CHAPTER_TEST in nodeid else super()._split_scope(nodeid)
+
+    config.option.loadscopereorder = False
+    return ChaptersApart(config, log)
+
+
+@pytest.fixture(scope="session")
+def chapter_session(request, smoke_env) -> None:
+    """This session's chapter runs, started afresh by whichever of its processes comes first; in a session that reads
+    the book, the builder too (tests/chapter_runs.py)."""
+    config = request.config
+    chapter_runs.begin(config.stash[RUN_ID])
+    if config.stash.get(NEEDS_BOOK, False):
+        chapter_runs.start_builder(config.stash[CHAPTERS_FOR_BUILDER], smoke_env)
 
 
 def pytest_runtest_setup(item):
@@ -92,35 +131,42 @@ def pytest_runtest_setup(item):
 
 
 def pytest_sessionfinish(session):
-    """Stop the background worker if it is still running when the session ends early (its chapters with it)."""
-    runner = session.config.stash.get(RUNNER, None)
-    if runner is not None and runner.poll() is None:
-        runner.send_signal(signal.SIGTERM)
-        runner.wait()
+    """Stop the builder if it still runs when the session ends (its chapters with it): in the session's controller
+    or single process, after every worker has ended."""
+    config = session.config
+    if not hasattr(config, "workerinput") and chapter_runs.began(config.stash[RUN_ID]):
+        chapter_runs.stop_builder()
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Note each test's CPU seconds (setup, call and teardown, and the children it waited for)."""
-    started = slowest.cpu_seconds()
-    try:
-        return (yield)
-    finally:
-        item.config.stash.setdefault(CPU_SECONDS, {})[item.nodeid] = slowest.cpu_seconds() - started
+    """Note where each test's CPU seconds start (setup, call and teardown, and the children it waited for)."""
+    item.stash[CPU_AT_START] = slowest.cpu_seconds()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """The teardown report carries the test's CPU seconds to the end of the run (from an xdist worker too)."""
+    report = yield
+    if call.when == "teardown" and CPU_AT_START in item.stash:
+        report.user_properties.append((CPU_PROPERTY, slowest.cpu_seconds() - item.stash[CPU_AT_START]))
+    return report
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Where the run's time went, at its end: the ten slowest chapters under nbval and the worker's steps after them
+    """Where the run's time went, at its end: the ten slowest chapters under nbval and the builder's steps after them
     (the book's build, the browser), and the ten slowest other tests, each with its seconds."""
-    if terminalreporter.config.stash.get(RUNNER, None):
+    reports = [report for reports in terminalreporter.stats.values() for report in reports]
+    if chapter_runs.began(terminalreporter.config.stash[RUN_ID]):
         terminalreporter.write_sep("=", f"the {slowest.COUNT} slowest chapters under nbval")
         for line in slowest.lines(slowest.slowest_chapters(chapter_runs.finished_runs())):
             terminalreporter.write_line(line)
         for line in slowest.lines(list(chapter_runs.step_seconds().items())):
             terminalreporter.write_line(line)
-    reports = [report for reports in terminalreporter.stats.values() for report in reports]
     terminalreporter.write_sep("=", f"the {slowest.COUNT} slowest tests (setup, call and teardown; wall clock and CPU)")
-    cpu = terminalreporter.config.stash.get(CPU_SECONDS, {})
+    cpu = {report.nodeid: value for report in reports for name, value in getattr(report, "user_properties", ())
+           if name == CPU_PROPERTY}
     for line in slowest.lines(slowest.slowest_tests(reports, leave_out=CHAPTER_TEST), cpu):
         terminalreporter.write_line(line)
 
@@ -143,21 +189,22 @@ class Build:
 
 
 @pytest.fixture(scope="session")
-def book_worker(request) -> subprocess.Popen:
-    """The background worker that runs the chapters, builds the book and then opens its pages in a browser."""
-    if request.config.stash.get(RUNNER, None) is None:
-        request.config.stash[RUNNER] = start_runner(chapter_runs.all_chapters(), book=True)
-    return request.config.stash[RUNNER]
-
-
-@pytest.fixture(scope="session")
-def book(book_worker) -> Build:
-    """The finished build: its HTML folder and its log without colour codes."""
-    status = chapter_runs.wait_for_build(book_worker)
-    assert chapter_runs.BUILD_LOG.exists(), f"the chapters' worker ended early:\n{chapter_runs.RUNNER_LOG.read_text()}"
+def book(chapter_session) -> Build:
+    """The finished build, once the builder has made it: its HTML folder and its log without colour codes."""
+    status = chapter_runs.wait_for_build()
+    assert chapter_runs.BUILD_LOG.exists(), f"the builder ended early:\n{chapter_runs.RUNNER_LOG.read_text()}"
     log = re.sub(r"\x1b\[[0-9;]*m", "", chapter_runs.BUILD_LOG.read_text())
     assert status == 0, f"the book build failed (log: {chapter_runs.BUILD_LOG}):\n{log[-8000:]}"
     return Build(BUILD / "html", log)
+
+
+@pytest.fixture(autouse=True)
+def no_figure_left_open():
+    """Every figure a test leaves open is closed after it: a later test's axes-level plot (seaborn's, pyplot's)
+    would draw on the current one, so what a test draws would depend on which tests ran before it in its worker."""
+    yield
+    if "matplotlib.pyplot" in sys.modules:
+        sys.modules["matplotlib.pyplot"].close("all")
 
 
 @pytest.fixture

@@ -1,8 +1,8 @@
 """Every page of the built book opened once in a real headless Chromium at 1400 px, as a reader would, served the way
 GitHub Pages publishes it (``tools/site_server.py``); ``tests/test_browser.py`` checks what was found.
 
-A page load costs seconds on two cores, so the chapters' background worker (``tests/chapter_runs.py``) runs this as
-soon as the book is built, while the test session runs the tests that read the build:
+A page load costs seconds on two cores, so the book's builder (``tests/chapter_runs.py``) runs this as soon as the
+book is built, while the test session runs its other tests:
 ``python tests/site_visits.py HTML_FOLDER RESULT.json``. Two browsers share the pages, so the second core works
 whenever the session waits. The result holds, per page, what went wrong while it loaded and was read and, for a
 chapter, the files it offers, downloaded, and for the summary, where its per-workload answer lies in a 1280x900 window

@@ -8,8 +8,8 @@ scrolling sideways anywhere but in code (``pre`` blocks); a screenshot of each p
 Every chapter offers the records behind it for download, and each one loads back with ``optlab.load_samples``; the
 summary offers them all as one archive, and in a 1280x900 window its per-workload answer lies wholly in the first
 screen (its page height is printed and kept in ``site-visits.json``). Each page is opened once for all these checks,
-by the chapters' background worker as soon as the book is built (``tests/site_visits.py``: a page load costs seconds
-on two cores), while this session runs the tests that read the build. A missing page gets the book's 404 page,
+by the builder as soon as the book is built (``tests/site_visits.py``: a page load costs seconds on two cores),
+while the session runs its other tests. A missing page gets the book's 404 page,
 styled, with a way back to the contents. Runs wherever Chromium and playwright are installed (``.ci/run`` installs
 Debian's Chromium); skipped elsewhere, except under CI (``CI`` set), where either one missing is a failure.
 """
@@ -99,11 +99,11 @@ def test_a_missing_page_gets_the_styled_404_page_that_leads_back_to_the_contents
 
 
 @pytest.fixture(scope="module")
-def visits(book, book_worker) -> dict[str, Visit]:
-    """Every page of the table of contents as the background worker's browser found it (``tests/site_visits.py``)."""
-    book_worker.wait()
+def visits(book) -> dict[str, Visit]:
+    """Every page of the table of contents as the builder's browser found it (``tests/site_visits.py``)."""
+    chapter_runs.wait_for_builder()
     log = chapter_runs.VISITS_LOG.read_text() if chapter_runs.VISITS_LOG.exists() else ""
-    assert chapter_runs.VISITS.exists(), f"the worker ended before it opened the pages:\n{log[-4000:]}"
+    assert chapter_runs.VISITS.exists(), f"the builder ended before it opened the pages:\n{log[-4000:]}"
     found = json.loads(chapter_runs.VISITS.read_text())
     if "missing" in found:
         missing(found["missing"])

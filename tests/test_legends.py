@@ -128,7 +128,8 @@ def four_titled_panels() -> Figure:  # chapter 33's: lines in three of four titl
 def seaborn_hue_bars() -> Figure:  # chapters 3 and 25: an axes-level plot's hue legend, which seaborn puts inside
     frame = pd.DataFrame({"n": [1000, 1000, 1024, 1024], "tflops": [1.0, 1.2, 1.4, 1.5],
                           "multiple_of_8": [False, False, True, True]})
-    ax = sns.barplot(data=frame, x="n", y="tflops", hue="multiple_of_8")
+    _, ax = plt.subplots()  # its own figure: an axes-level plot draws on whatever figure is current
+    sns.barplot(data=frame, x="n", y="tflops", hue="multiple_of_8", ax=ax)
     ax.set(title="square matmul")
     report.legend_below(ax)
     return ax.figure

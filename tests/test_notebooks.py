@@ -1,6 +1,7 @@
 """Every chapter notebook runs under nbval in the smoke profile, and is committed without outputs."""
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -28,29 +29,65 @@ def test_notebooks_are_committed_without_outputs():
 
 
 class Item:
-    """A collected test as the run order sees it: its name, fixtures and markers."""
+    """A collected test as the run order sees it: its node id, name, fixtures and markers."""
 
-    def __init__(self, name: str, fixtures: tuple[str, ...] = (), marked: bool = False) -> None:
-        self.name, self.originalname, self.fixturenames, self.marked = name, name.split("[")[0], fixtures, marked
+    def __init__(self, nodeid: str, fixtures: tuple[str, ...] = (), marked: bool = False) -> None:
+        self.nodeid, self.name, self.fixturenames, self.marked = nodeid, nodeid.split("::")[-1], fixtures, marked
+        self.originalname = self.name.split("[")[0]
 
     def get_closest_marker(self, name: str):
-        return name if self.marked and name == conftest.BESIDE_BUILD else None
+        return name if self.marked and name in (conftest.BESIDE_BUILD, conftest.SLOW) else None
 
 
-def test_the_slow_tests_marked_so_run_while_the_book_builds_and_only_then():
-    unit, slow = Item("test_unit"), Item("test_waits", marked=True)
-    chapter, reads_book = Item(f"{conftest.CHAPTER_TEST}[01]"), Item("test_page", ("book",))
-    order, chapters, needs_book = conftest.run_order([reads_book, slow, chapter, unit])
-    assert [item.name for item in order] == ["test_unit", chapter.name, "test_waits", "test_page"]
+def test_the_chapters_run_first_the_slow_files_next_and_the_book_s_files_last():
+    chapter = Item(f"tests/test_notebooks.py::{conftest.CHAPTER_TEST}[01]")
+    slow, slow_file_fast = Item("tests/test_s.py::test_waits", marked=True), Item("tests/test_s.py::test_quick")
+    unit, browser = Item("tests/test_u.py::test_unit"), Item("tests/test_l.py::test_lab", marked=True)
+    reads_book, book_file_fast = Item("tests/test_b.py::test_page", ("book",)), Item("tests/test_b.py::test_form")
+    order, chapters, needs_book = conftest.run_order([book_file_fast, reads_book, unit, slow_file_fast, slow, browser,
+                                                      chapter])
+    assert [item.nodeid for item in order] == [item.nodeid for item in (chapter, slow_file_fast, slow, browser, unit,
+                                                                         book_file_fast, reads_book)]
     assert (chapters, needs_book) == ([chapter], [reads_book])
-    without_book, _, _ = conftest.run_order([slow, chapter, unit])
-    assert [item.name for item in without_book] == ["test_waits", "test_unit", chapter.name]
+
+
+class Worker:
+    """An xdist worker as its scheduler sees it: the indices of the tests it is sent."""
+
+    def __init__(self, name: str) -> None:
+        self.sent, self.shutting_down, self.gateway = [], False, SimpleNamespace(id=name)
+
+    def send_runtest_some(self, indices: list[int]) -> None:
+        self.sent += indices
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+
+
+def test_each_chapter_goes_to_a_worker_on_its_own_and_each_other_file_whole_in_the_run_order():
+    config = SimpleNamespace(option=SimpleNamespace(dist="loadfile", tx=["2*popen"], loadscopereorder=True))
+    config.getvalue = lambda name: getattr(config.option, name)
+    scheduler = conftest.pytest_xdist_make_scheduler(config, None)
+    chapters = [f"tests/test_notebooks.py::{conftest.CHAPTER_TEST}[{stem}]" for stem in ("01", "02", "03")]
+    collection = [*chapters, "tests/test_s.py::test_a", "tests/test_s.py::test_b", *(f"tests/test_{n}.py::test" for n in
+                                                                                      "uvwxyz")]
+    workers = [Worker("gw0"), Worker("gw1")]
+    for worker in workers:
+        scheduler.add_node(worker)
+        scheduler.add_node_collection(worker, collection)
+    scheduler.schedule()
+    first, second = ([collection[index] for index in worker.sent] for worker in workers)
+    assert first[:1] == chapters[:1] and second[:1] == chapters[1:2], (first, second)  # one chapter each, in order
+    assert sorted(first + second) == sorted(collection[:len(first) + len(second)]), "the queue's order was not kept"
+    for worker, tests in zip(workers, (first, second)):
+        assert ("tests/test_s.py::test_a" in tests) == ("tests/test_s.py::test_b" in tests), "a file was split"
+    assert conftest.pytest_xdist_make_scheduler(SimpleNamespace(getvalue=lambda name: "load"), None) is None
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[path.stem for path in NOTEBOOKS])
-def test_notebook_runs_under_nbval(notebook, smoke_env):
-    """Each notebook in its own process, stopped with its kernel if it overruns; a background worker shares the
-    chapters with this test (tests/chapter_runs.py), so this test runs the chapter or waits for that run."""
+def test_notebook_runs_under_nbval(notebook, smoke_env, chapter_session):
+    """Each notebook in its own process, stopped with its kernel if it overruns; the book's builder may have claimed
+    the chapter first (tests/chapter_runs.py), so this test runs the chapter or waits for that run."""
     run = chapter_runs.run_or_wait(notebook.stem, smoke_env)
     assert run.returncode is not None, f"{notebook.name} did not finish within {chapter_runs.TIMEOUT_S} s:\n{run.output}"
     assert run.passed, run.output

@@ -1,6 +1,6 @@
 """Every test that starts a process or a thread, forks, sends or handles a signal, or sleeps, run twenty times in a
 row where ``make test`` runs it: inside a pytest session among the other such tests (their threads and children
-around it), while a background worker runs the chapters as ``make test``'s does. A test that fails once here is
+around it), while a background process runs the chapters as ``make test`` does. A test that fails once here is
 flaky: fix its cause, never retry it.
 
     python tools/repeat_tests.py                        # find such tests (one audited run), then repeat each
@@ -46,7 +46,8 @@ def audit(paths: list[str]) -> dict[str, list[str]]:
 
 
 def background_chapters() -> subprocess.Popen:
-    """The chapters under nbval in the background, as ``make test``'s worker runs them (tests/chapter_runs.py)."""
+    """The chapters under nbval in a background process (tests/chapter_runs.py), as ``make test`` runs them beside
+    the other tests."""
     chapter_runs.start_afresh()
     return subprocess.Popen([sys.executable, chapter_runs.__file__, *chapter_runs.all_chapters()], cwd=ROOT, env=ENV,
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
