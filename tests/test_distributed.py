@@ -51,7 +51,7 @@ def test_two_processes_train_to_the_weights_of_one_process_on_the_concatenated_b
 
 @pytest.mark.beside_the_book_build  # slow, in processes of its own: it fills the wait for the book
 def test_a_stuck_rank_ends_the_job_with_a_timeout_error_not_a_hang(tmp_path):
-    """Rank 0 starts 6 s late (longer than the 5 s timeout): the start waits for it, and the timeout still ends the
+    """Rank 0 starts 4 s late (longer than the 3 s timeout): the start waits for it, and the timeout still ends the
     job once rank 1 gets stuck in training."""
     script = tmp_path / "stuck_rank.py"
     script.write_text(HANG_SCRIPT)
@@ -59,11 +59,11 @@ def test_a_stuck_rank_ends_the_job_with_a_timeout_error_not_a_hang(tmp_path):
                                             "--profile", "smoke", "--batch-size", "4", "--out", str(tmp_path),
                                             "--quiet"], nproc=2)
     with pytest.raises(OptlabError) as failure:
-        distributed.launch(command, LAUNCH_TIMEOUT_S, threads=1, env={distributed.TIMEOUT_ENV: "5", "LATE_START_S": "6"})
+        distributed.launch(command, LAUNCH_TIMEOUT_S, threads=1, env={distributed.TIMEOUT_ENV: "3", "LATE_START_S": "4"})
     message = str(failure.value)
     assert "did not finish within" not in message, "the job hung until the subprocess limit"
     # rank 0's collective gave up after the process group's timeout, and said so in one line
-    assert "optlab: error: rank 0 waited 5 s (OPTLAB_DDP_TIMEOUT_S) for the other ranks" in message
+    assert "optlab: error: rank 0 waited 3 s (OPTLAB_DDP_TIMEOUT_S) for the other ranks" in message
     assert not list(tmp_path.glob("*.json")), "a failed run must not write a record"
 
 
