@@ -1,4 +1,5 @@
-"""The CIFAR-10 workload: the seed's four CNNs (``models``) on 32x32 images (``data``), throughput in images."""
+"""The CIFAR-10 workload: the seed's four CNNs (``models``) on 32x32 images (``data``; CIFAR-10's storage in ``format``,
+the stand-in data set in ``standin``), throughput in images."""
 from __future__ import annotations
 
 import torch.nn.functional as F

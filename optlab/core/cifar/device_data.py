@@ -11,7 +11,7 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
-from .data import CIFAR10_MEAN, CIFAR10_STD
+from .format import CIFAR10_MEAN, CIFAR10_STD
 
 
 class DeviceResidentLoader:

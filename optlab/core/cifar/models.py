@@ -5,8 +5,6 @@ from typing import Callable, Iterable
 
 import torch
 from torch import nn
-from torchvision.models import MobileNetV2, ResNet
-from torchvision.models.resnet import BasicBlock, Bottleneck
 
 from ..errors import OptlabError, choice_error
 
@@ -16,23 +14,29 @@ NUM_CLASSES = 10
 _MOBILENET_V2_CIFAR = [[1, 16, 1, 1], [6, 24, 2, 1], [6, 32, 3, 2], [6, 64, 4, 2], [6, 96, 3, 1], [6, 160, 3, 2], [6, 320, 1, 1]]
 
 
-def _cifar_resnet(block: type[nn.Module], layers: list[int]) -> nn.Module:
-    model = ResNet(block, layers, num_classes=NUM_CLASSES)
+# torchvision is imported where a model is built: importing it costs a second (it pulls in torch._dynamo), which
+# every process that imports optlab but builds no CNN (the GPT's, the command line's, each parallel rank) would pay.
+def _cifar_resnet(bottleneck: bool, layers: list[int]) -> nn.Module:
+    from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
+
+    model = ResNet(Bottleneck if bottleneck else BasicBlock, layers, num_classes=NUM_CLASSES)
     model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)  # 3x3 stem for 32x32 images
     model.maxpool = nn.Identity()
     return model
 
 
 def _cifar_mobilenet_v2() -> nn.Module:
+    from torchvision.models import MobileNetV2  # late import: see _cifar_resnet
+
     model = MobileNetV2(num_classes=NUM_CLASSES, inverted_residual_setting=_MOBILENET_V2_CIFAR)
     model.features[0][0].stride = (1, 1)  # stem keeps 32x32
     return model
 
 
 _BUILDERS: dict[str, Callable[[], nn.Module]] = {
-    "resnet18": lambda: _cifar_resnet(BasicBlock, [2, 2, 2, 2]),
-    "resnet50": lambda: _cifar_resnet(Bottleneck, [3, 4, 6, 3]),
-    "resnet101": lambda: _cifar_resnet(Bottleneck, [3, 4, 23, 3]),
+    "resnet18": lambda: _cifar_resnet(False, [2, 2, 2, 2]),
+    "resnet50": lambda: _cifar_resnet(True, [3, 4, 6, 3]),
+    "resnet101": lambda: _cifar_resnet(True, [3, 4, 23, 3]),
     "mobilenet_v2": _cifar_mobilenet_v2,
 }
 MODEL_NAMES = tuple(_BUILDERS)

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import pandas as pd
-import torch
-import torch._dynamo
+import torch  # not torch._dynamo: torch imports it on first use (torch._dynamo.reset()), not at every process start
 
 from ...core.errors import OptlabError
 from ...core.knobs.limits import check_count

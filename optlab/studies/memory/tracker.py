@@ -14,7 +14,6 @@ from typing import Any
 import pandas as pd
 import torch
 from torch import nn
-from torch.distributed import _tools  # torch's memory tools: MemTracker
 
 from ...core.measuring import loops
 from .breakdown import Breakdown, LossFn, micro_batches, quiet_hooks, train_step
@@ -34,6 +33,10 @@ def tracked_peak(model: nn.Module, inputs: tuple[Any, torch.Tensor], loss_fn: Lo
         device = torch.device("cuda", torch.cuda.current_device())
     batch = (loops.inputs_to(inputs[0], device), inputs[1].to(device))
     chunks = micro_batches(batch, accumulation)
+    # torch's memory tools (MemTracker), imported here: they pull in torch._inductor and torch._dynamo, about a second
+    # that every process importing optlab would otherwise pay at its start
+    from torch.distributed import _tools
+
     tracker = _tools.MemTracker()
     tracker.track_external(model, optimizer, *loops.input_tensors(batch[0]), batch[1])
     with tracker, quiet_hooks():

@@ -19,7 +19,6 @@ from ...core.gpt.transformer import GPT
 from ...core.knobs.limits import check_count
 from ..distributed import state_bytes
 from . import formulas, planner
-from .collectives import CollectiveLog
 from .ranks import joined, run_ranks, write_findings
 from .tensor import full_state, tensor_parallel
 from .tensor_study import BATCH, CONFIG, logged_step, loss_of, token_batch
@@ -50,6 +49,8 @@ def _global_batch(step: int) -> torch.Tensor:
 def accumulated_collectives(model: GPT, optimizer: torch.optim.Optimizer, batches: list[torch.Tensor]) -> dict:
     """The collectives of one step of plain gradient accumulation over ``batches`` (forward and backward of each,
     then one optimizer step), per (collective, pass)."""
+    from .collectives import CollectiveLog  # late import: it imports torch._dynamo, a second at every process start
+
     log = CollectiveLog()
     with log:
         for batch in batches:
@@ -64,6 +65,8 @@ def accumulated_collectives(model: GPT, optimizer: torch.optim.Optimizer, batche
 
 def compose_rank(out: Path, steps: int) -> None:
     """One rank of the study (run under torchrun); rank 0 writes the findings."""
+    from .collectives import CollectiveLog  # late import: see accumulated_collectives
+
     with joined() as (rank, world):
         mesh = init_device_mesh("cpu", MESH, mesh_dim_names=("dp", "tp"))
         row = mesh["dp"].get_local_rank()

@@ -10,15 +10,21 @@ from __future__ import annotations
 import copy
 import statistics
 import time
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from ...core.errors import OptlabError
 from ...core.gpt.transformer import GPT
 
-SCHEDULES = {"GPipe": (ScheduleGPipe, 1), "1F1B": (Schedule1F1B, 1), "interleaved 1F1B": (ScheduleInterleaved1F1B, 2)}
+if TYPE_CHECKING:
+    from torch.distributed.pipelining import PipelineStage
+
+# Each schedule's class in torch.distributed.pipelining, and its stages per rank. The classes are named, not imported
+# here: torch.distributed.pipelining imports torch._dynamo, a second at the start of every process that imports optlab.
+SCHEDULES = {"GPipe": ("ScheduleGPipe", 1), "1F1B": ("Schedule1F1B", 1),
+             "interleaved 1F1B": ("ScheduleInterleaved1F1B", 2)}
 
 
 def untied(model: GPT) -> GPT:
@@ -134,10 +140,13 @@ def build_schedule(name: str, model: GPT, rank: int, ranks: int, microbatches: i
     """The schedule ``name`` over this rank's stages of ``model``, each stage watched by ``timeline``."""
     if name not in SCHEDULES:
         raise OptlabError(f"unknown schedule {name!r}; choose one of: {', '.join(SCHEDULES)}")
-    schedule, virtual = SCHEDULES[name]
+    from torch.distributed import pipelining  # late import: see SCHEDULES
+
+    class_name, virtual = SCHEDULES[name]
+    schedule = getattr(pipelining, class_name)
     stages = []
     for index, module in stage_modules(model, rank, ranks, virtual):
-        stage = PipelineStage(module, index, ranks * virtual, device)
+        stage = pipelining.PipelineStage(module, index, ranks * virtual, device)
         timeline.watch(stage)
         stages.append(stage)
     if virtual == 1:

@@ -13,6 +13,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
@@ -24,10 +25,12 @@ from ...core.errors import OptlabError
 from ...core.gpt.transformer import GPT, GPTConfig
 from ...core.knobs.limits import check_count
 from . import formulas, planner
-from .collectives import CollectiveLog
 from .held import parameter_bytes, saved_activation_bytes
 from .ranks import joined, run_ranks, write_findings
 from .tensor import full_state, tensor_parallel
+
+if TYPE_CHECKING:
+    from .collectives import CollectiveLog
 
 # A GPT whose sizes all differ (b x t = 48 != c = 40 would hide a transposed count; 3 x 16 x 48 does not).
 CONFIG = GPTConfig(vocab_size=128, block_size=16, n_layer=2, n_head=4, n_embd=48)
@@ -72,6 +75,8 @@ def logged_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch:
 def _run(model: torch.nn.Module, tp: int, steps: int) -> dict:
     """``steps`` SGD steps with momentum on the shared batches: the losses, the first step's collectives and
     gradients (in full), and the final parameters (in full)."""
+    from .collectives import CollectiveLog  # late import: it imports torch._dynamo, a second at every process start
+
     optimizer, log = _optimizer(model), CollectiveLog()
     losses = [logged_step(model, optimizer, token_batch(0), log)]
     gradients = full_state(model, tp, gradients=True)

@@ -225,6 +225,8 @@ def _first_runs(study: DecodeStudy, model: GPT, prompt: torch.Tensor, new_tokens
     device = model.token_embedding.weight.device
     for label in variants:
         pool_before = graph_pool_mb(device) if VARIANTS[label][1] else None
+        if VARIANTS[label][1]:  # torch.compile imports Dynamo (seconds on a small CPU) here, outside compile_s
+            compiled_decode(device)
         started = time.perf_counter()
         first = _one_run(model, prompt, new_tokens, label)  # warm-up; for the compiled variant, the compile
         first_s = time.perf_counter() - started

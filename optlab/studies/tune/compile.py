@@ -28,8 +28,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
-import torch
-import torch._dynamo
+import torch  # not torch._dynamo: torch imports it on first use (torch._dynamo.reset()), not at every process start
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
