@@ -19,7 +19,6 @@ from .core.results.store import load_record, load_samples, load_summaries
 from .core.workload import Workload, get_workload, register_workload
 from .studies.tune import InferenceResult, TuneResult, tune
 from .studies.limits.ceilings import measure as ceilings
-from .studies.parallel.planner import parallel_plan
 
 __all__ = [
     "Experiment", "ExperimentResult", "InferenceResult", "OptlabError", "RunConfig", "TuneResult",
@@ -28,3 +27,13 @@ __all__ = [
     "run_experiment", "tune", "Workload", "get_workload", "parallel_plan",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """``optlab.parallel_plan``, imported on first use: the parallel studies' package imports FSDP2 and DTensor
+    (0.7 s of every process's start), which most processes never touch."""
+    if name == "parallel_plan":
+        from .studies.parallel.planner import parallel_plan
+
+        return parallel_plan
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

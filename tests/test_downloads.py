@@ -29,7 +29,7 @@ def folders(tmp_path, monkeypatch):
     live, reference, distributed = (tmp_path / name for name in ("live", "reference", "distributed"))
     monkeypatch.setattr(store, "LIVE_DIR", live)
     monkeypatch.setattr(store, "REFERENCE_DIR", reference)
-    monkeypatch.setattr(downloads, "STORED_DIR", distributed)
+    monkeypatch.setattr(store, "DISTRIBUTED_DIR", distributed)
     return live, reference, distributed
 
 

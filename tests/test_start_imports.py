@@ -40,3 +40,34 @@ def test_starting_optlab_imports_neither_torchvision_nor_dynamo_until_a_cnn_is_b
         f"imported at a process's start (move the import to where it is first used): {loaded}")
     # the names checked are the modules a CNN's model and data import, so the check above can see them
     assert loaded["after building a CNN and its data"] == list(DEFERRED)
+
+
+# The parallel studies' package (FSDP2, DTensor) and the FLOP counter (triton) wait for their first use too; a
+# parallel rank imports the first itself, so its commands are not among these starts.
+MOST_STARTS = tuple(start for start in STARTS if start != "optlab.studies.parallel.commands")
+DEFERRED_TOO = ("torch.distributed.fsdp", "torch.utils.flop_counter")
+FIRST_USE = WITHOUT_INSTALLED_OPTLAB + """
+import importlib, json, sys
+deferred = sys.argv[1].split(",")
+loaded = {}
+for name in sys.argv[2:]:
+    importlib.import_module(name)
+    loaded[name] = [module for module in deferred if module in sys.modules]
+import optlab
+from optlab.core.knobs.config import RunConfig
+from optlab.core.measuring import flops
+optlab.parallel_plan, flops.config_step_flops(RunConfig(model="resnet18", batch_size=2), train=False)
+loaded["after a parallel plan and a FLOP count"] = [module for module in deferred if module in sys.modules]
+print(json.dumps(loaded))
+"""
+
+
+def test_starting_optlab_imports_neither_fsdp_nor_the_flop_counter_until_they_are_used():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", FIRST_USE, ",".join(DEFERRED_TOO), *MOST_STARTS], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr
+    loaded = json.loads(done.stdout.splitlines()[-1])
+    assert {start: loaded[start] for start in MOST_STARTS} == {start: [] for start in MOST_STARTS}, (
+        f"imported at a process's start (move the import to where it is first used): {loaded}")
+    assert loaded["after a parallel plan and a FLOP count"] == list(DEFERRED_TOO)

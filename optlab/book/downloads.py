@@ -25,7 +25,6 @@ import pandas as pd
 from ..core.results import store
 from ..core.errors import OptlabError
 from ..core.run.progress import BOOK_ENV
-from ..studies.distributed import STORED_DIR
 
 SITE_FOLDER = "records"  # at the root of the built site
 FROM_PAGE = ".."  # from a page (notebooks/NN.html, book/summary.html) to the root of the site
@@ -37,7 +36,7 @@ LOADERS = {".json": "`optlab.load_samples(path)`", ".csv": "`pandas.read_csv(pat
 
 def sources() -> dict[str, Path]:
     """The site's record folders and the folders in this checkout that fill them."""
-    return {"live": store.LIVE_DIR, "reference": store.REFERENCE_DIR, "distributed": STORED_DIR}
+    return {"live": store.LIVE_DIR, "reference": store.REFERENCE_DIR, "distributed": store.DISTRIBUTED_DIR}
 
 
 def site_path(path: Path) -> str:

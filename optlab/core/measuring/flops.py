@@ -5,7 +5,6 @@ from dataclasses import replace
 from functools import lru_cache
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from ..knobs.config import RunConfig
 from ..workload import get_workload
@@ -31,6 +30,7 @@ def _shape_flop_counts(config: RunConfig) -> dict[str, int]:
     with torch.device("meta"):
         net = spec.build(config)
         example = spec.input_for(1, config)
+    from torch.utils.flop_counter import FlopCounterMode  # on first use: it imports triton, 0.4 s a process
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         net(example)
     return {str(op): count for op, count in counter.get_flop_counts().get("Global", {}).items()}

@@ -17,6 +17,7 @@ from ..errors import OptlabError
 SCHEMA_VERSION = 2  # 2: four verdicts, a reference per variant, repeats until the answers are clear
 REPO_ROOT = Path(__file__).resolve().parents[3]  # optlab/core/results/store.py: three folders below the repository
 REFERENCE_DIR = REPO_ROOT / "results" / "reference"
+DISTRIBUTED_DIR = REPO_ROOT / "results" / "distributed"  # the stored multi-process runs
 LIVE_ENV = "OPTLAB_LIVE_DIR"
 # the latest run of each chapter on this machine (not committed); the tests give each process its own folder
 LIVE_DIR = Path(os.environ.get(LIVE_ENV) or REPO_ROOT / "results" / "live")

@@ -8,7 +8,7 @@ import pandas as pd
 
 from ...core.results import store
 
-STORED_DIR = store.REPO_ROOT / "results" / "distributed"
+STORED_DIR = store.DISTRIBUTED_DIR
 
 
 def scaling(samples: pd.DataFrame, phase: str = "train") -> pd.DataFrame:

@@ -25,7 +25,6 @@ import pandas as pd
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
-from torch.utils.flop_counter import FlopCounterMode
 from tqdm import tqdm
 
 from ...core.machine import compiler, machine_load
@@ -135,6 +134,8 @@ def probe(model_fn: ModelFn, inputs: Inputs, output_fn: OutputFn | None, num_cla
     sample = loops.inputs_to(loops.map_inputs(lambda t: t[:2], inputs), device)
     samples = len(loops.input_tensors(sample)[0])
     shape = str(list(sample.shape)) if isinstance(sample, torch.Tensor) else describe_inputs(sample)
+    from torch.utils.flop_counter import FlopCounterMode  # on first use: it imports triton, 0.4 s a process
+
     try:
         with torch.inference_mode(), FlopCounterMode(display=False) as counter:
             raw = loops.call_model(model, sample)

@@ -21,7 +21,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data.dataloader import default_collate
-from torch.utils.flop_counter import FlopCounterMode
 
 from ...core.cifar import data
 from ...core.measuring import loops
@@ -360,6 +359,8 @@ def probe(model_fn: ModelFn, batches: Batches, loss_fn: LossFn, device: torch.de
     inputs = loops.map_inputs(lambda t: t[:2], batches.first[0])
     targets = batches.first[1][:2]
     shape = str(list(inputs.shape)) if isinstance(inputs, torch.Tensor) else describe_inputs(inputs)
+    from torch.utils.flop_counter import FlopCounterMode  # on first use: it imports triton, 0.4 s a process
+
     try:
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
             output = loops.call_model(model, loops.inputs_to(inputs, device))
