@@ -96,6 +96,23 @@ def pytest_collection_modifyitems(config, items):
     config.stash[NEEDS_BOOK] = bool(needs_book)
 
 
+CPU_QUOTA = Path("/sys/fs/cgroup/cpu.max")  # a container's CPU limit (cgroup v2): "max 100000", or "200000 100000"
+
+
+def cores_in_quota(cores: int, quota: str | None) -> int:
+    """``cores``, capped at the whole cores a cgroup ``cpu.max`` line allows (at least one)."""
+    limit, _, period = (quota or "max").strip().partition(" ")
+    return cores if limit == "max" else max(1, min(cores, int(limit) // int(period)))
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: pytest-xdist's count (one worker a core), capped by a container's CPU quota, which the CPU count
+    does not see: two cores' quota on a large host would otherwise start a worker for each of the host's cores."""
+    from xdist.plugin import pytest_xdist_auto_num_workers as counted
+
+    return cores_in_quota(counted(config), CPU_QUOTA.read_text() if CPU_QUOTA.exists() else None)
+
+
 def pytest_xdist_make_scheduler(config, log):
     """With ``--dist loadfile``, each test file goes to one worker as a whole (its module fixtures are built once),
     but each chapter's run goes on its own, and in the order ``run_order`` gives, not by the files' sizes."""

@@ -45,3 +45,9 @@ def test_make_check_collects_no_chapter_book_browser_or_process_heavy_test(tmp_p
     assert len(chapters) == len(list((ROOT / "notebooks").glob("*.ipynb"))), "not every chapter's test was left out"
     assert {"test_book.py", "test_browser.py"} <= {test["file"] for test in left_out}
     assert len(tiers["selected"]) > len(tiers["deselected"]), "the fast tier should hold most of the tests"
+
+
+@pytest.mark.parametrize("quota, workers", [(None, 16), ("max 100000", 16), ("200000 100000", 2),
+                                             ("150000 100000", 1), ("50000 100000", 1), ("3200000 100000", 16)])
+def test_auto_workers_are_capped_by_the_container_s_cpu_quota(quota, workers):
+    assert conftest.cores_in_quota(16, quota) == workers
