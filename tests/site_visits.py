@@ -156,7 +156,8 @@ def first_screen(browser, site: str) -> dict:
 
 def visit_pages(browser, site: str, pages: list[str], shots: Path, downloads: Path) -> dict[str, Visit]:
     """Every page of ``pages`` opened once at 1400 px: its load problems, images that did not load, what scrolls
-    sideways, links to missing pages or anchors, a screenshot in ``shots``, and a chapter's downloads."""
+    sideways, links to missing pages or anchors, a screenshot of its first screen in ``shots``, and a chapter's
+    downloads."""
     targets, visited = None, {}
     for name in pages:
         page, found = open_page(browser, site, f"{name}.html")
@@ -166,7 +167,8 @@ def visit_pages(browser, site: str, pages: list[str], shots: Path, downloads: Pa
         page.wait_for_load_state("networkidle")
         links = {link for link in page.evaluate(LINKS) if link.startswith(site)}
         found += [problem for link in sorted(links) if (problem := targets.problem(link))]
-        page.screenshot(path=str(shots / f"{name.replace('/', '_')}.jpg"), full_page=True, type="jpeg", quality=85)
+        # the first screen, as a reader opens the page: the whole of the longest pages cost 30 s of CPU in all
+        page.screenshot(path=str(shots / f"{name.replace('/', '_')}.jpg"), type="jpeg", quality=85)
         offered = None
         if name.startswith("notebooks/"):
             folder = downloads / name.replace("/", "_")

@@ -4,7 +4,8 @@ Pages publishes it: under the repository's sub-path (``/optlab/``), by the serve
 
 Each page must load without a console error or a failed request (style sheets, scripts, images, fonts), show every
 image it links (``naturalWidth > 0``), link only pages and anchors that exist, and keep its article body from
-scrolling sideways anywhere but in code (``pre`` blocks); a screenshot of each page goes to ``_build/screenshots/``.
+scrolling sideways anywhere but in code (``pre`` blocks); a screenshot of each page's first screen goes to
+``_build/screenshots/``.
 Every chapter offers the records behind it for download, and each one loads back with ``optlab.load_samples``; the
 summary offers them all as one archive, and in a 1280x900 window its per-workload answer lies wholly in the first
 screen (its page height is printed and kept in ``site-visits.json``). Each page is opened once for all these checks,
