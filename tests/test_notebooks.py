@@ -1,5 +1,7 @@
 """Every chapter notebook runs under nbval in the smoke profile, and is committed without outputs."""
 import json
+import subprocess
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -92,3 +94,39 @@ def test_notebook_runs_under_nbval(notebook, smoke_env, chapter_session):
     assert run.returncode is not None, f"{notebook.name} did not finish within {chapter_runs.TIMEOUT_S} s:\n{run.output}"
     assert run.passed, run.output
     assert run.cells_reported == len(code_cells(notebook)), "nbval did not collect every code cell"
+
+
+def test_a_session_s_chapter_runs_start_afresh_once_whichever_of_its_workers_asks_first(tmp_path, monkeypatch):
+    build = tmp_path / "_build"
+    for name, path in {"BUILD": build, "RUNS": build / "chapter-runs", "EXECUTED": build / "chapter-runs" / "executed",
+                       "RUN_ID": build / "chapter-runs.id", "RUN_LOCK": build / "chapter-runs.lock",
+                       "BOOK_LIVE": tmp_path / "live"}.items():
+        monkeypatch.setattr(chapter_runs, name, path)
+    chapter_runs.begin("session-1")
+    assert chapter_runs.claim("01")  # the first worker claims a chapter
+    chapter_runs.begin("session-1")  # the second worker of the same session starts
+    assert chapter_runs.began("session-1") and not chapter_runs.claim("01"), "the second worker wiped the first's claim"
+    chapter_runs.begin("session-2")  # the next session
+    assert chapter_runs.began("session-2") and not chapter_runs.began("session-1") and chapter_runs.claim("01")
+
+
+def test_the_builder_counts_as_running_from_its_claim_until_it_ends_or_its_process_is_gone(tmp_path, monkeypatch):
+    runs = tmp_path / "chapter-runs"
+    runs.mkdir()
+    for name, path in {"RUNS": runs, "BUILDER_PID": runs / "builder.pid", "BUILDER_EXIT": runs / "builder-exit"}.items():
+        monkeypatch.setattr(chapter_runs, name, path)
+    assert not chapter_runs.builder_running()  # never claimed
+    assert chapter_runs.claim("book") and chapter_runs.builder_running()  # claimed, its process being started
+    ended = subprocess.Popen(["true"])
+    time.sleep(0.5)  # ended, not yet waited for: a zombie, which still answers a signal 0
+    chapter_runs.BUILDER_PID.write_text(str(ended.pid))
+    assert not chapter_runs.builder_running(), "an ended builder started by this process counted as running"
+    running = subprocess.Popen(["sleep", "30"])
+    try:
+        chapter_runs.BUILDER_PID.write_text(str(running.pid))
+        assert chapter_runs.builder_running()
+        chapter_runs.BUILDER_EXIT.write_text("0")  # it said it ended
+        assert not chapter_runs.builder_running()
+    finally:
+        running.kill()
+        running.wait()
