@@ -100,7 +100,7 @@ def test_a_session_s_chapter_runs_start_afresh_once_whichever_of_its_workers_ask
     build = tmp_path / "_build"
     for name, path in {"BUILD": build, "RUNS": build / "chapter-runs", "EXECUTED": build / "chapter-runs" / "executed",
                        "RUN_ID": build / "chapter-runs.id", "RUN_LOCK": build / "chapter-runs.lock",
-                       "BOOK_LIVE": tmp_path / "live"}.items():
+                       "BUILD_LOG": build / "test-build.log", "BOOK_LIVE": tmp_path / "live"}.items():
         monkeypatch.setattr(chapter_runs, name, path)
     chapter_runs.begin("session-1")
     assert chapter_runs.claim("01")  # the first worker claims a chapter
