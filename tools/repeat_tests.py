@@ -9,7 +9,9 @@ flaky: fix its cause, never retry it.
 
 The tests are found by running them once with ``tests/process_audit.py``, which notes what each test did; the
 repeats use pytest-repeat (``--count N --repeat-scope function``: each test N times in a row) in batches of tests,
-one pytest session a batch, each batch's result in ``_build/repeat/``. The last lines name every test with its runs
+one pytest session a batch, each batch's result in ``_build/repeat/``. A test whose processes start in a fixture
+shared beyond it (a module's job of gloo ranks) would start them once in such a session, so those tests run instead
+as one session N times, their shared fixtures set up afresh in each. The last lines name every test with its runs
 and failures.
 """
 import argparse
@@ -26,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 import chapter_runs  # noqa: E402  (tests/ is not a package on the path)
+from process_audit import SHARED  # noqa: E402
 
 OUT = ROOT / "_build" / "repeat"
 SELECT = "not slow or beside_the_book_build"  # every test but the chapters' and those that read the book
@@ -45,6 +48,13 @@ def audit(paths: list[str]) -> dict[str, list[str]]:
     return json.loads(record.read_text())
 
 
+def split(tests: dict[str, list[str]]) -> tuple[list[str], list[str]]:
+    """The audited tests (id -> what it did) that a repeat inside one session repeats whole, and those whose
+    processes started in a fixture they share, which only whole sessions repeat; each list sorted."""
+    shared = sorted(nodeid for nodeid, did in tests.items() if any(SHARED in what for what in did))
+    return sorted(set(tests) - set(shared)), shared
+
+
 def background_chapters() -> subprocess.Popen:
     """The chapters under nbval in a background process (tests/chapter_runs.py), as ``make test`` runs them beside
     the other tests."""
@@ -57,15 +67,40 @@ def repeat(batch: list[str], count: int, report: Path) -> tuple[Counter, Counter
     """Run each test of ``batch`` ``count`` times in a row in one session: the runs and the failures of each test id.
     A parametrized test is named by its function, so every parameter of it runs (pytest-repeat renames the ids)."""
     functions = sorted({nodeid.split("[")[0] for nodeid in batch})
-    ended = pytest(f"--count={count}", "--repeat-scope=function", f"--junit-xml={report}", *functions)
+    session(functions, report, f"--count={count}", "--repeat-scope=function")
+    return tally(report, batch, re.compile(rf"-?\d+-{count}\]$"))  # pytest-repeat's "[3-20]" or "[param-3-20]"
+
+
+def repeat_sessions(tests: list[str], count: int, folder: Path) -> tuple[Counter, Counter]:
+    """Run ``tests`` as one pytest session ``count`` times, so that the fixtures they share, which start their
+    processes, are set up afresh each time: the runs and the failures of each test id."""
+    functions = sorted({nodeid.split("[")[0] for nodeid in tests})
+    runs: Counter = Counter()
+    failed: Counter = Counter()
+    for number in range(count):
+        report = folder / f"session-{number:03d}.xml"
+        session(functions, report)
+        ran, failures = tally(report, tests)
+        runs, failed = runs + ran, failed + failures
+    return runs, failed
+
+
+def session(functions: list[str], report: Path, *options: str) -> None:
+    """One pytest session of ``functions``, its results in the JUnit XML file ``report``."""
+    ended = pytest(*options, f"--junit-xml={report}", *functions)
     if ended.returncode not in (0, 1):  # 1: some tests failed; anything else: the session itself went wrong
         raise SystemExit(f"the repeat session of {functions} ended with status {ended.returncode}")
-    suffix = re.compile(rf"-?\d+-{count}\]$")  # pytest-repeat's "[3-20]" or "[param-3-20]"
-    by_name = {dotted(nodeid): nodeid for nodeid in batch}
+
+
+def tally(report: Path, tests: list[str], suffix: "re.Pattern | None" = None) -> tuple[Counter, Counter]:
+    """The runs and the failures of each test id in a JUnit XML ``report`` (``suffix``: the part of a case's name
+    pytest-repeat added, cut off to find the test's own id)."""
+    by_name = {dotted(nodeid): nodeid for nodeid in tests}
     runs: Counter = Counter()
     failed: Counter = Counter()
     for case in ET.parse(report).getroot().iter("testcase"):
-        name = suffix.sub("]", f"{case.get('classname')}.{case.get('name')}").replace("[]", "")
+        name = f"{case.get('classname')}.{case.get('name')}"
+        name = (suffix.sub("]", name) if suffix else name).replace("[]", "")
         if case.find("skipped") is None:
             runs[by_name.get(name, name)] += 1
         if case.find("failure") is not None or case.find("error") is not None:
@@ -92,16 +127,24 @@ def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     tests = json.loads(arguments.tests.read_text()) if arguments.tests else audit(arguments.paths)
     ids = sorted(tests)
+    alone, shared = split(tests)
     worker, runs, failed = background_chapters(), Counter(), Counter()
     try:
-        for start in range(0, len(ids), arguments.batch):
+        for start in range(0, len(alone), arguments.batch):
             if worker.poll() is not None:
                 worker = background_chapters()
-            batch = ids[start:start + arguments.batch]
+            batch = alone[start:start + arguments.batch]
             ran, failures = repeat(batch, arguments.count, OUT / f"batch-{start // arguments.batch:03d}.xml")
             runs, failed = runs + ran, failed + failures
             print(f"repeated {start + len(batch)} of {len(ids)} tests; failures so far: {sum(failed.values())}",
                   flush=True)
+        if shared:
+            if worker.poll() is not None:
+                worker = background_chapters()
+            ran, failures = repeat_sessions(shared, arguments.count, OUT)
+            runs, failed = runs + ran, failed + failures
+            print(f"repeated {len(ids)} of {len(ids)} tests ({len(shared)} as whole sessions: their processes start "
+                  f"in fixtures they share); failures so far: {sum(failed.values())}", flush=True)
     finally:
         if worker.poll() is None:
             worker.send_signal(signal.SIGTERM)

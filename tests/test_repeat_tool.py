@@ -1,0 +1,74 @@
+"""`make repeat`'s audit and its tally: a test whose processes start in a fixture shared beyond it is told apart (a
+repeat inside one session would not start them again), and the JUnit reports are counted per test."""
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import repeat_tests  # noqa: E402
+
+pytest_plugins = ["pytester"]
+
+AUDITED = """
+import threading, time
+import pytest
+
+def started():
+    thread = threading.Thread(target=lambda: None)
+    thread.start()
+    thread.join()
+
+@pytest.fixture(scope="module")
+def job():
+    started()
+
+@pytest.fixture
+def own_job():
+    started()
+
+def test_first_with_the_job(job):
+    pass
+
+def test_second_with_the_job(job):
+    time.sleep(0)
+
+def test_with_its_own_job(own_job):
+    pass
+
+def test_quiet():
+    pass
+"""
+
+
+def test_the_audit_tells_a_shared_fixture_s_processes_from_a_test_s_own(pytester, monkeypatch):
+    record = pytester.path / "audit.json"
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("OPTLAB_PROCESS_AUDIT", str(record))
+    pytester.makepyfile(test_audited=AUDITED)
+    pytester.runpytest_subprocess("-p", "tests.process_audit", "-p", "no:cacheprovider").assert_outcomes(passed=4)
+    audit = json.loads(record.read_text())
+    assert audit == {"test_audited.py::test_first_with_the_job": [f"starts a thread {repeat_tests.SHARED}"],
+                     "test_audited.py::test_second_with_the_job": ["sleeps"],
+                     "test_audited.py::test_with_its_own_job": ["starts a thread"]}
+    alone, shared = repeat_tests.split(audit)
+    assert shared == ["test_audited.py::test_first_with_the_job"]
+    assert alone == ["test_audited.py::test_second_with_the_job", "test_audited.py::test_with_its_own_job"]
+
+
+def test_the_tally_counts_each_test_s_runs_and_failures_through_pytest_repeat_s_names(tmp_path):
+    report = tmp_path / "report.xml"
+    report.write_text("""<testsuites><testsuite>
+        <testcase classname="tests.test_a" name="test_b[1-3]"/>
+        <testcase classname="tests.test_a" name="test_b[2-3]"><failure message="x"/></testcase>
+        <testcase classname="tests.test_a" name="test_b[3-3]"/>
+        <testcase classname="tests.test_a" name="test_c[fast-1-3]"><skipped/></testcase>
+        <testcase classname="tests.test_a" name="test_c[fast-2-3]"><error message="y"/></testcase>
+        </testsuite></testsuites>""")
+    ids = ["tests/test_a.py::test_b", "tests/test_a.py::test_c[fast]"]
+    runs, failed = repeat_tests.tally(report, ids, repeat_tests.re.compile(r"-?\d+-3\]$"))
+    assert runs == {"tests/test_a.py::test_b": 3, "tests/test_a.py::test_c[fast]": 1}
+    assert failed == {"tests/test_a.py::test_b": 1, "tests/test_a.py::test_c[fast]": 1}
+    plain = tmp_path / "session.xml"  # one whole session: the names as pytest wrote them
+    plain.write_text('<testsuite><testcase classname="tests.test_a" name="test_b"><failure/></testcase></testsuite>')
+    assert repeat_tests.tally(plain, ids) == ({"tests/test_a.py::test_b": 1}, {"tests/test_a.py::test_b": 1})
