@@ -38,6 +38,7 @@ NEEDS_BOOK = pytest.StashKey[bool]()
 CHAPTER_TEST = "test_notebook_runs_under_nbval"
 BESIDE_BUILD = "beside_the_book_build"  # the marker of slow tests in processes of their own, run while the book builds
 SLOW = "slow"  # the full tier's own tests, left out of `make check` (`-m "not slow"`)
+NEEDS_RUNS = "needs_the_chapters_runs"  # a chapter's run or a test that reads the book built from the runs
 CPU_AT_START = pytest.StashKey[float]()
 CPU_PROPERTY = "cpu_s"  # a test's CPU seconds, carried on its teardown report (tests/slowest.py)
 
@@ -67,8 +68,7 @@ def run_order(items: list) -> tuple[list, list, list]:
 def is_slow(item) -> bool:
     """A test of the full tier only: a chapter's run, a test that reads the book (the browser's among them), one
     marked ``beside_the_book_build`` (processes of its own) or one marked ``slow``. Every other test is fast."""
-    return (getattr(item, "originalname", "") == CHAPTER_TEST or "book" in item.fixturenames
-            or any(item.get_closest_marker(name) for name in (BESIDE_BUILD, SLOW)))
+    return needs_the_runs(item) or any(item.get_closest_marker(name) for name in (BESIDE_BUILD, SLOW))
 
 
 def pytest_configure(config):
@@ -83,9 +83,18 @@ def pytest_configure(config):
 
 def pytest_itemcollected(item):
     """Mark the full tier's tests ``slow`` as they are collected, before ``-m`` selects: a new test is fast unless it
-    runs a chapter, needs the book or is marked, so ``make check`` (``-m "not slow"``) never starts the chapters."""
+    runs a chapter, needs the book or is marked, so ``make check`` (``-m "not slow"``) never starts the chapters. A
+    chapter's run and a test that reads the book are marked ``needs_the_chapters_runs`` too (``make repeat`` leaves
+    them out)."""
     if is_slow(item):
         item.add_marker(SLOW)
+    if needs_the_runs(item):
+        item.add_marker(NEEDS_RUNS)
+
+
+def needs_the_runs(item) -> bool:
+    """A chapter's run, or a test that reads the book built from the chapters' runs."""
+    return getattr(item, "originalname", "") == CHAPTER_TEST or "book" in item.fixturenames
 
 
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected

@@ -3,10 +3,13 @@ repeat inside one session would not start them again), and the JUnit reports are
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import repeat_tests  # noqa: E402
+
+import conftest  # noqa: E402
 
 pytest_plugins = ["pytester"]
 
@@ -72,3 +75,15 @@ def test_the_tally_counts_each_test_s_runs_and_failures_through_pytest_repeat_s_
     plain = tmp_path / "session.xml"  # one whole session: the names as pytest wrote them
     plain.write_text('<testsuite><testcase classname="tests.test_a" name="test_b"><failure/></testcase></testsuite>')
     assert repeat_tests.tally(plain, ids) == ({"tests/test_a.py::test_b": 1}, {"tests/test_a.py::test_b": 1})
+
+
+def test_make_repeat_leaves_out_only_the_chapters_and_the_book_s_readers():
+    """Not the other slow tests: Lab's chapter run, a probing fork server and the like start processes too."""
+    def item(name, fixtures=(), markers=()):
+        return SimpleNamespace(originalname=name, fixturenames=list(fixtures),
+                               get_closest_marker=lambda marker: marker if marker in markers else None)
+
+    assert repeat_tests.SELECT == f"not {conftest.NEEDS_RUNS}"
+    assert conftest.needs_the_runs(item(conftest.CHAPTER_TEST)) and conftest.needs_the_runs(item("t", ["book"]))
+    lab = item("test_a_chapter_run_all_in_lab_reads_cleanly", ["lab"], [conftest.SLOW])
+    assert conftest.is_slow(lab) and not conftest.needs_the_runs(lab)

@@ -31,7 +31,7 @@ import chapter_runs  # noqa: E402  (tests/ is not a package on the path)
 from process_audit import SHARED  # noqa: E402
 
 OUT = ROOT / "_build" / "repeat"
-SELECT = "not slow or beside_the_book_build"  # every test but the chapters' and those that read the book
+SELECT = "not needs_the_chapters_runs"  # every test but the chapters' and those that read the book (Lab's included)
 ENV = {**os.environ, "OPTLAB_PROFILE": "smoke", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
 
