@@ -375,3 +375,26 @@ def test_a_loader_worker_of_a_run_is_quiet_when_the_run_closes_its_connection_an
     os.waitpid(pid, 0)
     err = capfd.readouterr().err
     assert "EOFError" not in err and "ConnectionResetError" not in err and "ValueError: a real fault" in err
+
+
+def test_a_signal_during_the_tables_first_import_waits_for_the_import_to_end(monkeypatch):
+    """The reference command prints each part's table as the part ends, importing the tables (seaborn, matplotlib's
+    C extensions) the first time: the moment "between parts" that a scheduler's signal hits. The signal is raised once
+    the import has ended, never inside it (a C extension cut halfway made the interpreter abort at exit)."""
+    name = "optlab.book.report.tables"
+    monkeypatch.delitem(sys.modules, name, raising=False)  # the module and its package's attribute come back after
+    if package := sys.modules.get(name.rpartition(".")[0]):
+        monkeypatch.setattr(package, "tables", package.tables)
+    seen = []
+
+    class SignalOnImport:
+        def find_spec(self, fullname, path=None, target=None):
+            if fullname == name and not seen:
+                seen.append(fullname)
+                os.kill(os.getpid(), signal.SIGTERM)
+            return None
+
+    monkeypatch.setattr(sys, "meta_path", [SignalOnImport(), *sys.meta_path])
+    with pytest.raises(Interrupted, match="SIGTERM"), signals_interrupt():
+        cli._print_table(None)
+    assert seen and name in sys.modules  # the import ended before the signal was raised

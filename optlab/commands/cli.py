@@ -13,7 +13,7 @@ import pandas as pd
 
 from ..core.errors import OptlabError
 from ..core.knobs.profiles import Profile
-from ..core.process.shutdown import ENDING_SIGNALS, Interrupted, signals_interrupt
+from ..core.process.shutdown import ENDING_SIGNALS, Interrupted, held, signals_interrupt
 from ..core.measuring.timing import TIMES_BESIDE
 from . import serve
 
@@ -214,8 +214,11 @@ def _sized_profile(args: argparse.Namespace, cuda: bool | None = None) -> "str |
 
 
 def _print_table(result: "ExperimentResult") -> None:
-    """The comparison, its throughput in the unit of the workload that ran (images/s, tokens/s)."""
-    from ..book.report.tables import DETAILS, comparison_table, throughput_details
+    """The comparison, its throughput in the unit of the workload that ran (images/s, tokens/s). The first import of
+    the tables (seaborn, matplotlib) comes between a reference run's parts, where a signal is likely: it is held until
+    the import ends (an exception raised inside a C extension's start left the interpreter to abort at exit)."""
+    with held():
+        from ..book.report.tables import DETAILS, comparison_table, throughput_details
     from ..core.workload import get_workload
 
     details = throughput_details(result.summary)  # the columns comparison_table names, in the summary's unit
