@@ -1,3 +1,4 @@
+import multiprocessing
 import pickle
 
 import numpy as np
@@ -123,7 +124,19 @@ class Exploding(Dataset):
         return torch.zeros(3), index
 
 
-def test_worker_exception_reaches_the_caller_with_its_type():
-    loader = data.make_loader(Exploding(), RunConfig(batch_size=2, num_workers=2, pin_memory=False), train=False)
-    with pytest.raises(KeyError, match="sample 5 is broken"):
-        list(loader)
+def new_children(before: set) -> list:
+    return [child for child in multiprocessing.active_children() if child not in before]
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["workers per pass", "persistent workers"])
+def test_a_workers_exception_reaches_the_caller_with_its_type_and_ends_the_workers_at_once(persistent):
+    """The error, with its type; and the workers gone when it arrives, not at the next garbage collection (torch's
+    iterator, held by the error's traceback, would then wait 5 s for each). A persistent loader's next pass starts
+    workers anew and meets the same error."""
+    before = set(multiprocessing.active_children())
+    config = RunConfig(batch_size=2, num_workers=2, pin_memory=False, persistent_workers=persistent)
+    loader = data.make_loader(Exploding(), config, train=False)
+    for attempt in ("first pass", "second pass"):
+        with pytest.raises(KeyError, match="sample 5 is broken"):
+            list(loader)
+        assert new_children(before) == [], f"{attempt}: workers still running after the error"
