@@ -1,6 +1,11 @@
 # optlab: `make book` builds the book, `make test` runs every test, `make check` the fast tier. All create .venv on first use.
 PYTHON ?= python3
 VENV := .venv
+# Python keeps the bytecode of what it compiles, as it does by default, in every command below: where
+# PYTHONDONTWRITEBYTECODE is set, as in many containers, each process would compile the checkout's own modules (optlab,
+# the tests, the tools) from source again, and `make test` starts hundreds (a kernel for each chapter, each command a
+# test runs): half a minute of its time on two cores.
+unexport PYTHONDONTWRITEBYTECODE
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
@@ -11,11 +16,11 @@ install: $(STAMP) notebook-filter
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --no-compile -r requirements.txt -e .
-# Bytecode for every installed module, on all cores (pip compiles on one). Where PYTHONDONTWRITEBYTECODE is set, as
-# in many containers, nothing else ever writes it, and each new process (a notebook kernel, a rank) would compile
-# torch again: 15 s more per process on 2 cores. The packages' own test suites are never imported, so they are left
-# out (a fifth of the files). A few files are written for newer Pythons and cannot compile here; pip skips those the
-# same way.
+# Bytecode for every installed module, on all cores (pip compiles on one), made once here rather than by whichever
+# process first imports it: where PYTHONDONTWRITEBYTECODE is set outside make (Lab or pytest started by hand), nothing
+# else would ever write it, and each new process (a notebook kernel, a rank) would compile torch again: 15 s more per
+# process on 2 cores. The packages' own test suites are never imported, so they are left out (a fifth of the files).
+# A few files are written for newer Pythons and cannot compile here; pip skips those the same way.
 	$(PY) -m compileall -q -j 0 -x "/tests/|/testing/_internal/" $(VENV)/lib >/dev/null || true
 	$(MAKE) --no-print-directory notebook-filter
 	touch $(STAMP)
