@@ -69,6 +69,7 @@ def outside(tmp_path, monkeypatch) -> Path:
         "argv": [str(venv / "bin" / "python"), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": "outside", "language": "python"}))
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    monkeypatch.delenv("PYTHONPATH", raising=False)  # one naming this checkout (make repeat sets it) gives it optlab
     checkout = tmp_path / "checkout"  # pip builds in the source folder: not in ours
     shutil.copytree(ROOT / "optlab", checkout / "optlab", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
