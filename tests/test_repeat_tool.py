@@ -1,7 +1,11 @@
 """`make repeat`'s audit and its tally: a test whose processes start in a fixture shared beyond it is told apart (a
-repeat inside one session would not start them again), and the JUnit reports are counted per test."""
+repeat inside one session would not start them again), and the JUnit reports are counted per test; the chapters run
+beside the repeats for as long as they last."""
 import json
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -87,3 +91,20 @@ def test_make_repeat_leaves_out_only_the_chapters_and_the_book_s_readers():
     assert conftest.needs_the_runs(item(conftest.CHAPTER_TEST)) and conftest.needs_the_runs(item("t", ["book"]))
     lab = item("test_a_chapter_run_all_in_lab_reads_cleanly", ["lab"], [conftest.SLOW])
     assert conftest.is_slow(lab) and not conftest.needs_the_runs(lab)
+
+
+def test_the_chapters_beside_the_repeats_start_again_when_they_end_and_stop_with_the_repeats(monkeypatch):
+    started = []
+
+    def start() -> subprocess.Popen:  # the first run ends at once; the next lasts longer than the block
+        started.append(subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({60 if started else 0})"]))
+        return started[-1]
+
+    monkeypatch.setattr(repeat_tests, "background_chapters", start)
+    monkeypatch.setattr(repeat_tests.ChaptersBeside, "LOOK_EVERY_S", 0.05)
+    with repeat_tests.ChaptersBeside():
+        deadline = time.monotonic() + 30
+        while len(started) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(started) == 2, "the chapters were not started again when they ended"
+    assert started[0].returncode == 0 and started[1].wait(10) == -signal.SIGTERM

@@ -21,6 +21,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
@@ -61,6 +62,31 @@ def background_chapters() -> subprocess.Popen:
     chapter_runs.start_afresh()
     return subprocess.Popen([sys.executable, chapter_runs.__file__, *chapter_runs.all_chapters()], cwd=ROOT, env=ENV,
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+class ChaptersBeside:
+    """The chapters' runs in the background for as long as the block lasts: started again whenever they end (all of
+    them take a quarter of an hour; the repeats, longer), so that every repeat runs beside them."""
+
+    LOOK_EVERY_S = 5.0
+
+    def __enter__(self) -> "ChaptersBeside":
+        self.worker, self.done = background_chapters(), threading.Event()
+        self.keeper = threading.Thread(target=self.keep_running, daemon=True)
+        self.keeper.start()
+        return self
+
+    def keep_running(self) -> None:
+        while not self.done.wait(self.LOOK_EVERY_S):
+            if self.worker.poll() is not None:
+                self.worker = background_chapters()
+
+    def __exit__(self, *_: object) -> None:
+        self.done.set()
+        self.keeper.join()
+        if self.worker.poll() is None:
+            self.worker.send_signal(signal.SIGTERM)
+            self.worker.wait()
 
 
 def repeat(batch: list[str], count: int, report: Path) -> tuple[Counter, Counter]:
@@ -128,27 +154,19 @@ def main() -> int:
     tests = json.loads(arguments.tests.read_text()) if arguments.tests else audit(arguments.paths)
     ids = sorted(tests)
     alone, shared = split(tests)
-    worker, runs, failed = background_chapters(), Counter(), Counter()
-    try:
+    runs, failed = Counter(), Counter()
+    with ChaptersBeside():
         for start in range(0, len(alone), arguments.batch):
-            if worker.poll() is not None:
-                worker = background_chapters()
             batch = alone[start:start + arguments.batch]
             ran, failures = repeat(batch, arguments.count, OUT / f"batch-{start // arguments.batch:03d}.xml")
             runs, failed = runs + ran, failed + failures
             print(f"repeated {start + len(batch)} of {len(ids)} tests; failures so far: {sum(failed.values())}",
                   flush=True)
         if shared:
-            if worker.poll() is not None:
-                worker = background_chapters()
             ran, failures = repeat_sessions(shared, arguments.count, OUT)
             runs, failed = runs + ran, failed + failures
             print(f"repeated {len(ids)} of {len(ids)} tests ({len(shared)} as whole sessions: their processes start "
                   f"in fixtures they share); failures so far: {sum(failed.values())}", flush=True)
-    finally:
-        if worker.poll() is None:
-            worker.send_signal(signal.SIGTERM)
-            worker.wait()
     for name in sorted(runs | failed):
         did = ", ".join(tests.get(name, ["a parameter of an audited test"]))
         print(f"{runs[name]:3d} runs, {failed[name]:2d} failed  {name}  ({did})")
