@@ -108,3 +108,9 @@ def test_the_chapters_beside_the_repeats_start_again_when_they_end_and_stop_with
             time.sleep(0.05)
         assert len(started) == 2, "the chapters were not started again when they ended"
     assert started[0].returncode == 0 and started[1].wait(10) == -signal.SIGTERM
+
+
+def test_a_batch_holds_every_parameter_of_its_functions():
+    tests = ["t.py::a[1]", "t.py::a[2]", "t.py::b", "t.py::c[x]", "t.py::c[y]", "t.py::c[z]", "t.py::d"]
+    assert repeat_tests.batches(tests, 2) == [["t.py::a[1]", "t.py::a[2]", "t.py::b"],
+                                              ["t.py::c[x]", "t.py::c[y]", "t.py::c[z]", "t.py::d"]]

@@ -8,8 +8,8 @@ flaky: fix its cause, never retry it.
     python tools/repeat_tests.py --tests _build/repeat/tests.json --batch 20 --count 20
 
 The tests are found by running them once with ``tests/process_audit.py``, which notes what each test did; the
-repeats use pytest-repeat (``--count N --repeat-scope function``: each test N times in a row) in batches of tests,
-one pytest session a batch, each batch's result in ``_build/repeat/``. A test whose processes start in a fixture
+repeats use pytest-repeat (``--count N --repeat-scope function``: each test N times in a row) in batches of test
+functions, one pytest session a batch, each batch's result in ``_build/repeat/``. A test whose processes start in a fixture
 shared beyond it (a module's job of gloo ranks) would start them once in such a session, so those tests run instead
 as one session N times, their shared fixtures set up afresh in each. The last lines name every test with its runs
 and failures.
@@ -54,6 +54,17 @@ def split(tests: dict[str, list[str]]) -> tuple[list[str], list[str]]:
     processes started in a fixture they share, which only whole sessions repeat; each list sorted."""
     shared = sorted(nodeid for nodeid, did in tests.items() if any(SHARED in what for what in did))
     return sorted(set(tests) - set(shared)), shared
+
+
+def batches(tests: list[str], size: int) -> list[list[str]]:
+    """``tests`` (ids, sorted) in batches of at most ``size`` test functions, all the parameters of a function in one
+    batch: a batch runs whole functions, so a function split between two batches would run in both."""
+    by_function: dict[str, list[str]] = {}
+    for nodeid in tests:
+        by_function.setdefault(nodeid.split("[")[0], []).append(nodeid)
+    functions = list(by_function.values())
+    return [[nodeid for ids in functions[start:start + size] for nodeid in ids]
+            for start in range(0, len(functions), size)]
 
 
 def background_chapters() -> subprocess.Popen:
@@ -145,7 +156,7 @@ def main() -> int:
     parser.add_argument("paths", nargs="*", help="test files or ids to audit (default: every test file)")
     parser.add_argument("--tests", type=Path, help="an audit written before (skips the audited run)")
     parser.add_argument("--count", type=int, default=20, help="runs of each test in a row (default 20)")
-    parser.add_argument("--batch", type=int, default=25, help="tests a pytest session (default 25)")
+    parser.add_argument("--batch", type=int, default=25, help="test functions a pytest session (default 25)")
     arguments = parser.parse_args()
     if arguments.count < 1 or arguments.batch < 1:
         parser.error(f"--count and --batch must be 1 or more, got {arguments.count} and {arguments.batch}")
@@ -156,12 +167,11 @@ def main() -> int:
     alone, shared = split(tests)
     runs, failed = Counter(), Counter()
     with ChaptersBeside():
-        for start in range(0, len(alone), arguments.batch):
-            batch = alone[start:start + arguments.batch]
-            ran, failures = repeat(batch, arguments.count, OUT / f"batch-{start // arguments.batch:03d}.xml")
-            runs, failed = runs + ran, failed + failures
-            print(f"repeated {start + len(batch)} of {len(ids)} tests; failures so far: {sum(failed.values())}",
-                  flush=True)
+        done = 0
+        for number, batch in enumerate(batches(alone, arguments.batch)):
+            ran, failures = repeat(batch, arguments.count, OUT / f"batch-{number:03d}.xml")
+            runs, failed, done = runs + ran, failed + failures, done + len(batch)
+            print(f"repeated {done} of {len(ids)} tests; failures so far: {sum(failed.values())}", flush=True)
         if shared:
             ran, failures = repeat_sessions(shared, arguments.count, OUT)
             runs, failed = runs + ran, failed + failures
