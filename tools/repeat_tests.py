@@ -9,10 +9,10 @@ flaky: fix its cause, never retry it.
 
 The tests are found by running them once with ``tests/process_audit.py``, which notes what each test did; the
 repeats use pytest-repeat (``--count N --repeat-scope function``: each test N times in a row) in batches of test
-functions, one pytest session a batch, each batch's result in ``_build/repeat/``. A test whose processes start in a fixture
-shared beyond it (a module's job of gloo ranks) would start them once in such a session, so those tests run instead
-as one session N times, their shared fixtures set up afresh in each. The last lines name every test with its runs
-and failures.
+functions, one pytest session a batch, each batch's result in ``_build/repeat/``. A test whose processes start in a
+fixture shared beyond it (a module's job of gloo ranks) would start them once in such a session, so those tests run
+instead as one session N times, their shared fixtures set up afresh in each. The last lines name every test with its
+runs and failures.
 """
 import argparse
 import json
