@@ -18,8 +18,10 @@ def standin_arrays(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     patterns = patterns.repeat(8, axis=1).repeat(8, axis=2)  # 10 blocky 32x32 class patterns in [0, 128)
     rng = np.random.default_rng(seed)
     labels = rng.integers(0, 10, size=count)
-    # random bytes halved: uniform in [0, 128) as integers(0, 128) draws them, four times faster (every process of a
-    # run, each DataLoader rank included, builds its own)
-    images = np.frombuffer(rng.bytes(count * 32 * 32 * 3), dtype=np.uint8).reshape(count, 32, 32, 3) >> 1
+    # the generator's raw 64-bit words as bytes, halved in place: uniform in [0, 128) as integers(0, 128) would draw
+    # them, in a seventh of its time and with no copy (every process of a run, each DataLoader rank included, builds
+    # its own)
+    images = rng.bit_generator.random_raw(count * 32 * 32 * 3 // 8).view(np.uint8).reshape(count, 32, 32, 3)
+    images >>= 1
     images += patterns[labels]
     return images, labels

@@ -31,11 +31,11 @@ WARMUP_STEPS = 2  # after the first step, before the timed ones: the allocator a
 def build(model: str, size: str) -> tuple[nn.Module, list[nn.Module], torch.Tensor, torch.Tensor]:
     """The model, its repeated blocks (what regional compilation compiles), an input batch and its targets.
 
-    ``size`` "small" is the CPU's (a 4-block GPT 16 wide over 16 tokens; ResNet18 on 2 images of 32 x 32),
+    ``size`` "small" is the CPU's (a 2-block GPT 16 wide over 16 tokens; ResNet18 on 2 images of 32 x 32),
     "real" a GPU's (GPT-2 small's 12 blocks, 768 wide, over 1024 tokens; ResNet18 on 64 images of 224 x 224)."""
     small = size == "small"
     if model == "gpt":
-        config = (GPTConfig(vocab_size=65, block_size=16, n_layer=4, n_head=1, n_embd=16) if small
+        config = (GPTConfig(vocab_size=65, block_size=16, n_layer=2, n_head=1, n_embd=16) if small
                   else GPTConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768))
         net = GPT(config)
         batch = (2 if small else 8, config.block_size)
