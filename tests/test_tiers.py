@@ -1,6 +1,7 @@
 """`make check`, the fast tier, selects every test but the full tier's: no chapter run, no test that reads the book or
 opens it in a browser, none that runs processes of its own beside the book's build (tests/conftest.py marks them
 ``slow`` as they are collected, so a new test is fast unless it needs one of those)."""
+import gc
 import json
 import shlex
 import subprocess
@@ -51,3 +52,11 @@ def test_make_check_collects_no_chapter_book_browser_or_process_heavy_test(tmp_p
                                              ("150000 100000", 1), ("50000 100000", 1), ("3200000 100000", 16)])
 def test_auto_workers_are_capped_by_the_container_s_cpu_quota(quota, workers):
     assert conftest.cores_in_quota(16, quota) == workers
+
+
+def test_what_the_collection_built_is_out_of_the_garbage_collector_s_reach():
+    """Both tiers' processes froze the collection's objects (tests/conftest.py): a full collection walks only what the
+    tests made since, not the modules the collection imported and the tests themselves (this function among them)."""
+    itself = test_what_the_collection_built_is_out_of_the_garbage_collector_s_reach
+    assert gc.get_freeze_count() > 0 and not any(obj is itself for obj in gc.get_objects()), \
+        "the collection's objects are still walked by every collection"
