@@ -31,8 +31,9 @@ WARMUP_STEPS = 2  # after the first step, before the timed ones: the allocator a
 def build(model: str, size: str) -> tuple[nn.Module, list[nn.Module], torch.Tensor, torch.Tensor]:
     """The model, its repeated blocks (what regional compilation compiles), an input batch and its targets.
 
-    ``size`` "small" is the CPU's (a 2-block GPT 16 wide over 16 tokens; ResNet18 on 2 images of 32 x 32),
-    "real" a GPU's (GPT-2 small's 12 blocks, 768 wide, over 1024 tokens; ResNet18 on 64 images of 224 x 224)."""
+    ``size`` "small" is the chapter's, on a CPU and on a GPU alike (a 2-block GPT 16 wide over 16 tokens; ResNet18
+    on 2 images of 32 x 32), "real" the GPU reference run's (GPT-2 small's 12 blocks, 768 wide, over 1024 tokens;
+    ResNet18 on 64 images of 224 x 224)."""
     small = size == "small"
     if model == "gpt":
         config = (GPTConfig(vocab_size=65, block_size=16, n_layer=2, n_head=1, n_embd=16) if small
