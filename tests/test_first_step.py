@@ -259,6 +259,33 @@ def test_rounds_side_by_side_keep_each_round_s_starts_in_order_and_apart(monkeyp
         compile_time.run_starts("gpt", rounds=3, root=tmp_path, rounds_at_once=3)
 
 
+@pytest.mark.parametrize("ending", ["finished", "a start failed"])
+def test_the_starts_own_temporary_folder_is_removed_when_they_end_and_a_given_one_kept(monkeypatch, tmp_path, ending):
+    """Without a ``root`` the starts compile into a temporary folder of their own, gone once the study ends, however
+    it ends; a folder the caller gave is the caller's and stays."""
+    def fake_run(function, kwargs, cache, cold, settings=None, forks=None, stop=None):
+        cache.path.mkdir(parents=True, exist_ok=True)
+        (cache.path / "kernel.so").write_bytes(b"compiled")
+        if ending != "finished" and kwargs.get("how") == "portable":
+            raise OptlabError("the start failed")
+        return {"headers_s": 1.0, "first_step_s": 1.0, "step_times_s": [0.1]}
+
+    monkeypatch.setattr(fresh, "run_fresh", fake_run)
+    monkeypatch.setattr(fresh, "forks_possible", lambda: False)
+    monkeypatch.setattr(compile_time.tempfile, "tempdir", str(tmp_path / "temp"))
+    (tmp_path / "temp").mkdir()
+    if ending == "finished":
+        rows = compile_time.run_starts("gpt", rounds=2)
+        assert rows["cache_folder"].str.startswith(str(tmp_path / "temp" / "optlab-first-step-")).all()
+        compile_time.run_starts("gpt", rounds=2, root=tmp_path / "mine")
+        folders = {folder for _, folder, _ in compile_time.STARTS.values()}
+        assert len(list((tmp_path / "mine").glob("round*/*/kernel.so"))) == 2 * len(folders)
+    else:
+        with pytest.raises(OptlabError, match="the start failed"):
+            compile_time.run_starts("gpt", rounds=2)
+    assert list((tmp_path / "temp").iterdir()) == []
+
+
 def test_starts_that_wrote_into_a_fork_server_s_machine_folder_are_refused(monkeypatch, tmp_path):
     """A fork server's folder changed after its probe: the starts shared a cache, so the rows are not given back."""
     class Touched:
