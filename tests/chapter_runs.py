@@ -16,12 +16,15 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+import slowest
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "_build"
@@ -44,6 +47,9 @@ NOTEBOOKS = ROOT / "notebooks"
 TIMEOUT_S = 900  # a chapter's whole nbval run; the target is a minute, so only a hang gets near this
 POLL_S = 0.5
 RUNNING: set[int] = set()  # the process groups of the chapters running now, stopped with this process
+REAPING = threading.Lock()  # held while this process reaps the builder it started and counts its CPU seconds
+BUILDER: list[subprocess.Popen] = []  # the builder, where this process started it (its reaper thread waits for it)
+BUILDER_CPU_S = [0.0]  # the CPU seconds of that builder and all it waited for, once reaped
 
 
 @dataclass(frozen=True)
@@ -96,9 +102,38 @@ def start_builder(run_here: list[str], env: dict[str, str]) -> None:
     with RUNNER_LOG.open("w") as log:  # where the builder's own failure, if any, is told
         process = subprocess.Popen([sys.executable, __file__, "--book", *run_here], cwd=ROOT, env=env, stdout=log,
                                    stderr=subprocess.STDOUT, start_new_session=True)
+    reap_apart(process)
     written = BUILDER_PID.with_suffix(".tmp")
     written.write_text(str(process.pid))
     written.replace(BUILDER_PID)
+
+
+def reap_apart(process: subprocess.Popen) -> None:
+    """Wait for ``process`` (the builder) in a thread of its own and keep its CPU seconds out of the tests':
+    a child's CPU joins this process's ``RUSAGE_CHILDREN`` when it is reaped, which would otherwise happen in whatever
+    test is running then (``subprocess`` reaps a forgotten ``Popen`` when the next one starts), and the book's build
+    and the browser's visits are two minutes of CPU that test never spent (:func:`test_cpu_seconds`)."""
+    BUILDER.append(process)
+    spent = BUILDER_CPU_S
+
+    def reap() -> None:
+        while True:
+            with REAPING:
+                pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+                if pid:
+                    process.returncode = os.waitstatus_to_exitcode(status)
+                    spent[0] += usage.ru_utime + usage.ru_stime
+                    return
+            time.sleep(POLL_S)
+
+    threading.Thread(target=reap, name="builder reaper", daemon=True).start()
+
+
+def test_cpu_seconds() -> float:
+    """This process's CPU seconds and those of the children it waited for (``slowest.cpu_seconds``), less the builder
+    it started: what the tests themselves cost."""
+    with REAPING:
+        return slowest.cpu_seconds() - BUILDER_CPU_S[0]
 
 
 def builder_running() -> bool:
@@ -190,6 +225,9 @@ def run_or_wait(stem: str, env: dict[str, str]) -> ChapterRun:
 def _alive(pid: int) -> bool:
     if pid <= 0:
         return True  # claimed a moment ago, the pid not written yet
+    for builder in BUILDER:
+        if builder.pid == pid:
+            return builder.returncode is None  # its reaper thread waits for it
     try:
         if os.waitpid(pid, os.WNOHANG)[0]:
             return False  # this process's own child, ended (and now reaped)

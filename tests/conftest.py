@@ -176,7 +176,7 @@ def pytest_sessionfinish(session):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Note where each test's CPU seconds start (setup, call and teardown, and the children it waited for)."""
-    item.stash[CPU_AT_START] = slowest.cpu_seconds()
+    item.stash[CPU_AT_START] = chapter_runs.test_cpu_seconds()
     return (yield)
 
 
@@ -185,7 +185,7 @@ def pytest_runtest_makereport(item, call):
     """The teardown report carries the test's CPU seconds to the end of the run (from an xdist worker too)."""
     report = yield
     if call.when == "teardown" and CPU_AT_START in item.stash:
-        report.user_properties.append((CPU_PROPERTY, slowest.cpu_seconds() - item.stash[CPU_AT_START]))
+        report.user_properties.append((CPU_PROPERTY, chapter_runs.test_cpu_seconds() - item.stash[CPU_AT_START]))
     return report
 
 

@@ -1,10 +1,15 @@
 """The end of a run names its ten slowest chapters and tests (tests/slowest.py)."""
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
+import chapter_runs
 from chapter_runs import ChapterRun
 from slowest import cpu_seconds, lines, slowest_chapters, slowest_tests
+
+
+BURN = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass"  # 0.3 s of CPU
 
 
 def report(nodeid: str, when: str, duration: float) -> SimpleNamespace:
@@ -29,8 +34,27 @@ def test_the_slowest_chapters_come_first_with_their_seconds():
 
 def test_a_tests_cpu_seconds_count_its_own_work_and_its_waited_children_and_stand_beside_its_wall_seconds():
     started = cpu_seconds()
-    subprocess.run([sys.executable, "-c", "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass"],
-                   check=True)
+    subprocess.run([sys.executable, "-c", BURN], check=True)
     assert cpu_seconds() - started >= 0.3
     pairs = [("a.py::test_x", 12.0), ("a.py::test_y", 3.0)]
     assert lines(pairs, {"a.py::test_x": 1.25}) == ["    12.0 s      1.2 s CPU  a.py::test_x", "     3.0 s  a.py::test_y"]
+
+
+def test_the_builder_s_cpu_seconds_stay_out_of_the_tests_even_when_a_test_reaps_it(monkeypatch):
+    """The builder a worker started is reaped by a thread of its own, and its CPU seconds (a child's, counted in
+    ``RUSAGE_CHILDREN`` once reaped) are not any test's: starting other processes meanwhile, as tests do, reaps
+    nothing, and the worker knows it ended."""
+    monkeypatch.setattr(chapter_runs, "BUILDER", [])
+    monkeypatch.setattr(chapter_runs, "BUILDER_CPU_S", [0.0])
+    before_all, before_tests = cpu_seconds(), chapter_runs.test_cpu_seconds()
+    builder = subprocess.Popen([sys.executable, "-c", BURN])
+    chapter_runs.reap_apart(builder)
+    assert chapter_runs._alive(builder.pid)
+    deadline = time.monotonic() + 30
+    while builder.returncode is None and time.monotonic() < deadline:
+        subprocess.run(["true"], check=True)  # a later Popen reaps every forgotten one it finds
+        time.sleep(0.05)
+    assert builder.returncode == 0 and not chapter_runs._alive(builder.pid)
+    assert chapter_runs.BUILDER_CPU_S[0] >= 0.3
+    assert cpu_seconds() - before_all >= 0.3  # reaped: in the process's children's seconds
+    assert chapter_runs.test_cpu_seconds() - before_tests < 0.3, "the builder's seconds counted as the test's"
