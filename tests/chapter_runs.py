@@ -9,6 +9,7 @@ and builds the book from it, so the build executes only the summary page, which 
 wrote. It then opens every page of the build in a browser (``tests/site_visits.py``) while the workers run the other
 tests; the tests that read the build come last.
 """
+import contextlib
 import fcntl
 import json
 import os
@@ -94,14 +95,15 @@ def began(run: str) -> bool:
     return RUN_ID.exists() and RUN_ID.read_text() == run
 
 
-def start_builder(run_here: list[str], env: dict[str, str]) -> None:
+def start_builder(run_here: list[str], env: dict[str, str], session_pid: int) -> None:
     """The builder, started by the first of the session's processes to ask: it runs the chapters among ``run_here``
-    that no one has claimed, waits for every other chapter's run, builds the book and opens its pages."""
+    that no one has claimed, waits for every other chapter's run, builds the book and opens its pages. It ends with
+    the session, whose controller is ``session_pid`` (:func:`watch_session`)."""
     if not claim("book"):
         return
     with RUNNER_LOG.open("w") as log:  # where the builder's own failure, if any, is told
-        process = subprocess.Popen([sys.executable, __file__, "--book", *run_here], cwd=ROOT, env=env, stdout=log,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen([sys.executable, __file__, "--book", f"--session={session_pid}", *run_here],
+                                   cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     reap_apart(process)
     written = BUILDER_PID.with_suffix(".tmp")
     written.write_text(str(process.pid))
@@ -303,6 +305,21 @@ def stop(*_) -> None:
     sys.exit(1)
 
 
+def watch_session(session_pid: int, run: str) -> None:
+    """End this builder, and the chapter or build it runs, once its session is over without having stopped it: the
+    session's controller gone (killed by a signal that left it no time to stop the builder, as a timeout's SIGTERM
+    does) or a later session begun. Nothing is written then: the folders are the next session's."""
+    def watch() -> None:
+        while _alive(session_pid) and began(run):
+            time.sleep(POLL_S)
+        for group in list(RUNNING):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="session watch", daemon=True).start()
+
+
 def main(stems: list[str], book: bool) -> int:
     """Run the unclaimed chapters among ``stems``, from the last (a test session takes them from the first); with
     ``book``, wait for every chapter, build the book from their runs and open its pages in a browser."""
@@ -348,9 +365,13 @@ if __name__ == "__main__":
     arguments = sys.argv[1:]
     if "--book" not in arguments:
         sys.exit(main(arguments, book=False))
+    session, run = next(int(argument.split("=")[1]) for argument in arguments if argument.startswith("--session=")), \
+        RUN_ID.read_text()
+    watch_session(session, run)
     status = 1
     try:
-        status = main([stem for stem in arguments if stem != "--book"], book=True)
+        status = main([stem for stem in arguments if not stem.startswith("--")], book=True)
     finally:
-        ended(status)
+        if began(run):  # not into a later session's folders
+            ended(status)
     sys.exit(status)

@@ -153,7 +153,8 @@ def chapter_session(request, smoke_env) -> None:
     config = request.config
     chapter_runs.begin(config.stash[RUN_ID])
     if config.stash.get(NEEDS_BOOK, False):
-        chapter_runs.start_builder(config.stash[CHAPTERS_FOR_BUILDER], smoke_env)
+        session = os.getppid() if hasattr(config, "workerinput") else os.getpid()  # xdist's controller, or this
+        chapter_runs.start_builder(config.stash[CHAPTERS_FOR_BUILDER], smoke_env, session)
 
 
 def pytest_runtest_setup(item):

@@ -1,6 +1,7 @@
 """Every chapter notebook runs under nbval in the smoke profile, and is committed without outputs."""
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -108,6 +109,58 @@ def test_a_session_s_chapter_runs_start_afresh_once_whichever_of_its_workers_ask
     assert chapter_runs.began("session-1") and not chapter_runs.claim("01"), "the second worker wiped the first's claim"
     chapter_runs.begin("session-2")  # the next session
     assert chapter_runs.began("session-2") and not chapter_runs.began("session-1") and chapter_runs.claim("01")
+
+
+BUILDER_STAND_IN = """
+import subprocess, sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import chapter_runs
+chapter_runs.RUN_ID = Path(sys.argv[2])
+chapter = subprocess.Popen(["sleep", "60"], start_new_session=True)  # the chapter or build in flight
+chapter_runs.RUNNING.add(chapter.pid)
+print(chapter.pid, flush=True)
+chapter_runs.watch_session(int(sys.argv[3]), "session-1")
+time.sleep(60)
+"""
+
+
+def _gone(pid: int) -> bool:
+    """True once ``pid`` has ended (a zombie too: its parent has not read its status yet)."""
+    stat = Path(f"/proc/{pid}/stat")
+    return not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+@pytest.mark.parametrize("ending", ["its controller killed", "a later session begun", "going on"])
+def test_a_builder_ends_with_its_session_and_the_chapter_it_runs_with_it(tmp_path, ending):
+    """A session killed without time to stop its builder (a timeout's SIGTERM), or followed by another, leaves no
+    builder running chapters into the next session's folders: it ends within a second or two, its chapter's process
+    group with it. While the session goes on, it runs."""
+    run_id = tmp_path / "chapter-runs.id"
+    run_id.write_text("session-1")
+    controller = subprocess.Popen(["sleep", "60"])
+    builder = subprocess.Popen([sys.executable, "-c", BUILDER_STAND_IN, str(Path(chapter_runs.__file__).parent),
+                                str(run_id), str(controller.pid)], stdout=subprocess.PIPE, text=True)
+    try:
+        chapter = int(builder.stdout.readline())
+        time.sleep(1.5)
+        assert builder.poll() is None and not _gone(chapter), "the builder ended while its session went on"
+        if ending == "its controller killed":
+            controller.kill()
+            controller.wait()
+        elif ending == "a later session begun":
+            run_id.write_text("session-2")
+        if ending == "going on":
+            return
+        assert builder.wait(timeout=5) == 1
+        deadline = time.monotonic() + 5
+        while not _gone(chapter) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _gone(chapter), "the builder left its chapter running"
+    finally:
+        for process in (builder, controller):
+            process.kill()
+            process.wait()
 
 
 def test_the_builder_counts_as_running_from_its_claim_until_it_ends_or_its_process_is_gone(tmp_path, monkeypatch):
