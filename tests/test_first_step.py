@@ -15,7 +15,7 @@ import torch
 
 from optlab.core.errors import OptlabError
 from optlab.core.gpt.transformer import GPT, GPTConfig
-from optlab.studies.first_step import compile_time, dynamo_log, fresh, recompiles, shapes
+from optlab.studies.first_step import compile_time, dynamo_log, fresh, recompiles, shapes, starts
 
 
 @pytest.fixture(scope="module")
@@ -370,9 +370,19 @@ def test_the_chapters_check_a_gpu_s_path_small_and_end_within_minutes_on_a_reade
     assert all(plan.deadline_s is not None and plan.deadline_s <= 300 for plan in (smoke, quick))
     monkeypatch.setattr(compile_time.os, "cpu_count", lambda: 1)
     cpu = compile_time.chapter_plan(False, "smoke")
-    assert (cpu.size, cpu.phase, cpu.at_once) == ("small", "forward", 1) and "GPT only" in cpu.describe()
+    assert (cpu.size, cpu.phase, cpu.at_once) == ("tiny", "forward", 1) and "GPT only" in cpu.describe()
     assert shapes.chapter_stream(True, "smoke")[0].n_embd < shapes.chapter_stream(True, "full")[0].n_embd == 768
     assert shapes.chapter_stream(False, "full") == (shapes.CPU_STREAM, 5)
+
+
+def test_each_start_size_builds_its_own_gpt_and_an_unknown_size_is_refused_before_any_start():
+    """The CPU's page compiles the fewest blocks that still repeat (2), a GPU's page 4, the reference run GPT-2
+    small's 12; a size outside these is refused by name, before a process starts."""
+    blocks = {size: len(starts.build("gpt", size)[1]) for size in ("tiny", "small")}
+    assert blocks == {"tiny": 2, "small": 4}
+    for call in (lambda: starts.build("gpt", "medium"), lambda: compile_time.run_starts("gpt", size="medium")):
+        with pytest.raises(OptlabError, match="unknown size 'medium'; choose one of: tiny, small, real"):
+            call()
 
 
 def _rescaled(x):
@@ -484,8 +494,6 @@ def test_the_headers_build_probes_the_cpu_in_the_process_s_own_cache_folder_not_
     probes before it opens its fresh cache, so the machine's folder keeps the answer for every later process."""
     from torch._inductor import cpu_vec_isa
     from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-    from optlab.studies.first_step import starts
 
     probed_in = []
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))

@@ -34,7 +34,7 @@ from ...core.knobs.limits import check_count
 from ...core.results import store
 from ...core.measuring.timing import CONFIDENCE, INTERVAL, interval_text, speed_up, t_quantile, too_wide_to_tell
 from . import fresh
-from .starts import MODELS, PHASES
+from .starts import MODELS, PHASES, SIZES
 
 EAGER, COLD, WARM, PORTABLE, REGIONAL = ("eager", "whole, cold caches", "whole, warm caches", "portable artifacts",
                                          "regional, cold caches")
@@ -72,16 +72,16 @@ GPU_DEADLINE_S = 240  # a reader's GPU: the chapter's starts end within four min
 
 
 def chapter_plan(cuda: bool, profile: str) -> StartPlan:
-    """A GPU: the small GPT's training step, up to five rounds one at a time within :data:`GPU_DEADLINE_S` (GPT-2
+    """A GPU: the small (4-block) GPT's training step, up to five rounds one at a time within :data:`GPU_DEADLINE_S` (GPT-2
     small's cold compiles take about a minute a start, 50 starts with ResNet18's: the reference run measures it in
     parts of their own); in the ``smoke`` profile (a check of the GPU's code path, not a measurement) two rounds. A
-    CPU: a 2-block 16-wide GPT's forward pass (half the kernels to build), four rounds, two side by side (a round's
+    CPU: the tiny 2-block GPT's forward pass (half the kernels to build), four rounds, two side by side (a round's
     starts still run one after another)."""
     if cuda and profile == "smoke":
         return StartPlan("small", 2, "train", 1, cnn=False, deadline_s=GPU_DEADLINE_S)
     if cuda:
         return StartPlan("small", 5, "train", 1, cnn=False, deadline_s=GPU_DEADLINE_S)
-    return StartPlan("small", 4, "forward", min(2, os.cpu_count() or 1), cnn=False)
+    return StartPlan("tiny", 4, "forward", min(2, os.cpu_count() or 1), cnn=False)
 
 
 def run_starts(model: str, rounds: int = 3, size: str = "small", steps: int = 10, phase: str = "train",
@@ -111,6 +111,8 @@ def run_starts(model: str, rounds: int = 3, size: str = "small", steps: int = 10
                 "rounds side by side: at most one a core, and no more than the rounds")
     if phase not in PHASES:
         raise choice_error("phase", phase, PHASES)
+    if size not in SIZES:
+        raise choice_error("size", size, SIZES)
     if deadline_s is not None and not deadline_s > 0:
         raise OptlabError(f"deadline_s must be a positive number of seconds (or None: no deadline), got {deadline_s}")
     temporary = None if root else tempfile.TemporaryDirectory(prefix="optlab-first-step-",

@@ -25,19 +25,23 @@ from ...core.measuring.timing import StepTimer
 HOWS = ("eager", "whole", "regional", "portable")
 MODELS = ("gpt", "resnet18")
 PHASES = ("train", "forward")
+SIZES = ("tiny", "small", "real")  # the chapter's on a CPU, the chapter's on a GPU, the GPU reference run's
 WARMUP_STEPS = 2  # after the first step, before the timed ones: the allocator and the caches settle
 
 
 def build(model: str, size: str) -> tuple[nn.Module, list[nn.Module], torch.Tensor, torch.Tensor]:
     """The model, its repeated blocks (what regional compilation compiles), an input batch and its targets.
 
-    ``size`` "small" is the chapter's, on a CPU and on a GPU alike (a 2-block GPT 16 wide over 16 tokens; ResNet18
-    on 2 images of 32 x 32), "real" the GPU reference run's (GPT-2 small's 12 blocks, 768 wide, over 1024 tokens;
-    ResNet18 on 64 images of 224 x 224)."""
-    small = size == "small"
+    ``size`` (:data:`SIZES`) "tiny" is the chapter's on a CPU (a 2-block GPT 16 wide over 16 tokens: the fewest
+    blocks that still repeat, for regional compilation), "small" the chapter's on a GPU (the same GPT with 4 blocks),
+    both with ResNet18 on 2 images of 32 x 32; "real" the GPU reference run's (GPT-2 small's 12 blocks, 768 wide, over
+    1024 tokens; ResNet18 on 64 images of 224 x 224)."""
+    if size not in SIZES:
+        raise choice_error("size", size, SIZES)
+    small = size != "real"
     if model == "gpt":
-        config = (GPTConfig(vocab_size=65, block_size=16, n_layer=2, n_head=1, n_embd=16) if small
-                  else GPTConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768))
+        config = (GPTConfig(vocab_size=65, block_size=16, n_layer=2 if size == "tiny" else 4, n_head=1, n_embd=16)
+                  if small else GPTConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768))
         net = GPT(config)
         batch = (2 if small else 8, config.block_size)
         x = torch.randint(0, config.vocab_size, batch)
