@@ -114,7 +114,8 @@ def reap_apart(process: subprocess.Popen) -> None:
     """Wait for ``process`` (the builder) in a thread of its own and keep its CPU seconds out of the tests':
     a child's CPU joins this process's ``RUSAGE_CHILDREN`` when it is reaped, which would otherwise happen in whatever
     test is running then (``subprocess`` reaps a forgotten ``Popen`` when the next one starts), and the book's build
-    and the browser's visits are two minutes of CPU that test never spent (:func:`test_cpu_seconds`)."""
+    and the browser's visits are two minutes of CPU that test never spent
+    (:func:`cpu_seconds_without_builder`)."""
     BUILDER.append(process)
     spent = BUILDER_CPU_S
 
@@ -131,7 +132,7 @@ def reap_apart(process: subprocess.Popen) -> None:
     threading.Thread(target=reap, name="builder reaper", daemon=True).start()
 
 
-def test_cpu_seconds() -> float:
+def cpu_seconds_without_builder() -> float:
     """This process's CPU seconds and those of the children it waited for (``slowest.cpu_seconds``), less the builder
     it started: what the tests themselves cost."""
     with REAPING:

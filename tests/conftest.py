@@ -177,7 +177,7 @@ def pytest_sessionfinish(session):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Note where each test's CPU seconds start (setup, call and teardown, and the children it waited for)."""
-    item.stash[CPU_AT_START] = chapter_runs.test_cpu_seconds()
+    item.stash[CPU_AT_START] = chapter_runs.cpu_seconds_without_builder()
     return (yield)
 
 
@@ -186,7 +186,8 @@ def pytest_runtest_makereport(item, call):
     """The teardown report carries the test's CPU seconds to the end of the run (from an xdist worker too)."""
     report = yield
     if call.when == "teardown" and CPU_AT_START in item.stash:
-        report.user_properties.append((CPU_PROPERTY, chapter_runs.test_cpu_seconds() - item.stash[CPU_AT_START]))
+        spent = chapter_runs.cpu_seconds_without_builder() - item.stash[CPU_AT_START]
+        report.user_properties.append((CPU_PROPERTY, spent))
     return report
 
 

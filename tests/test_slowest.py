@@ -46,7 +46,7 @@ def test_the_builder_s_cpu_seconds_stay_out_of_the_tests_even_when_a_test_reaps_
     nothing, and the worker knows it ended."""
     monkeypatch.setattr(chapter_runs, "BUILDER", [])
     monkeypatch.setattr(chapter_runs, "BUILDER_CPU_S", [0.0])
-    before_all, before_tests = cpu_seconds(), chapter_runs.test_cpu_seconds()
+    before_all, before_tests = cpu_seconds(), chapter_runs.cpu_seconds_without_builder()
     builder = subprocess.Popen([sys.executable, "-c", BURN])
     chapter_runs.reap_apart(builder)
     assert chapter_runs._alive(builder.pid)
@@ -57,4 +57,4 @@ def test_the_builder_s_cpu_seconds_stay_out_of_the_tests_even_when_a_test_reaps_
     assert builder.returncode == 0 and not chapter_runs._alive(builder.pid)
     assert chapter_runs.BUILDER_CPU_S[0] >= 0.3
     assert cpu_seconds() - before_all >= 0.3  # reaped: in the process's children's seconds
-    assert chapter_runs.test_cpu_seconds() - before_tests < 0.3, "the builder's seconds counted as the test's"
+    assert chapter_runs.cpu_seconds_without_builder() - before_tests < 0.3, "the builder's counted as the test's"

@@ -72,11 +72,11 @@ GPU_DEADLINE_S = 240  # a reader's GPU: the chapter's starts end within four min
 
 
 def chapter_plan(cuda: bool, profile: str) -> StartPlan:
-    """A GPU: the small (4-block) GPT's training step, up to five rounds one at a time within :data:`GPU_DEADLINE_S` (GPT-2
-    small's cold compiles take about a minute a start, 50 starts with ResNet18's: the reference run measures it in
-    parts of their own); in the ``smoke`` profile (a check of the GPU's code path, not a measurement) two rounds. A
-    CPU: the tiny 2-block GPT's forward pass (half the kernels to build), four rounds, two side by side (a round's
-    starts still run one after another)."""
+    """A GPU: the small (4-block) GPT's training step, up to five rounds one at a time within
+    :data:`GPU_DEADLINE_S` (GPT-2 small's cold compiles take about a minute a start, 50 starts with ResNet18's: the
+    reference run measures it in parts of their own); in the ``smoke`` profile (a check of the GPU's code path, not a
+    measurement) two rounds. A CPU: the tiny 2-block GPT's forward pass (half the kernels to build), four rounds, two
+    side by side (a round's starts still run one after another)."""
     if cuda and profile == "smoke":
         return StartPlan("small", 2, "train", 1, cnn=False, deadline_s=GPU_DEADLINE_S)
     if cuda:
