@@ -300,9 +300,15 @@ def wait_for_build() -> int | None:
     return int(BUILD_STATUS.read_text()) if BUILD_STATUS.exists() else None
 
 
+def kill_running() -> None:
+    """Kill the chapters and steps this process runs now, with their process groups."""
+    for group in list(RUNNING):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
+
+
 def stop(*_) -> None:
-    for group in RUNNING:
-        os.killpg(group, signal.SIGKILL)
+    kill_running()
     sys.exit(1)
 
 
@@ -313,9 +319,7 @@ def watch_session(session_pid: int, run: str) -> None:
     def watch() -> None:
         while _alive(session_pid) and began(run):
             time.sleep(POLL_S)
-        for group in list(RUNNING):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(group, signal.SIGKILL)
+        kill_running()
         os._exit(1)
 
     threading.Thread(target=watch, name="session watch", daemon=True).start()
@@ -366,8 +370,8 @@ if __name__ == "__main__":
     arguments = sys.argv[1:]
     if "--book" not in arguments:
         sys.exit(main(arguments, book=False))
-    session, run = next(int(argument.split("=")[1]) for argument in arguments if argument.startswith("--session=")), \
-        RUN_ID.read_text()
+    session = next(int(argument.split("=")[1]) for argument in arguments if argument.startswith("--session="))
+    run = RUN_ID.read_text()
     watch_session(session, run)
     status = 1
     try:
