@@ -258,6 +258,21 @@ def test_the_bandwidth_buffer_is_past_every_cache_of_the_machine(tmp_path, monke
     assert ceilings.bandwidth_mib(torch.device("cpu")) == ceilings.MAX_MIB
 
 
+def test_a_cpu_sweep_makes_its_bandwidth_buffers_once_and_a_gpu_s_visits_make_their_own():
+    """A CPU's fresh buffer is new pages faulted in one by one: both bandwidth figures share one pair for the
+    sweep. Elsewhere (the meta device stands in for a GPU: no memory behind it) each visit makes its own."""
+    def visits(device: str) -> list[dict]:
+        copy, read = ceilings.bandwidth_figures(torch.device(device), 1)
+        return [copy.build()[1], copy.build()[1], read.build()[1]]
+
+    first, second, third = visits("cpu")
+    assert first["source"] is second["source"] is third["source"] and first["target"] is second["target"]
+    assert first["source"] is not first["target"] and first["source"].numel() == 2**20 // 4
+    assert bool((first["source"] == 1).all())  # filled: a read of untouched pages would read the zero page
+    first, second, third = visits("meta")
+    assert len({id(first["source"]), id(second["source"]), id(third["source"])}) == 3
+    assert first["target"] is not second["target"]
+
 def test_a_gpu_sweep_runs_every_dtype_its_capability_allows(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     assert ceilings.available_dtypes(torch.device("cuda")) == ("fp32", "tf32", "bf16", "fp16", "fp8")
