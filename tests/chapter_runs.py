@@ -209,10 +209,14 @@ def finished_runs() -> list[ChapterRun]:
 
 
 def wait_for(stem: str) -> ChapterRun:
-    """The result of ``stem``'s run by the process that claimed it."""
+    """The result of ``stem``'s run by the process that claimed it, or that will: a chapter the session selected may
+    not be claimed yet (its worker is still on another test, or between two)."""
     deadline = time.monotonic() + TIMEOUT_S + 120
     while not result_path(stem).exists():
-        claimer = int((RUNS / f"{stem}.claim").read_text() or 0)
+        try:
+            claimer = int((RUNS / f"{stem}.claim").read_text() or 0)
+        except FileNotFoundError:
+            claimer = 0  # not claimed yet: 0 counts as alive, as a claim whose pid is not written yet does
         if not _alive(claimer):
             raise RuntimeError(f"the process that ran {stem} (pid {claimer}) ended without a result")
         if time.monotonic() > deadline:

@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -183,3 +184,24 @@ def test_the_builder_counts_as_running_from_its_claim_until_it_ends_or_its_proce
     finally:
         running.kill()
         running.wait()
+
+
+def test_the_builder_waits_for_a_chapter_no_worker_has_claimed_yet(tmp_path, monkeypatch):
+    """The builder waits for the chapters in their order, and a worker may not have reached the next one yet (still
+    on another test, or between two): found when a builder ended on the missing claim and the book's tests failed."""
+    monkeypatch.setattr(chapter_runs, "RUNS", tmp_path)
+    monkeypatch.setattr(chapter_runs, "POLL_S", 0.05)
+    run = chapter_runs.ChapterRun("02_later", 0, 1.5, 4, "passed")
+
+    def worker_reaches_it():
+        time.sleep(0.3)
+        assert chapter_runs.claim("02_later")
+        time.sleep(0.3)
+        chapter_runs.result_path("02_later").write_text(json.dumps(run.__dict__))
+
+    worker = threading.Thread(target=worker_reaches_it)
+    worker.start()
+    try:
+        assert chapter_runs.wait_for("02_later") == run
+    finally:
+        worker.join()
