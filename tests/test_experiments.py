@@ -138,3 +138,15 @@ def test_output_folder_that_cannot_be_written(tmp_path):
 def test_experiment_needs_a_variant():
     with pytest.raises(OptlabError, match="needs a baseline and at least one variant"):
         Experiment("x", "x", "", variants=(("only", {}),))
+
+
+def test_with_base_changes_every_variant_s_shared_knobs_and_leaves_the_registered_experiment_as_it_was():
+    registered = get_experiment("channels_last")
+    bf16 = registered.with_base(amp_dtype="bf16")
+    profile = experiments.get_profile("smoke")
+    configs = bf16.configs("resnet18", profile)
+    assert [config.amp_dtype for config in configs.values()] == ["bf16", "bf16"]
+    assert [config.channels_last for config in configs.values()] == [False, True]  # the variants' own knobs kept
+    assert bf16.labels == registered.labels and bf16.phases == registered.phases
+    assert {c.amp_dtype for c in registered.configs("resnet18", profile).values()} == {"fp16"}
+    assert get_experiment("channels_last").base == {"amp_dtype": "fp16"}

@@ -109,6 +109,10 @@ class Experiment:
         """A copy that times only ``phases`` (a CPU chapter that cannot afford every phase)."""
         return replace(self, phases=tuple(phases))
 
+    def with_base(self, **changes: Any) -> "Experiment":
+        """A copy whose every variant also takes ``changes`` (a chapter's own precision on a device)."""
+        return replace(self, base={**self.base, **changes})
+
 
 def chained(labels: "list[str] | tuple[str, ...]") -> dict[str, str]:
     """A stack's references: every step compared with the step before it, so that the rule waits for each step's own
