@@ -106,7 +106,7 @@ def _product_scale(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double().pow(2).sum(0) * b.double().pow(2).sum(1)).sum().sqrt())
 
 
-def layer_errors(model: str = "gpt_tiny", magnitudes: tuple[float, ...] = MAGNITUDES, rows: int = 256,
+def layer_errors(model: str = "gpt_tiny", magnitudes: tuple[float, ...] = MAGNITUDES, rows: int = 64,
                  seed: int = 0) -> pd.DataFrame:
     """Every FP8 linear layer of ``model`` (the torch-only :class:`~optlab.core.gpt.fp8.FP8Linear`), one forward and
     backward pass per operand magnitude: its weight rescaled to RMS ``m``, an input and an upstream gradient of RMS
@@ -114,7 +114,9 @@ def layer_errors(model: str = "gpt_tiny", magnitudes: tuple[float, ...] = MAGNIT
     rounding bound: with every operand element rounded to nearest in its format (relative error at most ``u``, half
     the format's epsilon: 2^-4 for e4m3, 2^-3 for e5m2), the error of ``a @ b`` has an RMS of at most
     ``hypot(u_a, u_b) * sqrt(sum_k |a[:, k]|^2 |b[k, :]|^2)``. A per-tensor scale keeps every operand in range at any
-    magnitude; a cast without one flushes small values to zero and saturates large ones, far past the bound."""
+    magnitude; a cast without one flushes small values to zero and saturates large ones, far past the bound. ``rows``
+    input rows give each product thousands of elements, an RMS to a few percent (more rows only add e4m3 products,
+    which run a reference kernel on some CPUs)."""
     sizes = GPT_SIZES[model]
     generator = torch.Generator().manual_seed(seed)
     net = GPT(sizes)
