@@ -2,8 +2,8 @@
 
 A figure is a statement, the globals it needs (built at each visit, so that one figure's tensors are held at a
 time, unless its build keeps them: a CPU's bandwidth buffers, ``ceilings.bandwidth_figures``) and a switch it runs
-under. The sweep first calibrates every figure once (:func:`runs_per_block`: a block
-grown 10x from one run until it lasts a tenth of ``block_s``), and its runs per block are fixed at what fills
+under. The sweep first calibrates every figure once (:func:`runs_per_block`: a block grown 10x from one run until it
+lasts a tenth of ``block_s``), and its runs per block are fixed at what fills
 ``block_s`` (at least one). Then each of ``rounds`` rounds visits every figure, in a seeded order shuffled anew each
 round, warms it with one run and times one block of those runs with ``timeit`` on a clock that synchronizes a GPU
 (:func:`block_timer`). A figure's blocks are thus spread over the whole sweep: the interval of their median covers
