@@ -1,14 +1,13 @@
 """Timing a sweep of figures in rounds across the run, each figure's runs per block chosen once.
 
-A figure is a statement, the globals it needs (built at each visit, so that one figure's tensors are held at a
-time, unless its build keeps them: a CPU's bandwidth buffers, ``ceilings.bandwidth_figures``) and a switch it runs
-under. The sweep first calibrates every figure once (:func:`runs_per_block`: a block grown 10x from one run until it
-lasts a tenth of ``block_s``), and its runs per block are fixed at what fills
-``block_s`` (at least one). Then each of ``rounds`` rounds visits every figure, in a seeded order shuffled anew each
-round, warms it with one run and times one block of those runs with ``timeit`` on a clock that synchronizes a GPU
-(:func:`block_timer`). A figure's blocks are thus spread over the whole sweep: the interval of their median covers
-what changed between the first round and the last (other work starting or stopping, clocks, temperature), not one
-moment's blocks.
+A figure is a statement, the globals it needs (built at each visit, so that one figure's tensors are held at a time,
+unless its build keeps them: a CPU's bandwidth buffers, ``ceilings.bandwidth_figures``) and a switch it runs under. The
+sweep first calibrates every figure once (:func:`runs_per_block`: a block grown 10x from one run until it lasts a tenth
+of ``block_s``), and its runs per block are fixed at what fills ``block_s`` (at least one). Then each of ``rounds``
+rounds visits every figure, in a seeded order shuffled anew each round, warms it with one run and times one block of
+those runs with ``timeit`` on a clock that synchronizes a GPU (:func:`block_timer`). A figure's blocks are thus spread
+over the whole sweep: the interval of their median covers what changed between the first round and the last (other work
+starting or stopping, clocks, temperature), not one moment's blocks.
 
 No block-size search is repeated (``blocked_autorange`` runs one on every call: 10x steps until the timer's overhead
 is under 1e-4 of a block, seconds a call on a GPU), so the sweep's time is known once calibrated: per figure, its
