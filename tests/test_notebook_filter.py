@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -104,3 +105,18 @@ def test_every_chapter_is_stored_as_the_filter_writes_it(path):
     """A chapter stored otherwise would read as changed after a save in Lab that changed nothing."""
     stripped = filter_module().stored(path.read_text())
     assert stripped == path.read_text(), f"{path.name}: run `git add --renormalize {path.relative_to(ROOT)}`"
+
+
+def test_the_filter_as_git_starts_it_cleans_without_building_jsonschema_s_iri_grammar():
+    """git starts the filter once for each notebook whose timestamps it cannot trust: every chapter in a fresh clone.
+    Started as git starts it, the filter refuses ``rfc3987_syntax`` (its parsers cost a second a start) and
+    writes the chapter as committed; imported as a module (Lab's save hook), it leaves the import to its host."""
+    started = subprocess.run([sys.executable, "-X", "importtime", "tools/notebook_strip.py"], cwd=ROOT, check=True,
+                             input=NOTEBOOKS[0].read_text(), capture_output=True, text=True)
+    assert started.stdout == NOTEBOOKS[0].read_text()
+    imported = [line.rsplit("|", 1)[-1].strip() for line in started.stderr.splitlines() if "|" in line]
+    assert "nbformat" in imported and "rfc3987_syntax.syntax_helpers" not in imported, started.stderr[-2000:]
+    hooked = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, 'tools'); import notebook_strip; "
+                             "print(sys.modules.get('rfc3987_syntax', 'untouched'))"], cwd=ROOT, check=True,
+                            capture_output=True, text=True)
+    assert hooked.stdout.strip() != "None", "importing the module refused the import for its host"

@@ -4,8 +4,13 @@ Makefile's ``notebook-filter``: stdin to stdout) and Lab's save hook (``tools/la
 so a chapter run and saved in Lab reads as unchanged."""
 import sys
 
-import nbformat
-from nbstripout import strip_output
+if __name__ == "__main__":  # git's filter: started once for each notebook whose timestamps git cannot trust (every
+    # one in a fresh clone); without jsonschema's IRI grammar, which no notebook schema uses, a start takes a third of
+    # a second, not a second and a half (tests/quick_nbformat.py says why). Lab, which imports this module for its
+    # save hook, keeps its own.
+    sys.modules.setdefault("rfc3987_syntax", None)
+import nbformat  # noqa: E402
+from nbstripout import strip_output  # noqa: E402
 
 # nbstripout's command line's own defaults (its function strips none of these), then the language details Lab
 # writes on a save (kernelspec stays: it names the kernel)
