@@ -1,6 +1,7 @@
-"""A process that imports optlab pays for torchvision, torch._dynamo, the parallel studies' package (FSDP2, DTensor)
-and the FLOP counter (triton) only when it uses them: each costs a fraction of a second to a second or more to import
-on a small CPU, and the command line, every parallel rank and every chapter's kernel start by importing optlab."""
+"""A process that imports optlab pays for torchvision, torch._dynamo, the parallel studies' package (FSDP2, DTensor),
+the FLOP counter (triton) and torch's benchmark timer (setuptools) only when it uses them: each costs a fraction of a
+second to a second or more to import on a small CPU, and the command line, every parallel rank and every chapter's
+kernel start by importing optlab."""
 import json
 import os
 import subprocess
@@ -57,4 +58,15 @@ import optlab
 from optlab.core.knobs.config import RunConfig
 from optlab.core.measuring import flops
 optlab.parallel_plan, flops.config_step_flops(RunConfig(model="resnet18", batch_size=2), train=False)""")
+    assert loaded[FIRST_USE] == list(deferred)
+
+
+def test_starting_optlab_imports_torch_s_benchmark_timer_only_when_it_times():
+    """``torch.utils.benchmark`` imports ``torch.utils.cpp_extension`` and with it setuptools: a sixth of a second of
+    every start that never times with it."""
+    deferred = ("torch.utils.benchmark", "setuptools")
+    loaded = loaded_at_each_start(STARTS, deferred, """
+import torch
+from optlab.studies.serving import bandwidth
+bandwidth.measured_copy_bandwidth(torch.device("cpu"), mib=1)""")
     assert loaded[FIRST_USE] == list(deferred)

@@ -17,18 +17,21 @@ import copy
 import itertools
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils import benchmark
 
 from ...core.results import store
 from ...core.machine.device import resolve_device
 from ...core.errors import OptlabError, choice_error
 from ...core.measuring.loops import make_optimizer
 from ...core.cifar.models import MODEL_NAMES, NUM_CLASSES, build_model
+
+if TYPE_CHECKING:
+    from torch.utils import benchmark
 
 MODES = ("inference", "training")
 EXECUTIONS = ("eager", "CUDA graph")
@@ -219,6 +222,8 @@ def _time_step(step: Step, batches: list[tuple[torch.Tensor, torch.Tensor]], min
                max_run_time: float) -> benchmark.Measurement:
     """Blocks of runs until there are four and their IQR is under 10 % of the median, or ``max_run_time`` is spent;
     at least :data:`MIN_BLOCKS` blocks in any case (a slow step can spend ``max_run_time`` in one block)."""
+    from torch.utils import benchmark  # imported here: it imports setuptools, a sixth of a second of every start
+
     cycle = itertools.cycle(batches)
     for _ in range(WARMUP_ITERS):  # first calls of a shape: cuDNN/oneDNN plans, allocator growth
         step(*next(cycle))

@@ -18,7 +18,6 @@ from functools import lru_cache
 from pathlib import Path
 
 import torch
-from torch.utils import benchmark
 
 from ...core.errors import OptlabError
 from ...core.gpt.transformer import GPT, GPTConfig
@@ -76,6 +75,8 @@ def datasheet_peak(device_name: str) -> Peak | None:
 def measured_copy_bandwidth(device: torch.device, mib: int = COPY_MIB) -> Peak:
     """The median rate of copying a ``mib`` MiB tensor into another on ``device``: bytes read plus bytes written
     per second, timed by ``torch.utils.benchmark`` (synchronized on a GPU)."""
+    from torch.utils import benchmark  # imported here: it imports setuptools, a sixth of a second of every start
+
     if isinstance(mib, bool) or not isinstance(mib, int) or not 1 <= mib <= MAX_COPY_MIB:
         raise OptlabError(f"mib must be a whole number from 1 to {MAX_COPY_MIB}, got {mib!r}")
     source = torch.empty(mib * 2**20, dtype=torch.uint8, device=device).fill_(1)
