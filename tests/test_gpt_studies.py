@@ -16,14 +16,20 @@ from optlab.core.errors import OptlabError
 from optlab.core.gpt.fp8 import scaled_mm_runs
 from optlab.core.knobs.profiles import get_profile
 from optlab.core.techniques.registry import get_experiment
+from optlab.core.workload import get_workload
 from optlab.studies.kernels import compile_block, compile_cost, numerics
 from optlab.studies.transformer import fp8_training
 from optlab.studies import learning, optimizer_memory
 
 
 @pytest.mark.skipif(scaled_mm_runs("cpu") is not None, reason="torch._scaled_mm does not run here")
-def test_fp8_linears_train_like_fp32_and_say_which_backend_ran():
-    run = fp8_training.fp8_losses("gpt_tiny", steps=3, backend="torch", device="cpu", profile="smoke")
+def test_fp8_linears_train_like_fp32_and_say_which_backend_ran(monkeypatch):
+    """On the batch size asked for (two sequences: e4m3 x e4m3 products run a reference kernel on some CPUs)."""
+    batch_sizes, build_state = [], fp8_training.build_state
+    monkeypatch.setattr(fp8_training, "build_state",
+                        lambda config, *args: batch_sizes.append(config.batch_size) or build_state(config, *args))
+    run = fp8_training.fp8_losses("gpt_tiny", steps=3, backend="torch", device="cpu", profile="smoke", batch_size=2)
+    assert batch_sizes == [2] * len(fp8_training.VARIANTS)
     assert run.backend == "torch" and run.fp8_layers == run.linear_layers - 1 > 0  # all but the tied head
     summary = run.summary().set_index("variant")
     assert list(summary.index) == list(fp8_training.VARIANTS)
@@ -36,6 +42,12 @@ def test_fp8_linears_train_like_fp32_and_say_which_backend_ran():
 def test_fp8_steps_are_bounded(steps):
     with pytest.raises(OptlabError, match="steps"):
         fp8_training.fp8_losses(steps=steps, device="cpu")
+
+
+@pytest.mark.parametrize("batch_size", [0, get_workload("gpt").test_size + 1, 2.5])
+def test_fp8_batch_sizes_are_bounded_by_the_test_set(batch_size):
+    with pytest.raises(OptlabError, match="batch_size"):
+        fp8_training.fp8_losses(steps=1, device="cpu", batch_size=batch_size)
 
 
 def test_adamw_state_is_twice_the_parameters_plus_a_counter_per_tensor_and_every_implementation_agrees():

@@ -25,7 +25,7 @@ from ...core.gpt.fp8 import (
     ACTIVATION_DTYPE, GRADIENT_DTYPE, WEIGHT_DTYPE, FP8Linear, column_major, convertible,
     swap_linears_to_fp8, to_fp8,
 )
-from ...core.knobs.limits import check_count
+from ...core.knobs.limits import check_count, check_overrides
 from ...core.measuring.loops import train_step
 from ...core.process.quiet import fix_threads
 from ...core.knobs.profiles import Profile, get_profile
@@ -73,15 +73,18 @@ class FP8Run:
 
 
 def fp8_losses(model: str = "gpt_tiny", steps: int = 10, backend: str = "torch", device: str = "auto",
-               profile: "str | Profile | None" = None, seed: int = 0) -> FP8Run:
+               profile: "str | Profile | None" = None, seed: int = 0, batch_size: int | None = None) -> FP8Run:
     """Train ``model`` ``steps`` optimizer steps three times from the same weights on the same batches: in fp32, in
     bf16 autocast, and with its linear layers in FP8 (``backend``: "torch", "torchao" or "auto"), and record every
-    step's loss."""
+    step's loss. ``batch_size``: sequences a step (the profile's if None)."""
     steps = check_count("steps", steps, 1, MAX_STEPS, "a numerics check needs a few steps")
     info = resolve_device(device)
     fix_threads(info.is_cuda)
     base = get_experiment("gpt_precision").configs(model, get_profile(profile, info.is_cuda))["fp32 strict"]
     workload = get_workload(base.workload)
+    if batch_size is not None:
+        check_overrides({"batch_size": batch_size}, workload)
+        base = replace(base, batch_size=batch_size)
     train_set, test_set = workload.datasets(workload.find_source(False), False)
     rows, used, swapped, linears = [], "", 0, 0
     for label, (amp, fp8) in VARIANTS.items():
