@@ -147,3 +147,21 @@ def test_the_summary_answers_per_workload_in_its_first_screen(visits):
     assert screen["answer_bottom"] is not None, f"{SUMMARY} has no per-workload answer (#summary-answer)"
     assert 0 <= screen["answer_top"] and screen["answer_bottom"] <= FIRST_SCREEN["height"], (
         f"the answer ends at {screen['answer_bottom']:.0f} px, below the first {FIRST_SCREEN['height']} px")
+
+
+def test_a_page_that_asks_for_anything_outside_the_site_gets_none_of_it_and_says_so(browser, tmp_path):
+    """A script and an image from another host: here the same server under the name ``localhost``, which this
+    machine would answer; the browser reaches neither, and each one is a problem."""
+    (tmp_path / "lib.js").write_text("window.outsideScriptRan = true;")
+    (tmp_path / "dot.svg").write_text('<svg xmlns="http://www.w3.org/2000/svg" width="4" height="4"></svg>')
+    with serving(tmp_path) as site:
+        other = site.replace("127.0.0.1", "localhost")
+        outside = [f"{other}lib.js", f"{other}dot.svg"]
+        (tmp_path / "page.html").write_text(f'<html><head><script src="{outside[0]}"></script></head>'
+                                            f'<body><img src="{outside[1]}"></body></html>')
+        page, problems = open_page(browser, site, "page.html")
+        page.wait_for_load_state("networkidle")
+        loaded = page.evaluate("() => [document.images[0].naturalWidth, window.outsideScriptRan === true]")
+    assert loaded == [0, False]
+    for url in outside:
+        assert f"request outside the site: {url}" in problems and f"request failed: {url}" in problems, problems
