@@ -3,6 +3,7 @@ should not see (errors, warnings, NaN, an index column, the build machine's path
 import json
 import re
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -41,7 +42,14 @@ def compared(pages: list[str]) -> list[str]:
 
 
 def soup(book, page: str) -> BeautifulSoup:
-    return BeautifulSoup((book.html / f"{page}.html").read_text(), "html.parser")
+    """``page`` of the built book, parsed once for all the tests that read it (each page is parsed by five or six:
+    15 s of CPU); they only read it."""
+    return parsed(book.html / f"{page}.html")
+
+
+@lru_cache(maxsize=None)
+def parsed(path: Path) -> BeautifulSoup:
+    return BeautifulSoup(path.read_text(), "html.parser")
 
 
 def test_every_page_is_built(book, toc_pages):
