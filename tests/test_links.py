@@ -23,8 +23,14 @@ def is_external(url: str) -> bool:
 
 
 @lru_cache(maxsize=None)
+def parsed(page: Path) -> BeautifulSoup:
+    """``page`` parsed once, whether its links are checked or a link points into it."""
+    return BeautifulSoup(page.read_text(), "html.parser")
+
+
+@lru_cache(maxsize=None)
 def anchors(page: Path) -> frozenset[str]:
-    soup = BeautifulSoup(page.read_text(), "html.parser")
+    soup = parsed(page)
     return frozenset([tag["id"] for tag in soup.find_all(id=True)] + [tag["name"] for tag in soup.find_all("a", attrs={"name": True})])
 
 
@@ -55,8 +61,7 @@ def broken_links(root: Path, prefix: str) -> list[str]:
     for page in sorted(root.rglob("*.html")):
         if page.relative_to(root).parts[0] in ("_static", "_sources"):
             continue
-        soup = BeautifulSoup(page.read_text(), "html.parser")
-        for tag in soup.find_all(LINKING):
+        for tag in parsed(page.resolve()).find_all(LINKING):
             url = tag.get(LINKING[tag.name])
             if not url or is_external(url) or url.startswith("#") and len(url) == 1:
                 continue
