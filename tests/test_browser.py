@@ -149,6 +149,7 @@ def test_the_summary_answers_per_workload_in_its_first_screen(visits):
         f"the answer ends at {screen['answer_bottom']:.0f} px, below the first {FIRST_SCREEN['height']} px")
 
 
+@pytest.mark.slow  # a browser of its own: the full tier, beside the others that open one
 def test_a_page_that_asks_for_anything_outside_the_site_gets_none_of_it_and_says_so(browser, tmp_path):
     """A script and an image from another host: here the same server under the name ``localhost``, which this
     machine would answer; the browser reaches neither, and each one is a problem."""
