@@ -79,7 +79,7 @@ def origin(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}/"
 
 
-def reader_context(browser, site: str, viewport: dict = VIEWPORT):
+def reader_context(browser, viewport: dict = VIEWPORT):
     """A browser context at 1400 px (or ``viewport``); the browser (``ARGS``) reaches no host but this one."""
     return browser.new_context(viewport=viewport, accept_downloads=True)
 
@@ -87,7 +87,7 @@ def reader_context(browser, site: str, viewport: dict = VIEWPORT):
 def open_page(browser, site: str, path: str, viewport: dict = VIEWPORT):
     """Load ``path`` (relative to ``site``) in a context of its own (:func:`reader_context`); return the page and what
     went wrong while it loaded (a request outside the sub-path gets a 404, and is reported)."""
-    return open_in(reader_context(browser, site, viewport), site, path)
+    return open_in(reader_context(browser, viewport), site, path)
 
 
 def open_in(context, site: str, path: str):
@@ -171,7 +171,7 @@ def visit_pages(browser, site: str, pages: list[str], shots: Path, downloads: Pa
     sideways, links to missing pages or anchors, a screenshot of its first screen in ``shots``, and a chapter's
     downloads. The pages share one context, as a reader's tabs share the browser's cache (a context a page cost 20 %
     more CPU: the theme's scripts parsed afresh each time)."""
-    context, visited = reader_context(browser, site), {}
+    context, visited = reader_context(browser), {}
     targets = Targets(context.request)
     for name in pages:
         page, found = open_in(context, site, f"{name}.html")
