@@ -26,6 +26,7 @@ from pathlib import Path
 import yaml
 
 import slowest
+import warm_kernels
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "_build"
@@ -41,6 +42,8 @@ BUILDER_PID = RUNS / "builder.pid"
 BUILDER_EXIT = RUNS / "builder-exit"  # the builder's exit status, written as it ends
 RUN_ID = BUILD / "chapter-runs.id"  # the session whose runs RUNS holds
 RUN_LOCK = BUILD / "chapter-runs.lock"
+KERNELSPECS = RUNS / "jupyter"  # JUPYTER_PATH of the chapters' nbval runs: the kernelspec of warm kernels
+WARM_LOG = RUNS / "warm-kernels.log"
 STEP_SECONDS = RUNS / "step-seconds.json"  # the seconds of the book's build and of the browser's visits
 BUILD_CONFIG = RUNS / "book-config.yml"
 BOOK_LIVE = ROOT / "results" / "live"  # the chapters write their records here and the summary page reads them
@@ -87,6 +90,7 @@ def begin(run: str) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if not began(run):
             start_afresh()
+            warm_kernels.kernelspec(KERNELSPECS, warm_kernels.socket_name(run))
             RUN_ID.write_text(run)
 
 
@@ -173,13 +177,16 @@ def claim(stem: str) -> bool:
 
 def run_chapter(stem: str, env: dict[str, str]) -> ChapterRun:
     """``stem``'s notebook under nbval in a process of its own (stopped with its kernel if it overruns); its result
-    is written for any process that waits on it, and returned."""
+    is written for any process that waits on it, and returned. Its kernel is this Python's, forked from the builder's
+    warm parent where it runs (tests/warm_kernels.py), else started afresh."""
     report = RUNS / f"{stem}.xml"
     started = time.monotonic()
     process = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "-p", "no:cacheprovider",
-         "-p", "tests.nbval_outputs", f"--junit-xml={report}", "-q", str(NOTEBOOKS / f"{stem}.ipynb")],
-        cwd=ROOT, env={**env, "OPTLAB_EXECUTED_DIR": str(EXECUTED)}, stdout=subprocess.PIPE,
+        [sys.executable, "-m", "pytest", "--nbval-lax", f"--nbval-kernel-name={warm_kernels.KERNEL_NAME}",
+         "-p", "no:cacheprovider", "-p", "tests.nbval_outputs", f"--junit-xml={report}", "-q",
+         str(NOTEBOOKS / f"{stem}.ipynb")],
+        cwd=ROOT, env={**env, "OPTLAB_EXECUTED_DIR": str(EXECUTED), "JUPYTER_PATH": str(KERNELSPECS)},
+        stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     RUNNING.add(process.pid)
@@ -334,12 +341,15 @@ def main(stems: list[str], book: bool) -> int:
     ``book``, wait for every chapter, build the book from their runs and open its pages in a browser."""
     signal.signal(signal.SIGTERM, stop)
     env = dict(os.environ)
+    kernels = start_warm_kernels(env) if book else None
     for stem in reversed(stems):
         if claim(stem):
             run_chapter(stem, env)
     if not book:
         return 0
     failed = [run.stem for run in map(wait_for, all_chapters()) if not run.passed]
+    kernels.terminate()  # every chapter has run: its memory goes back before the build
+    kernels.wait()
     if failed:
         BUILD_LOG.write_text(f"the book is built from the chapters' runs, and these failed under nbval: {failed}\n")
         return 1
@@ -348,6 +358,17 @@ def main(stems: list[str], book: bool) -> int:
     written.write_text(str(status))
     written.replace(BUILD_STATUS)  # whole or absent, for the session that waits on it
     return status or timed("the browser's visits to every page", visit_site, env)
+
+
+def start_warm_kernels(env: dict[str, str]) -> subprocess.Popen:
+    """The parent that the chapters' kernels fork from (tests/warm_kernels.py), for the chapters of the run whose
+    id ``RUN_ID`` holds; it ends with this process."""
+    name = warm_kernels.socket_name(RUN_ID.read_text())
+    with WARM_LOG.open("w") as log:
+        process = subprocess.Popen([sys.executable, warm_kernels.__file__, "serve", name.lstrip("\0"), str(os.getpid())],
+                                   cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    RUNNING.add(process.pid)
+    return process
 
 
 def timed(step: str, run, env: dict[str, str]) -> int:
