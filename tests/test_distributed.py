@@ -1,9 +1,11 @@
 """DistributedDataParallel under torchrun: parity with one process, failures that end, records that load back.
 
-The three torchrun tests start real 2-process gloo jobs on the CPU (a few seconds of imports each).
+Two real 2-process gloo jobs run on the CPU (a few seconds of imports each): a distributed run with its parity check,
+which two tests read (``distributed_run``), and the stuck rank's.
 """
 import importlib
 import os
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -34,11 +36,26 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
-def test_two_processes_train_to_the_weights_of_one_process_on_the_concatenated_batches():
+@pytest.fixture(scope="module")
+def distributed_run(tmp_path_factory):
+    """A 2-process ``optlab run --distributed --check-parity``, whose first step is the parity check ``make ddp-check``
+    runs (3 optimizer steps of 2 micro-steps): the folder it wrote to and what it printed."""
+    out = tmp_path_factory.mktemp("distributed-run")
+    command = distributed.torchrun_command(["-m", "optlab", "run", "set_to_none", "--distributed", "--models",
+                                            "resnet18", "--profile", "smoke", "--batch-size", "4", "--repeats", "2",
+                                            "--max-repeats", "2", "--out", str(out), "--quiet",
+                                            "--check-parity"], nproc=2)
+    return out, distributed.launch(command, LAUNCH_TIMEOUT_S, threads=1)
+
+
+def test_two_processes_train_to_the_weights_of_one_process_on_the_concatenated_batches(distributed_run):
     # Each rank's loss is the mean over its 4 images and DDP averages the gradients over the 2 ranks, which is the
     # gradient of the mean over all 8: the same SGD steps in exact arithmetic, so only fp32 rounding may differ.
     # BatchNorm runs in eval mode (fixed statistics) inside the check: per-rank batch statistics would differ.
-    check = distributed.parity(nproc=2, steps=3, accumulation_steps=2, timeout=LAUNCH_TIMEOUT_S)
+    out, _ = distributed_run
+    (path,) = out.glob("set_to_none-*.json")
+    check = distributed.Parity(**optlab.load_record(path)["distributed"]["parity"])
+    assert (check.world_size, check.steps, check.accumulation_steps) == (2, 3, 2)
     assert check.max_update > 1e-2, "training barely moved the weights: agreement would prove nothing"
     for mode, difference in check.difference.items():
         assert difference < distributed.PARITY_TOLERANCE, f"{mode}: DDP differs from one process by {difference}"
@@ -68,15 +85,11 @@ def test_a_stuck_rank_ends_the_job_with_a_timeout_error_not_a_hang(tmp_path):
 
 
 @pytest.mark.beside_the_book_build  # slow, in processes of its own: it fills the wait for the book
-def test_a_distributed_run_writes_a_record_that_loads_back_like_any_other(tmp_path):
-    command = distributed.torchrun_command(["-m", "optlab", "run", "set_to_none", "--distributed", "--models",
-                                            "resnet18", "--profile", "smoke", "--batch-size", "4", "--repeats", "2",
-                                            "--max-repeats", "2", "--out", str(tmp_path), "--quiet",
-                                            "--check-parity"], nproc=2)
-    done = distributed.launch(command, LAUNCH_TIMEOUT_S, threads=1)
+def test_a_distributed_run_writes_a_record_that_loads_back_like_any_other(distributed_run, tmp_path):
+    out, done = distributed_run
     assert "backend gloo" in done.stdout and "w gradient none" in done.stdout
     assert "parity check: max parameter difference" in done.stdout
-    (path,) = tmp_path.glob("set_to_none-*.json")  # only rank 0 writes
+    (path,) = out.glob("set_to_none-*.json")  # only rank 0 writes
     record = optlab.load_record(path)
     assert record["distributed"]["world_size"] == 2 and record["distributed"]["backend"] == "gloo"
     check = distributed.Parity(**record["distributed"]["parity"])  # the same ranks checked themselves first
@@ -92,6 +105,7 @@ def test_a_distributed_run_writes_a_record_that_loads_back_like_any_other(tmp_pa
     assert set(summaries["variant"]) == set(get_experiment("set_to_none").labels)
     single = {key: value for key, value in record.items() if key != "distributed"}
     store.save_record(single, tmp_path / "single", "single.json")
+    shutil.copy(path, tmp_path)
     assert len(distributed.stored_samples(tmp_path)) == len(samples)  # the chapter shows distributed records only
 
 
@@ -189,6 +203,23 @@ def test_the_parity_command_prints_the_difference(monkeypatch, capsys):
     far = distributed.Parity(**{**fake.__dict__, "difference": {"no_sync": 1e-3}})
     monkeypatch.setattr(PARITY_MODULE, "parity", lambda *args: far)
     assert distributed.main(["parity"]) == 1
+
+
+def test_the_parity_check_starts_its_rank_command_with_the_sizes_asked_for_and_returns_what_rank_0_wrote(monkeypatch):
+    """``make ddp-check``'s launch, its torchrun line run here as a job of one (two real ranks check their parity in
+    ``distributed_run``)."""
+    launched = []
+
+    def in_this_process(command, timeout, threads):
+        launched.append(command)
+        with distributed.job_of_one(threads=threads):
+            assert distributed.main(command[command.index("optlab.studies.distributed") + 1:]) == 0
+
+    monkeypatch.setattr(PARITY_MODULE, "launch", in_this_process)
+    check = distributed.parity(nproc=2, steps=2, accumulation_steps=1)
+    assert len(launched) == 1 and "--nproc-per-node=2" in launched[0]
+    assert (check.world_size, check.steps, check.accumulation_steps) == (1, 2, 1)
+    assert check.max_difference < distributed.PARITY_TOLERANCE < check.max_update
 
 
 def test_a_parity_check_of_one_process_is_refused(capsys):

@@ -1,18 +1,37 @@
 """Tensor and sequence parallelism against one process and against the formulas, and the planner built on them.
 
 One real 2-process gloo job (the ``study`` fixture, about 40 s with its imports on 2 cores) holds every CPU
-measurement of chapter 19 against the formulas the planner uses; the rest run in this process.
+measurement of chapter 19 against the formulas the planner uses, and one 4-process job (``four_ranks``) those of
+chapters 20 and 21; the rest run in this process.
 """
+import json
+
 import pytest
 import torch
 
 from optlab.core.errors import OptlabError
 from optlab.core.gpt.transformer import GPT, GPTConfig, parameter_count
-from optlab.studies.parallel import formulas, planner
+from optlab.studies.distributed import launch, torchrun_command
+from optlab.studies.parallel import ComposeStudy, PipelineStudy, formulas, planner
+from optlab.studies.parallel.ranks import FINDINGS
 from optlab.studies.parallel.tensor import group_heads, ungroup_heads
 from optlab.studies.parallel.tensor_study import BATCH, CONFIG, PARITY_TOLERANCE, tensor_study
 
 LAUNCH_TIMEOUT_S = 300
+
+# Chapter 20's and chapter 21's rank commands one after the other in the same 4 processes: one launcher, and one start
+# of Python and torch a rank, for both studies.
+FOUR_RANK_STUDIES = """
+import sys
+from pathlib import Path
+from optlab.studies.parallel.commands import main
+from optlab.studies.parallel.ranks import joined
+out = Path(sys.argv[1])
+with joined():  # one process group for both studies
+    failed = main(["pipeline-rank", "--out", str(out / "pipeline"), "--microbatches", "4,8"])
+    failed = failed or main(["compose-rank", "--out", str(out / "compose"), "--steps", "2"])
+sys.exit(failed)
+"""
 
 
 @pytest.fixture(scope="module")
@@ -280,9 +299,21 @@ def test_the_command_line_prints_the_plan_or_one_error_line(capsys):
 
 
 @pytest.fixture(scope="module")
-def pipelines():
-    from optlab.studies.parallel import pipeline_study
-    return pipeline_study(microbatches=(4, 8), timeout=LAUNCH_TIMEOUT_S)
+def four_ranks(tmp_path_factory):
+    """The folder of the 4-process job that ran the pipeline study (4 and 8 micro-batches) and the FSDP2 x TP study
+    (2 steps): each study's findings in a folder of its own."""
+    out = tmp_path_factory.mktemp("four-ranks")
+    script = out / "four_rank_studies.py"
+    script.write_text(FOUR_RANK_STUDIES)
+    for name in ("pipeline", "compose"):
+        (out / name).mkdir()
+    launch(torchrun_command([str(script), str(out)], nproc=4), LAUNCH_TIMEOUT_S, threads=1)
+    return out
+
+
+@pytest.fixture(scope="module")
+def pipelines(four_ranks):
+    return PipelineStudy(**json.loads((four_ranks / "pipeline" / FINDINGS).read_text()))
 
 
 @pytest.mark.beside_the_book_build  # slow, 4 processes of its own: it fills the wait for the book
@@ -324,9 +355,8 @@ def test_the_planner_predicts_what_two_tensor_parallel_ranks_saved_and_sent(stud
 
 
 @pytest.fixture(scope="module")
-def composed():
-    from optlab.studies.parallel import compose_study
-    return compose_study(steps=2, timeout=LAUNCH_TIMEOUT_S)
+def composed(four_ranks):
+    return ComposeStudy(**json.loads((four_ranks / "compose" / FINDINGS).read_text()))
 
 
 @pytest.mark.beside_the_book_build  # slow, 4 processes of its own: it fills the wait for the book

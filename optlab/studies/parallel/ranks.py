@@ -23,7 +23,11 @@ FINDINGS = "findings.json"
 
 @contextlib.contextmanager
 def joined() -> Iterator[tuple[int, int]]:
-    """This process in the job torchrun started, over gloo, with one thread: ``(rank, world size)``."""
+    """This process in the job torchrun started, over gloo, with one thread: ``(rank, world size)``. Inside an
+    outer ``joined()`` (several studies in one job) it uses the group already open and leaves it open."""
+    if dist.is_initialized():
+        yield dist.get_rank(), dist.get_world_size()
+        return
     missing = [name for name in TORCHRUN_ENV if name not in os.environ]
     if missing:
         raise OptlabError(f"a rank command must be started by torchrun ({', '.join(missing)} not set); launch it as "
