@@ -1,12 +1,15 @@
 """A reference run ended by a signal keeps what it finished: real signals, to the run's process and to its process
 group (as Ctrl-C in a terminal or a scheduler's scancel sends them), sent to real smoke runs of
 ``python -m optlab reference --archive`` early, in the first part while its loader workers run, and between parts,
-the runs side by side to keep the test short (``benchmarks/signals.py`` runs every cell many times)."""
+the runs side by side to keep the test short (``benchmarks/signals.py`` runs every cell many times); and one killed
+once a record is on disk, whose every record left reads back."""
+import json
 import signal
 
 import pytest
 
 from benchmarks.signals import AFTER_A_PACK, Run, members, run_all
+from optlab.core.results import store
 
 CELLS = [  # (signal, sent to, moment)
     (signal.SIGTERM, "process", "early"),
@@ -36,3 +39,9 @@ def test_a_signal_at_any_moment_leaves_an_archive_of_every_finished_part_a_log_a
     archived = members(killed.archive)  # whole: packed atomically after the part before the kill
     assert killed.archived and {name for name in archived if name.endswith(".json")} >= killed.archived
     assert "reference-parts.csv" in archived and "reference.log" in archived
+    records = {path.name: path for path in killed.out.glob("*.json")}
+    assert killed.finished and records.keys() >= killed.finished
+    for path in records.values():  # each written whole, in strict JSON
+        record = store.load_record(path)
+        assert {row["model"] for row in record["samples"]} <= set(record["configs"])
+        json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
