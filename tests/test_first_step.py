@@ -31,13 +31,19 @@ def plain_server():
 
 @pytest.mark.parametrize("forked", [False, True], ids=["own process", "forked"])
 def test_a_fresh_process_keeps_every_cache_inside_its_folder(request, tmp_path, forked):
+    """Started on its own or forked by a server that probed nothing, a start keeps its caches in its own folder and
+    does not know the CPU's vector instructions. A fork server's second child gets its own folders too (a second
+    process of its own would repeat the first: a new interpreter each time)."""
     server = request.getfixturevalue("plain_server") if forked else None
-    for start in ("first", "second"):  # a fork server's second child gets its own folders too
+    for start in ("first", "second") if forked else ("first",):
         cache = fresh.CacheFolder(tmp_path / start, tmp_path / "headers")
         seen = fresh.run_fresh("tests.fresh_probe:where", {}, cache, cold=True, forks=server)
         for name in ("inductor", "triton", "headers", "tmp"):
             assert seen[name].startswith(str(cache.path)), (name, seen[name])
         assert seen["cache_files_before"] == 0 and seen["process_s"] > 0 and seen["pid"] != os.getpid()
+        assert not seen["probed"], seen
+    if forked:
+        assert server.probe_s is None  # no machine folder: nothing probed, none known
 
 
 def test_a_forked_start_that_fails_says_why_and_the_server_goes_on(plain_server, tmp_path):
@@ -56,11 +62,10 @@ def test_a_fork_server_refuses_a_module_that_fixes_its_cache_folders_on_import()
 
 
 @pytest.mark.slow  # among the suite's slowest (processes of its own or a long simulation): not in make check
-def test_a_probing_fork_server_s_children_know_the_cpu_and_share_its_headers_and_leave_its_folder_alone(
-        plain_server, tmp_path):
+def test_a_probing_fork_server_s_children_know_the_cpu_and_share_its_headers_and_leave_its_folder_alone(tmp_path):
     """The parent probes the CPU's vector instructions once, in its own folder: each child starts knowing them (it
-    builds no probe of its own), puts its caches in its own folder and its headers in the shared one; a child that
-    writes into the parent's folder is seen."""
+    builds no probe of its own; a plain server's child knows none: the test above), puts its caches in its own folder
+    and its headers in the shared one; a child that writes into the parent's folder is seen."""
     if not fresh.forks_possible():
         pytest.skip("starts are forked on Linux without a GPU only")
     headers = tmp_path / "headers"
@@ -74,9 +79,6 @@ def test_a_probing_fork_server_s_children_know_the_cpu_and_share_its_headers_and
         fresh.run_fresh("tests.fresh_probe:write_into", {"path": str(tmp_path / "machine" / "stray")},
                         fresh.CacheFolder(tmp_path / "stray"), cold=True, forks=server)
         assert not server.machine_untouched()
-    assert plain_server.probe_s is None  # no machine folder: nothing probed, none known
-    assert not fresh.run_fresh("tests.fresh_probe:where", {}, fresh.CacheFolder(tmp_path / "plain"), cold=True,
-                               forks=plain_server)["probed"]
 
 
 def test_a_fork_server_s_machine_folder_must_name_the_shared_headers(tmp_path):

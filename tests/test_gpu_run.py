@@ -128,7 +128,7 @@ def test_cudnn_benchmark_runs_each_variant_in_a_fresh_process_of_its_own():
     variant, the same one for all its repeats, never this one."""
     copies = get_experiment("cudnn_benchmark").with_variants(("first copy", {}), ("second copy", {}))
     assert copies.isolate_variants
-    profile = TINY.with_sizes(repeats=2)  # two repeats: each variant's process must serve both
+    profile = TINY.with_sizes(repeats=2, max_repeats=2)  # two repeats: each variant's process must serve both
     isolated = experiments.run_experiment(copies, profile=profile, device="cpu", progress=False)
     local = experiments.run_experiment(replace(copies, isolate_variants=False), profile=profile, device="cpu",
                                        progress=False)
