@@ -1,6 +1,6 @@
 """The chapters' kernels forked from a warm parent (tests/warm_kernels.py) are kernels as Jupyter starts them: a
-process and session of their own that sees what a fresh kernel sees, reached by an interrupt, gone with their
-children when Jupyter kills them or when the parent dies; a launch the parent cannot serve gets a fresh kernel."""
+process leading a process group of its own that sees what a fresh kernel sees, reached by an interrupt, gone with
+its children when Jupyter kills it or when the parent dies; a launch the parent cannot serve gets a fresh kernel."""
 import json
 import os
 import signal
@@ -19,10 +19,10 @@ import warm_kernels
 pytestmark = pytest.mark.slow  # a parent importing torch, and kernels: the full tier's
 
 PROBE = """
-import json, os, signal, sys, threading
-print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "session": os.getsid(0), "cwd": os.getcwd(),
+import json, os, signal, sys
+print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "sid": os.getsid(0), "cwd": os.getcwd(),
                   "path": sys.path, "argv0": os.path.basename(sys.argv[0]), "main": sys.modules["__main__"].__name__,
-                  "warm": "torch" in sys.modules, "threads": threading.active_count(),
+                  "warm": "torch" in sys.modules,
                   "env": {k: v for k, v in os.environ.items() if not k.startswith(("JPY_", "PYTEST_"))},
                   "sigint": str(signal.getsignal(signal.SIGINT)), "sigterm": str(signal.getsignal(signal.SIGTERM))}))
 """
@@ -32,7 +32,8 @@ DRAW = "import json, numpy, torch; print(json.dumps([float(numpy.random.rand()),
 # A process that adopts its orphaned descendants (PR_SET_CHILD_SUBREAPER, as a service manager does) and runs the
 # command it is given, then waits to be killed: a kernel whose parent died is then not orphaned to init, so ipykernel's
 # own watch (its parent became pid 1) would not end it.
-ADOPTER = "import ctypes, subprocess, sys, time; ctypes.CDLL(None).prctl(36, 1); subprocess.call(sys.argv[1:]); time.sleep(600)"
+ADOPTER = ("import ctypes, subprocess, sys, time; ctypes.CDLL(None).prctl(36, 1); subprocess.call(sys.argv[1:]); "
+           "time.sleep(600)")
 
 
 class Parent:
@@ -112,7 +113,7 @@ def gone(pid: int, within_s: float = 15) -> bool:
     return False
 
 
-def test_a_warm_kernel_is_a_process_and_session_of_its_own_that_sees_what_a_fresh_kernel_sees(parent, tmp_path):
+def test_a_warm_kernel_is_a_process_leading_a_group_of_its_own_that_sees_what_a_fresh_kernel_sees(parent, tmp_path):
     kernels = [Kernel(parent.specs, tmp_path), Kernel(None, tmp_path), Kernel(parent.specs, tmp_path)]
     try:
         warm, fresh, other = kernels
@@ -122,9 +123,9 @@ def test_a_warm_kernel_is_a_process_and_session_of_its_own_that_sees_what_a_fres
         for kernel in kernels:
             kernel.kill()
     assert seen["warm"] and not seen_fresh["warm"], parent.log.read_text()
-    assert seen["pid"] != warm.launcher and seen["ppid"] == parent.pid and seen["session"] == seen["pid"]
-    assert seen_fresh["session"] == seen_fresh["pid"] == fresh.launcher
-    for key in ("cwd", "path", "argv0", "main", "env", "threads", "sigint", "sigterm"):
+    assert seen["pid"] != warm.launcher and seen["ppid"] == parent.pid and seen["sid"] == seen["pid"]
+    assert seen_fresh["sid"] == seen_fresh["pid"] == fresh.launcher
+    for key in ("cwd", "path", "argv0", "main", "env", "sigint", "sigterm"):
         assert seen[key] == seen_fresh[key], key
     assert draws[0][0] != draws[1][0] and draws[0][1] != draws[1][1], "each kernel seeds its generators afresh"
 

@@ -2,13 +2,13 @@
 
 Every chapter's kernel starts by importing torch, optlab, pandas, matplotlib and seaborn: about 3.5 CPU seconds a
 kernel on two cores, 37 times in a ``make test``. The builder (tests/chapter_runs.py) starts one parent that makes
-those imports once (``serve``), listening on an abstract Unix socket, and the chapters' nbval runs start their kernel
-through a kernelspec whose command is this file as a launcher (``kernelspec``). The launcher hands the parent its
-command line, folder, environment and standard streams; the parent forks a child that becomes the kernel in a session
-of its own (as Jupyter starts a kernel), with the launcher's streams, folder and environment, and runs ipykernel's
-own entry point. The launcher stays the process Jupyter watches: it passes the signals Jupyter sends on to the
-kernel's process group (an interrupt reaches the running cell), exits with the kernel's exit status, and when it is
-killed the parent kills the kernel's group. A child dies with its parent.
+those imports once (``serve``), listening on an abstract Unix socket, and the chapters' nbval runs start their
+kernel through a kernelspec whose command is this file as a launcher (``kernelspec``). The launcher hands the parent
+its command line, folder, environment and standard streams; the parent forks a child that becomes the kernel,
+leading a process group of its own (``setsid``, as Jupyter starts a kernel) with the launcher's streams, folder and
+environment, and runs ipykernel's own entry point. The launcher stays the process Jupyter watches: it passes the
+signals Jupyter sends on to the kernel's process group (an interrupt reaches the running cell), exits with the
+kernel's exit status, and when it is killed the parent kills the kernel's group. A child dies with its parent.
 
 Nothing a chapter computes is shared: the parent has imported modules and run nothing else (it checks that it still
 has one thread), and each child seeds torch's and numpy's global generators from the OS, as a new process does. A launch
@@ -200,7 +200,8 @@ def _report_exit(pidfd: int, selector, kernels) -> None:
 
 
 def _become_kernel(request: dict, streams: list[int]) -> int:
-    """In the forked child: this kernel's session, streams, folder and environment, then ipykernel's entry point."""
+    """In the forked child: this kernel's process group, streams, folder and environment, then ipykernel's entry
+    point."""
     import atexit
     import ctypes
 
