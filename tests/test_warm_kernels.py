@@ -134,8 +134,10 @@ def test_an_interrupt_reaches_the_cell_and_a_kill_takes_the_kernel_and_its_child
     kernel = Kernel(parent.specs, tmp_path)
     pids = []
     try:
-        message = kernel.client.execute(  # a child of the kernel that outlives an interrupt, as a worker may
-            "import os, subprocess, time\nchild = subprocess.Popen(['sh', '-c', \"trap '' INT; exec sleep 600\"])\n"
+        message = kernel.client.execute(  # a child of the kernel that outlives an interrupt, as a worker may: it
+            # says so once it ignores SIGINT, and only then is the interrupt sent
+            "import os, subprocess, time\nchild = subprocess.Popen(['sh', '-c', \"trap '' INT; echo ignoring; exec sleep "
+            "600\"], stdout=subprocess.PIPE, text=True)\nassert child.stdout.readline() == 'ignoring\\n'\n"
             "print(os.getpid(), child.pid, flush=True)\ntime.sleep(600)")
         while not pids:
             output = kernel.client.get_iopub_msg(timeout=60)
